@@ -1,0 +1,82 @@
+"""The `cuda` backend: real training steps on the local GPU, measured as nanoGPT's bench does.
+
+A target GPU with less memory than the local one is emulated by capping this process's share of
+the caching allocator (`set_per_process_memory_fraction`), so a probe for a 24 GB card fails on an
+80 GB card where the 24 GB card would. The peak comes from the allocator's own statistics
+(allocated and reserved); the breakdown from the same tracker the other backends use, over the
+first steps; throughput from synchronised wall-clock time over steps run without the tracker.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from autofit.backends.base import TRACKED_STEPS, Measurement, OutOfMemory
+from autofit.backends.roofline import RooflineCounter
+from autofit.memory.tracker import MemoryTracker
+from autofit.probe.spec import ProbeSpec
+from autofit.training import TrainingRun
+
+WARMUP_STEPS = 2  # untracked steps before timing: the first ones include allocator growth
+TIMED_STEPS = 5
+
+
+def measure(spec: ProbeSpec) -> Measurement:
+    gpu = spec.gpu_spec
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info(device)
+    # The CUDA context (and anything else already on this GPU) is outside the allocator's
+    # statistics but inside the target's memory.
+    context_bytes = total - free
+    allocator_limit = spec.budget_bytes - context_bytes
+    if allocator_limit <= 0:
+        raise OutOfMemory("the CUDA context alone exceeds the budget", "setup")
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allocator_limit / total), device)
+    torch.cuda.reset_peak_memory_stats(device)
+
+    tracker = MemoryTracker()
+    flops = RooflineCounter(gpu)
+    run = TrainingRun(spec, device, tracker)
+    try:
+        with tracker:
+            run.build()
+            for _ in range(TRACKED_STEPS - 1):
+                run.step()
+            with flops:
+                run.step()
+        report = tracker.peak_report()
+        run.tracker = None
+        for _ in range(WARMUP_STEPS):
+            run.step()
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            run.step()
+        torch.cuda.synchronize(device)
+        step_time = (time.perf_counter() - started) / TIMED_STEPS
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemory(
+            str(exc).splitlines()[0], tracker.phase if run.tracker else "timing"
+        ) from exc
+
+    allocated = torch.cuda.max_memory_allocated(device)
+    reserved = torch.cuda.max_memory_reserved(device)
+    budget_left = spec.budget_bytes - context_bytes
+    return Measurement(
+        backend="cuda",
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        cuda_context_bytes=context_bytes,
+        cublas_workspace_bytes=gpu.cublas_workspace_bytes,
+        tensor_breakdown=report.breakdown,
+        phase=report.phase,
+        over_budget_phase=None if reserved <= budget_left else report.phase,
+        step_time_s=step_time,
+        throughput_estimated=False,
+        flops_per_step=flops.cost.flops,
+        param_count=run.param_count,
+        trainable_param_count=run.trainable_param_count,
+    )

@@ -1,0 +1,184 @@
+"""A roofline estimate of a training step's time on a GPU, from the ops the step dispatches.
+
+Every ATen op that would launch a kernel costs the longer of its math time (FLOPs against the
+GPU's dense peak for the op's dtype, at an achievable fraction) and its memory time (bytes read
+and written against the GPU's bandwidth, at an achievable fraction), and at least a minimum kernel
+time. Eager PyTorch also spends host time dispatching every op; the GPU runs ahead of the host
+asynchronously, so the step takes the longer of the two totals.
+
+FLOPs come from PyTorch's own formulas (torch.utils.flop_counter) for matmuls, convolutions and
+attention; element-wise ops count no FLOPs and are bound by memory anyway. The efficiencies below
+are first estimates from published kernel benchmarks, not yet calibrated against measured steps;
+results carry `throughput_estimated: true`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    conv_flop_count,
+    flop_registry,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+from autofit.gpus import GpuSpec
+
+# Fractions of peak that large kernels reach in practice (first estimates).
+MATMUL_EFFICIENCY = 0.70  # cuBLAS GEMMs of training size
+ATTENTION_EFFICIENCY = 0.50  # FlashAttention-2 / memory-efficient kernels, forward and backward
+MEMORY_EFFICIENCY = 0.80  # element-wise and reduction kernels against peak bandwidth
+KERNEL_FLOOR_S = 3e-6  # the shortest a launched kernel takes
+HOST_SECONDS_PER_OP = 6e-6  # eager dispatch per ATen op, views included
+
+aten = torch.ops.aten
+_NO_KERNEL = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+    aten._unsafe_view.default,
+    aten.lift_fresh.default,
+    aten.set_.source_Storage_storage_offset,
+}
+_CONVOLUTIONS = {
+    aten.convolution,
+    aten._convolution,
+    aten.convolution_backward,
+}
+
+
+def _flash_cpu_forward(
+    q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    return sdpa_flop_count(q.shape, k.shape, v.shape)
+
+
+def _flash_cpu_backward(
+    grad: Any, q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    return sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
+
+
+def _convolution_backward(
+    grad_out: Any,
+    x: Any,
+    weight: Any,
+    bias_sizes: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Any,
+    out_val: Any = None,
+) -> int:
+    # Each of the input and weight gradients costs what the forward convolution costs. PyTorch's
+    # own formula ignores `groups` for the weight gradient and counts a depthwise convolution's
+    # weight gradient thousands of times over.
+    forward = conv_flop_count(x.shape, weight.shape, grad_out.shape, transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+# These take precedence over PyTorch's registry: the CPU flash-attention kernels stand in for the
+# GPU's flash kernels (the registry knows only the GPU ones), and convolution_backward is fixed.
+_FORMULAS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_forward,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _flash_cpu_backward,
+    aten.convolution_backward: _convolution_backward,
+}
+_ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+}
+
+
+def _io_bytes(value: Any) -> int:
+    """Bytes a kernel touches for this argument: the tensor's elements, or its whole storage when
+    smaller (a broadcast view reads its storage, not every logical element)."""
+    if isinstance(value, torch.Tensor):
+        logical = value.numel() * value.element_size()
+        return min(logical, value.untyped_storage().nbytes())
+    if isinstance(value, (list, tuple)):
+        return sum(_io_bytes(v) for v in value)
+    return 0
+
+
+def _first_dtype(args: Any) -> torch.dtype | None:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value.dtype
+    return None
+
+
+@dataclass
+class StepCost:
+    """What the roofline counted over one training step."""
+
+    flops: int = 0
+    bytes: int = 0
+    ops: int = 0
+    kernels: int = 0
+    device_seconds: float = 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        return self.ops * HOST_SECONDS_PER_OP
+
+    @property
+    def step_seconds(self) -> float:
+        return max(self.device_seconds, self.host_seconds)
+
+
+class RooflineCounter(TorchDispatchMode):
+    """Accumulates a `StepCost` for the ops dispatched under it, priced on `gpu`."""
+
+    def __init__(self, gpu: GpuSpec) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.cost = StepCost()
+        self._bandwidth = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace != "aten":  # prim.device and friends: metadata queries, not kernels
+            return out
+        self.cost.ops += 1
+        if func.is_view or func in _NO_KERNEL:
+            return out
+        packet = func.overloadpacket
+        formula = _FORMULAS.get(packet) or flop_registry.get(packet)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula else 0
+        nbytes = _io_bytes(args) + _io_bytes(list(kwargs.values())) + _io_bytes(out)
+        seconds = nbytes / self._bandwidth
+        if flops:
+            seconds = max(seconds, flops / self._math_rate(packet, _first_dtype(args)))
+        self.cost.flops += flops
+        self.cost.bytes += nbytes
+        self.cost.kernels += 1
+        self.cost.device_seconds += max(seconds, KERNEL_FLOOR_S)
+        return out
+
+    def _math_rate(self, packet: Any, dtype: torch.dtype | None) -> float:
+        tflops = self.gpu.tflops
+        if dtype == torch.bfloat16:
+            peak = tflops.get("bf16", tflops["fp32"])
+        elif dtype == torch.float16:
+            peak = tflops["fp16"]
+        elif packet in _CONVOLUTIONS:  # cuDNN allows TF32 for fp32 convolutions by default
+            peak = tflops.get("tf32", tflops["fp32"])
+        else:  # fp32 matmuls: PyTorch leaves TF32 off for them by default
+            peak = tflops["fp32"]
+        efficiency = ATTENTION_EFFICIENCY if packet in _ATTENTION else MATMUL_EFFICIENCY
+        return peak * 1e12 * efficiency

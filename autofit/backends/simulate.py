@@ -1,0 +1,75 @@
+"""The `simulate` backend: the real training step on fake tensors, priced for a GPU.
+
+The step runs under PyTorch's FakeTensorMode on the CPU device (fake `cuda` tensors fail in
+CUDA-less builds, and fake `meta` tensors send attention down the math path), so no memory is
+allocated and no math is done, yet every op sees real shapes and dtypes. What a GPU would do is
+mimicked on purpose, in three places:
+
+- autocast: CUDA's cast policy replaces the CPU's (cuda_autocast.py);
+- kernels: where a meta function allocates differently from the real kernel, the real layout is
+  used (kernel_outputs.py);
+- attention: the CPU's flash kernel is what SDPA dispatches to here; it keeps the output and a
+  float32 log-sum-exp per query, as the GPU's flash and memory-efficient kernels do, never the
+  full attention matrix;
+- memory: allocations are rounded as the CUDA allocator rounds them, replayed through a model of
+  its caching (allocator.py), and the CUDA context and cuBLAS workspace of the GPU's entry added.
+
+Throughput is a roofline estimate over the ops of one steady-state step (roofline.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autofit.backends import cuda_autocast
+from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
+from autofit.backends.kernel_outputs import RealKernelOutputs
+from autofit.backends.roofline import RooflineCounter
+from autofit.memory.tracker import MemoryTracker
+from autofit.probe.spec import ProbeSpec
+from autofit.training import TrainingRun
+
+
+def trace(
+    spec: ProbeSpec, roofline: RooflineCounter | None = None
+) -> tuple[TrainingRun, MemoryTracker]:
+    """Build and step the run on fake tensors under a tracker; price the last step if asked."""
+    cuda_autocast.install()
+    tracker = MemoryTracker()
+    run = TrainingRun(
+        spec, torch.device("cpu"), tracker
+    )  # imports the model library, outside fake mode
+    # Constants some models build from numpy are real tensors; fake mode may take them as inputs.
+    with FakeTensorMode(allow_non_fake_inputs=True), RealKernelOutputs(), tracker:
+        run.build()
+        for _ in range(TRACKED_STEPS - 1):
+            run.step()
+        with roofline or nullcontext():  # the last step is the steady state
+            run.step()
+    return run, tracker
+
+
+def measure(spec: ProbeSpec) -> Measurement:
+    gpu = spec.gpu_spec
+    roofline = RooflineCounter(gpu)
+    run, tracker = trace(spec, roofline)
+    memory = model_gpu_memory(tracker, gpu, spec.budget_bytes)
+    report = tracker.peak_report()
+    return Measurement(
+        backend="simulate",
+        peak_allocated_bytes=memory.peak_allocated_bytes,
+        peak_reserved_bytes=memory.peak_reserved_bytes,
+        cuda_context_bytes=gpu.cuda_context_bytes,
+        cublas_workspace_bytes=gpu.cublas_workspace_bytes,
+        tensor_breakdown=report.breakdown,
+        phase=report.phase,
+        over_budget_phase=memory.over_budget_phase,
+        step_time_s=roofline.cost.step_seconds,
+        throughput_estimated=True,
+        flops_per_step=roofline.cost.flops,
+        param_count=run.param_count,
+        trainable_param_count=run.trainable_param_count,
+    )

@@ -1,0 +1,33 @@
+"""Where the shipped configuration lives.
+
+A wheel carries `conf/` and `search_spaces/` inside the package (`autofit/_data/`); an editable
+install or a source checkout reads them from the repository root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    for candidate in (_PACKAGE / "_data" / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"autofit's {name}/ folder is missing from {_PACKAGE}: reinstall autofit"
+    )
+
+
+def conf_dir() -> Path:
+    return _shipped("conf")
+
+
+def search_spaces_dir() -> Path:
+    return _shipped("search_spaces")
+
+
+def group_options(group: str) -> list[str]:
+    """The names a config group offers (`model`, `gpu`): its YAML files, sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))

@@ -1,0 +1,83 @@
+"""Turn a composed configuration into a `ProbeSpec`, validating everything a probe will use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.backends import BACKENDS
+from autofit.errors import ConfigError
+from autofit.gpus import GpuSpec
+from autofit.knobs import parse_all
+from autofit.models import ModelPreset
+from autofit.probe.spec import ProbeSpec
+
+
+def load_preset(data: dict[str, Any]) -> ModelPreset:
+    try:
+        return ModelPreset.from_dict(data)
+    except TypeError as exc:
+        raise ConfigError(f"model config '{data.get('name', '?')}' is malformed: {exc}") from None
+
+
+def load_gpu(data: dict[str, Any]) -> GpuSpec:
+    try:
+        return GpuSpec.from_dict(data)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ConfigError(f"gpu config '{data.get('name', '?')}' is malformed: {exc}") from None
+
+
+def check_settings(backend: str, margin: float, timeout_s: float) -> None:
+    if backend not in ("auto", *BACKENDS):
+        raise ConfigError(
+            f"backend={backend!r} is not valid; valid values: auto, {', '.join(BACKENDS)}"
+        )
+    if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ConfigError(
+            f"margin={margin!r} is not valid; expected a fraction in [0, 1), e.g. 0.05"
+        )
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ConfigError(f"timeout_s={timeout_s!r} is not valid; expected a number of seconds > 0")
+
+
+def make_spec(
+    preset: ModelPreset,
+    gpu: GpuSpec,
+    knob_values: dict[str, Any],
+    backend: str = "auto",
+    margin: float = 0.05,
+    timeout_s: float = 900.0,
+) -> ProbeSpec:
+    """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
+    native one when unset and checked against the model's granularity)."""
+    check_settings(backend, margin, timeout_s)
+    knobs = parse_all(knob_values)
+    if knobs["resolution"] is None:
+        knobs["resolution"] = preset.resolution
+    preset.check_resolution(knobs["resolution"])
+    return ProbeSpec(
+        model=preset.to_dict(),
+        gpu=gpu.to_dict(),
+        knobs=knobs,
+        backend=backend,
+        margin=float(margin),
+        timeout_s=float(timeout_s),
+    )
+
+
+def spec_from_config(cfg: Any) -> ProbeSpec:
+    """The spec `autofit probe` measures, from its composed configuration."""
+    from omegaconf import OmegaConf
+
+    from autofit.knobs import registry
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    knob_values = {name: data[name] for name in registry()}
+    return make_spec(
+        load_preset(data["model"]),
+        load_gpu(data["gpu"]),
+        knob_values,
+        backend=data["backend"],
+        margin=data["margin"],
+        timeout_s=data["timeout_s"],
+    )

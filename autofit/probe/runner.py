@@ -1,0 +1,112 @@
+"""The parent side of a probe: run the worker in its own process, and always come back with a
+result.
+
+Each probe gets a fresh interpreter, so process exit is the reset: no allocator state, autocast
+cache or CUDA context leaks from one probe into the next (the trap of in-process finders). The
+worker runs in a new session so that a timeout kills its whole process group, including any
+process it started. The parent never raises because a child failed: a timeout, a crash or an
+out-of-memory error is an ordinary `ProbeResult`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from autofit.models import ModelPreset
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
+from autofit.probe.validity import invalid_reason
+
+log = logging.getLogger(__name__)
+
+WORKER = "autofit.probe.worker"
+LOG_TAIL_CHARS = 4000
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-LOG_TAIL_CHARS:].decode("utf-8", errors="replace")
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the probe worker was killed by {name}"
+    return f"the probe worker exited with code {returncode} without writing a result"
+
+
+def run_probe(spec: ProbeSpec, worker: str = WORKER, log_path: Path | None = None) -> ProbeResult:
+    """Measure `spec` in a subprocess running `python -m <worker> SPEC RESULT`.
+
+    `log_path` keeps the worker's combined stdout and stderr; by default it is discarded with the
+    temporary directory.
+    """
+    reason = invalid_reason(spec.knobs, spec.gpu_spec, ModelPreset.from_dict(spec.model))
+    if reason:
+        result = ProbeResult.failed(spec, Outcome.INVALID, reason)
+        result.wall_s = 0.0
+        return result
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        log_file = log_path or Path(tmp) / "worker.log"
+        spec_path.write_text(spec.to_json())
+        with open(log_file, "wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", worker, str(spec_path), str(result_path)],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                proc.wait(timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                result = ProbeResult.failed(
+                    spec,
+                    Outcome.TIMEOUT,
+                    f"the probe ran past timeout_s={spec.timeout_s:g} and was killed",
+                    _tail(log_file),
+                )
+                result.wall_s = time.perf_counter() - started
+                return result
+        result = _read_result(spec, result_path, proc.returncode, log_file)
+    result.wall_s = time.perf_counter() - started
+    log.debug("probe %s -> %s in %.1f s", spec.knobs, result.outcome.value, result.wall_s)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _read_result(spec: ProbeSpec, path: Path, returncode: int, log_file: Path) -> ProbeResult:
+    if path.exists():
+        try:
+            return ProbeResult.from_json(path.read_text())
+        except (ValueError, KeyError, TypeError) as exc:
+            return ProbeResult.failed(
+                spec,
+                Outcome.CRASH,
+                f"the probe worker wrote an unreadable result: {exc}",
+                _tail(log_file),
+            )
+    return ProbeResult.failed(spec, Outcome.CRASH, _describe_exit(returncode), _tail(log_file))

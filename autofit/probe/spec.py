@@ -1,0 +1,122 @@
+"""What goes into a probe (`ProbeSpec`) and what comes out (`ProbeResult`), both plain JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from autofit.gpus import GpuSpec
+
+
+class Outcome(str, Enum):
+    """How a probe ended. A closed set: callers compare against these, never against text."""
+
+    OK = "ok"  # ran and fits the budget
+    OOM = "oom"  # ran out of the budget (simulated) or out of memory (real)
+    TIMEOUT = "timeout"  # ran past its time limit and was killed
+    CRASH = "crash"  # the worker died or raised something other than out-of-memory
+    INVALID = "invalid"  # cannot run on this GPU and model at all; decided before running
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One configuration to measure: the model preset and GPU entry in full, every knob's value
+    (resolution resolved), the backend, and the limits."""
+
+    model: dict[str, Any]
+    gpu: dict[str, Any]
+    knobs: dict[str, Any]
+    backend: str = "auto"
+    margin: float = 0.05
+    timeout_s: float = 900.0
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        return GpuSpec.from_dict(self.gpu)
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.gpu_spec.budget_bytes(self.margin)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeSpec:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class ProbeResult:
+    """One probe's answer. Memory fields are bytes; `peak_bytes` is what the GPU must hold at the
+    peak (allocator reservation and fixed overheads included), `breakdown` what was live at the
+    allocated peak plus `overhead` (so its values sum to `peak_bytes`)."""
+
+    outcome: Outcome
+    backend: str
+    gpu: str
+    model: str
+    config: dict[str, Any]
+    budget_bytes: int
+    peak_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    breakdown: dict[str, int] | None = None
+    overhead_detail: dict[str, int] | None = None
+    phase: str | None = None
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    throughput_estimated: bool | None = None
+    flops_per_sample: float | None = None
+    param_count: int | None = None
+    trainable_param_count: int | None = None
+    error: dict[str, str] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    wall_s: float | None = None
+
+    @classmethod
+    def failed(
+        cls,
+        spec: ProbeSpec,
+        outcome: Outcome,
+        message: str,
+        log_tail: str = "",
+        backend: str | None = None,
+    ) -> ProbeResult:
+        return cls(
+            outcome=outcome,
+            backend=backend or spec.backend,
+            gpu=spec.gpu["name"],
+            model=spec.model["name"],
+            config=dict(spec.knobs),
+            budget_bytes=spec.budget_bytes,
+            error={"message": message, "log_tail": log_tail},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["outcome"] = Outcome(values["outcome"])
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeResult:
+        return cls.from_dict(json.loads(text))
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)  # atomic: a reader never sees half a result

@@ -1,0 +1,52 @@
+"""The short human summary `autofit probe` prints (the JSON result holds everything)."""
+
+from __future__ import annotations
+
+from autofit.probe.spec import Outcome, ProbeResult
+from autofit.units import count, flops, seconds, size, value
+
+LOG_LINES = 8
+
+
+def summarize(result: ProbeResult) -> str:
+    config = " ".join(f"{k}={value(v)}" for k, v in result.config.items())
+    lines = [
+        f"{result.model} on {result.gpu} [{result.backend}]: {result.outcome.value}",
+        f"  config     {config}",
+    ]
+    if result.outcome in (Outcome.OK, Outcome.OOM) and result.peak_bytes is not None:
+        share = result.peak_bytes / result.budget_bytes
+        verdict = "fits" if result.outcome is Outcome.OK else "does not fit"
+        where = "at its peak in" if result.outcome is Outcome.OK else "first over budget in"
+        lines.append(
+            f"  peak       {size(result.peak_bytes)} of a {size(result.budget_bytes)} budget "
+            f"({share:.0%}): {verdict}; {where} {result.phase}"
+        )
+        if result.breakdown:
+            parts = " | ".join(
+                f"{k.replace('_', ' ')} {size(v)}" for k, v in result.breakdown.items()
+            )
+            lines.append(f"  breakdown  {parts}")
+        if result.samples_per_s is not None and result.step_time_s is not None:
+            how = "roofline estimate" if result.throughput_estimated else "measured"
+            lines.append(
+                f"  throughput {result.samples_per_s:.2f} samples/s, {seconds(result.step_time_s)}/step "
+                f"({how}); {flops(result.flops_per_sample)}/sample"
+            )
+        lines.append(
+            f"  model      {count(result.param_count)} parameters, "
+            f"{count(result.trainable_param_count)} trainable"
+        )
+    elif result.outcome is Outcome.OOM:
+        lines.append(f"  out of memory in {result.phase or 'an unknown phase'}: {_message(result)}")
+    else:
+        lines.append(f"  {_message(result)}")
+        tail = (result.error or {}).get("log_tail", "").strip().splitlines()[-LOG_LINES:]
+        if tail:
+            lines.append("  last lines of the worker's log:")
+            lines.extend(f"    {line}" for line in tail)
+    return "\n".join(lines)
+
+
+def _message(result: ProbeResult) -> str:
+    return (result.error or {}).get("message", "")

@@ -1,0 +1,109 @@
+"""The child side of a probe: `python -m autofit.probe.worker SPEC.json RESULT.json`.
+
+Reads a spec, measures it with the chosen backend, writes a result and exits 0. Running out of
+memory is recognised by exception type and is an answer (`oom`); any other exception is a `crash`
+with its traceback. A worker that dies before writing is the parent's to report.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import traceback
+from importlib import metadata
+from pathlib import Path
+
+import autofit
+from autofit.backends import measure, resolve
+from autofit.backends.base import Measurement, OutOfMemory
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
+
+log = logging.getLogger("autofit.probe.worker")
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    found = {
+        "autofit": autofit.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    for package in ("diffusers", "transformers"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        found["cuda"] = str(torch.version.cuda)
+        found["device"] = torch.cuda.get_device_name(0)
+    return found
+
+
+def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
+    batch = spec.knobs["batch_size"]
+    fits = measured.peak_bytes <= spec.budget_bytes
+    return ProbeResult(
+        outcome=Outcome.OK if fits else Outcome.OOM,
+        backend=measured.backend,
+        gpu=spec.gpu["name"],
+        model=spec.model["name"],
+        config=dict(spec.knobs),
+        budget_bytes=spec.budget_bytes,
+        peak_bytes=measured.peak_bytes,
+        peak_allocated_bytes=measured.peak_allocated_bytes,
+        peak_reserved_bytes=measured.peak_reserved_bytes,
+        breakdown=measured.breakdown(),
+        overhead_detail=measured.overhead_detail(),
+        phase=measured.phase if fits else (measured.over_budget_phase or measured.phase),
+        samples_per_s=batch / measured.step_time_s if measured.step_time_s > 0 else None,
+        step_time_s=measured.step_time_s,
+        throughput_estimated=measured.throughput_estimated,
+        flops_per_sample=measured.flops_per_step / batch,
+        param_count=measured.param_count,
+        trainable_param_count=measured.trainable_param_count,
+    )
+
+
+def execute(spec: ProbeSpec) -> ProbeResult:
+    import torch
+
+    torch.manual_seed(0)
+    backend = resolve(spec.backend, spec.gpu_spec, spec.budget_bytes)
+    log.info(
+        "probing %s on %s with %s: %s", spec.model["name"], spec.gpu["name"], backend, spec.knobs
+    )
+    try:
+        result = to_result(spec, measure(spec, backend))
+    except OutOfMemory as exc:
+        result = ProbeResult.failed(spec, Outcome.OOM, str(exc), backend=backend)
+        result.phase = exc.phase
+    except torch.OutOfMemoryError as exc:
+        result = ProbeResult.failed(spec, Outcome.OOM, str(exc).splitlines()[0], backend=backend)
+    except Exception as exc:  # anything else is a crash, reported with its traceback
+        result = ProbeResult.failed(
+            spec,
+            Outcome.CRASH,
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc()[-4000:],
+            backend,
+        )
+    result.versions = versions()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m autofit.probe.worker SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    spec_path, result_path = (Path(a) for a in args)
+    spec = ProbeSpec.from_json(spec_path.read_text())
+    execute(spec).write(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""The contract between a knob and a training run.
+
+To add a knob: subclass `Technique`, declare its `knob`, override the hooks it needs, and list an
+instance in `autofit/techniques/__init__.py`. Every backend builds and steps the run through the
+same hooks, so the knob does the same thing everywhere. Modules here import torch inside the hooks
+only: the CLI imports them to validate values and must stay fast.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs import Knob
+
+if TYPE_CHECKING:
+    from autofit.gpus import GpuSpec
+    from autofit.models import ModelPreset
+    from autofit.training import TrainingRun
+
+
+class Technique:
+    """A memory or speed technique driven by one knob.
+
+    Hooks are called in the order techniques are listed, each with the knob's value:
+    `invalid_reason` before any probe starts; `before_build` before the model exists (choose the
+    parameter dtype); `after_build` once it does (wrap it, build the optimizer);
+    `forward_context` around every forward pass.
+    """
+
+    knob: Knob
+
+    @property
+    def name(self) -> str:
+        return self.knob.name
+
+    def invalid_reason(
+        self, value: Any, knobs: dict[str, Any], gpu: GpuSpec, model: ModelPreset
+    ) -> str | None:
+        """Why this value cannot run on this GPU and model, or None. Decided without torch."""
+        return None
+
+    def before_build(self, run: TrainingRun, value: Any) -> None:
+        pass
+
+    def after_build(self, run: TrainingRun, value: Any) -> None:
+        pass
+
+    def forward_context(self, run: TrainingRun, value: Any) -> AbstractContextManager[Any] | None:
+        return None

@@ -1,0 +1,92 @@
+"""The caching-allocator model follows CUDACachingAllocator's rules, checked on sequences whose
+reserved bytes can be worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.memory.allocator import CachingAllocatorModel, replay, segment_size
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    "request_bytes,segment",
+    [
+        (512, 2 * MIB),  # small pool: 2 MiB segments
+        (1 * MIB, 2 * MIB),
+        (1 * MIB + 512, 20 * MIB),  # 1-10 MiB: a 20 MiB segment to carve from
+        (10 * MIB - 512, 20 * MIB),
+        (10 * MIB, 10 * MIB),  # from 10 MiB: the request rounded up to 2 MiB
+        (11 * MIB + 512, 12 * MIB),
+    ],
+)
+def test_segment_sizes(request_bytes: int, segment: int) -> None:
+    assert segment_size(request_bytes) == segment
+
+
+def test_small_blocks_pack_into_two_mib_segments() -> None:
+    model = CachingAllocatorModel()
+    for _ in range(4096):  # 4096 x 512 B = exactly one 2 MiB segment
+        model.malloc(512)
+    assert model.reserved == 2 * MIB
+    model.malloc(512)
+    assert model.reserved == 4 * MIB
+
+
+def test_a_freed_block_is_split_for_a_smaller_request() -> None:
+    model = CachingAllocatorModel()
+    model.free(model.malloc(30 * MIB))
+    model.malloc(12 * MIB)  # takes 12 MiB of the cached 30, leaves 18 MiB free
+    model.malloc(17 * MIB)  # fits the 18 MiB remainder
+    assert model.reserved == 30 * MIB
+    assert model.segments == 1
+
+
+def test_large_remainders_of_one_mib_or_less_are_not_split() -> None:
+    model = CachingAllocatorModel()
+    model.free(model.malloc(12 * MIB))
+    model.malloc(11 * MIB)  # takes the whole 12 MiB block: a 1 MiB rest is not split off
+    model.malloc(1 * MIB + 512)  # so this needs a segment of its own (20 MiB)
+    assert model.reserved == 12 * MIB + 20 * MIB
+
+
+def test_freed_neighbours_merge() -> None:
+    model = CachingAllocatorModel()
+    model.free(model.malloc(30 * MIB))
+    a, b = model.malloc(10 * MIB), model.malloc(10 * MIB)
+    model.free(a)
+    model.free(b)
+    model.malloc(30 * MIB)  # the three pieces merged back into one 30 MiB block
+    assert model.reserved == 30 * MIB
+    assert model.segments == 1
+
+
+def test_best_fit_picks_the_smallest_block_that_fits() -> None:
+    model = CachingAllocatorModel()
+    big, small = model.malloc(40 * MIB), model.malloc(12 * MIB)
+    model.free(big)
+    model.free(small)
+    model.malloc(12 * MIB)  # goes into the 12 MiB block, leaving the 40 MiB one whole
+    model.malloc(40 * MIB)
+    assert model.reserved == 52 * MIB
+
+
+def test_fragmentation_reserves_more_than_is_allocated() -> None:
+    model = CachingAllocatorModel()
+    first = model.malloc(12 * MIB)
+    model.malloc(12 * MIB)
+    model.free(first)
+    model.malloc(14 * MIB)  # 12 MiB are free, but not 14 in one piece
+    assert model.reserved == 12 * MIB + 12 * MIB + 14 * MIB
+
+
+def test_replay_reports_the_reserved_peak_and_where_a_limit_was_crossed() -> None:
+    sizes = [12 * MIB, 12 * MIB, 14 * MIB]
+    events = [0, 1, ~0, 2, ~1, ~2]
+    replayed = replay(events, sizes, persistent=[512], limit=30 * MIB)
+    # The persistent 512 B block takes a 2 MiB small segment.
+    assert replayed.peak_reserved_bytes == 2 * MIB + 38 * MIB
+    assert replayed.peak_event == 3
+    assert replayed.first_over_limit == 3  # 2 + 12 + 12 = 26 MiB fit, 40 MiB do not
+    assert replay(events, sizes, limit=100 * MIB).first_over_limit is None

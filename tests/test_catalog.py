@@ -1,0 +1,39 @@
+"""The shipped GPU table and model presets."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.gpus import load_gpu
+from autofit.models import load_preset
+from autofit.paths import group_options
+
+REQUIRED_GPUS = [
+    "a40", "a100_40", "a100_80", "h100_80", "h200", "l40s", "l4", "a10g", "rtx3090", "rtx4090",
+    "rtx5090", "t4", "v100_16", "v100_32",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_gpu_entries_are_complete(name: str) -> None:
+    gpu = load_gpu(name)
+    assert gpu.name == name
+    assert 15_000 < gpu.memory_mib < 150_000
+    assert gpu.memory_bandwidth_gbs > 0 and gpu.host_link_gbs > 0
+    assert gpu.tflops["fp32"] > 0 and gpu.tflops["fp16"] >= gpu.tflops["fp32"]
+    major = int(gpu.compute_capability.split(".")[0])
+    assert gpu.bf16 == (major >= 8)  # bf16 arrived with Ampere
+    assert ("bf16" in gpu.tflops) == gpu.bf16
+
+
+def test_reference_figures() -> None:
+    a40 = load_gpu("a40")
+    assert (a40.tflops["bf16"], a40.memory_bandwidth_gbs) == (149.7, 696)
+    assert load_gpu("h100_80").tflops["bf16"] == 989.4
+
+
+def test_every_preset_loads() -> None:
+    for name in group_options("model"):
+        preset = load_preset(name)
+        assert preset.name == name
+        preset.check_resolution(preset.resolution)

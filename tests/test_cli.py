@@ -1,0 +1,137 @@
+"""`autofit probe` end to end, and every kind of bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REQUIRED_FIELDS = {
+    "outcome", "backend", "gpu", "config", "peak_bytes", "peak_allocated_bytes", "budget_bytes",
+    "breakdown", "phase", "samples_per_s", "step_time_s", "flops_per_sample", "param_count",
+    "trainable_param_count", "error", "versions",
+}  # fmt: skip
+BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "temporaries", "overhead"}
+
+
+def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autofit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_sana_1600m_probe_from_the_issue(tmp_path: Path) -> None:
+    done = autofit(
+        "probe", "model=sana_1600m", "gpu=a40", "batch_size=1", "resolution=1024", "precision=bf16",
+        "optimizer=adamw", "checkpointing=false", "out=result.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert REQUIRED_FIELDS <= set(result)
+    assert result["outcome"] == "ok"
+    assert result["backend"] == "simulate"  # picked by itself: no GPU here
+    assert set(result["breakdown"]) == BREAKDOWN
+    assert sum(result["breakdown"].values()) == result["peak_bytes"]
+    assert result["peak_bytes"] <= result["budget_bytes"]
+    assert result["phase"] in ("forward", "backward", "optimizer")
+    assert abs(result["param_count"] / 1.604e9 - 1) < 0.01
+    assert result["throughput_estimated"] is True
+    assert result["config"] == {
+        "batch_size": 1, "resolution": 1024, "precision": "bf16", "checkpointing": False, "optimizer": "adamw",
+    }  # fmt: skip
+    assert "sana_1600m on a40 [simulate]: ok" in done.stdout
+
+
+def test_not_fitting_is_an_answer(tmp_path: Path) -> None:
+    done = autofit(
+        "probe", "model=sana_1600m", "gpu=rtx4090", "resolution=512", "out=r.json", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["outcome"] == "oom"
+    assert result["peak_bytes"] > result["budget_bytes"]
+    assert "does not fit" in done.stdout
+
+
+def test_an_impossible_combination_is_invalid_with_the_reason(tmp_path: Path) -> None:
+    done = autofit(
+        "probe", "model=tiny_mlp", "gpu=v100_16", "precision=bf16", "out=r.json", cwd=tmp_path
+    )
+    assert done.returncode == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["outcome"] == "invalid"
+    assert "bf16" in result["error"]["message"]
+
+
+def test_default_output_goes_under_results(tmp_path: Path) -> None:
+    done = autofit("probe", "model=tiny_mlp", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = list((tmp_path / "results" / "probes").glob("tiny_mlp-a40-b1-r64-*.json"))
+    assert len(written) == 1
+
+
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["model=sana_1600"], ["sana_1600", "sana_1600m", "tiny_mlp"]),
+        (["gpu=a41"], ["a41", "a40", "rtx4090"]),
+        (["optimizer=adam"], ["adam", "adamw", "sgd"]),
+        (["precision=bf8"], ["bf8", "fp16", "bf16_pure"]),
+        (["checkpointing=maybe"], ["maybe", "true", "false"]),
+        (["batch_size=0"], ["batch_size=0", ">= 1"]),
+        (["batch_size=two"], ["two", "integer"]),
+        (["resolution=1000"], ["1000", "multiple of 32"]),
+        (["backend=gpu"], ["gpu", "simulate", "cuda"]),
+        (["optimzer=adamw"], ["optimzer", "optimizer"]),
+        (["batch_size"], ["batch_size", "key=value"]),
+        (["margin=1.5"], ["1.5", "fraction"]),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_value_and_the_valid_ones(
+    tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    done = autofit("probe", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    for name in names:
+        assert name in lines[0]
+    assert not (tmp_path / "results").exists()
+
+
+def test_unknown_command(tmp_path: Path) -> None:
+    done = autofit("prob", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "autofit: error: unknown command 'prob'; valid commands: probe"
+
+
+def test_an_unwritable_output_fails_before_probing(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    done = autofit("probe", "model=tiny_mlp", "out=taken", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "cannot write the result to taken" in done.stderr
+
+
+def test_help_lists_commands_and_knobs(tmp_path: Path) -> None:
+    assert "probe" in autofit("--help", cwd=tmp_path).stdout
+    knobs = autofit("probe", "--help", cwd=tmp_path).stdout
+    for name in (
+        "batch_size",
+        "resolution",
+        "precision",
+        "optimizer",
+        "checkpointing",
+        "sana_1600m",
+        "a40",
+    ):
+        assert name in knobs

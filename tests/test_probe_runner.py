@@ -1,0 +1,79 @@
+"""The parent never raises because a child failed: each failure is an ordinary result."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from helpers import spec
+
+from autofit.probe import Outcome, ProbeResult, run_probe
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def workers_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+
+
+def _dead(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        return True
+    return "\nState:\tZ" in status.read_text()  # a zombie has exited; only its entry remains
+
+
+def test_timeout_kills_the_whole_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
+    probe = dataclasses.replace(spec("tiny_mlp"), timeout_s=3.0)
+    started = time.perf_counter()
+    result = run_probe(probe, worker="workers.hang")
+    assert result.outcome is Outcome.TIMEOUT
+    assert time.perf_counter() - started < 30
+    assert "timeout_s=3" in result.error["message"]
+    assert "worker hanging" in result.error["log_tail"]
+    grandchild = int(pidfile.read_text())
+    deadline = time.time() + 5
+    while not _dead(grandchild) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _dead(grandchild), "the worker's own child survived the timeout"
+
+
+def test_a_worker_that_dies_is_a_crash_with_its_stderr_tail() -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.die")
+    assert result.outcome is Outcome.CRASH
+    assert "exited with code 3" in result.error["message"]
+    assert "about to die on purpose" in result.error["log_tail"]
+
+
+def test_out_of_memory_is_recognised_by_exception_type() -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.oom")
+    assert result.outcome is Outcome.OOM
+    assert "Tried to allocate 2.00 GiB" in result.error["message"]
+    assert result.versions["torch"]
+
+
+def test_any_other_exception_is_a_crash_with_its_traceback() -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.error")
+    assert result.outcome is Outcome.CRASH
+    assert result.error["message"] == "ValueError: a bug in a backend"
+    assert "Traceback" in result.error["log_tail"]
+
+
+def test_invalid_is_decided_before_any_process_starts() -> None:
+    result = run_probe(spec("tiny_mlp", gpu="t4", precision="bf16"), worker="workers.die")
+    assert result.outcome is Outcome.INVALID
+    assert "T4" in result.error["message"] and "fp16" in result.error["message"]
+
+
+def test_results_round_trip_through_json() -> None:
+    result = run_probe(spec("tiny_mlp"))
+    assert result.outcome is Outcome.OK
+    again = ProbeResult.from_json(result.to_json())
+    assert again == result

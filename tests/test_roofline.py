@@ -1,0 +1,88 @@
+"""The roofline counts FLOPs as PyTorch's formulas do (groups handled), and prices ops on the GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autofit.backends.roofline import (
+    HOST_SECONDS_PER_OP,
+    KERNEL_FLOOR_S,
+    MATMUL_EFFICIENCY,
+    MEMORY_EFFICIENCY,
+    RooflineCounter,
+)
+from autofit.gpus import load_gpu
+
+A40 = load_gpu("a40")
+
+
+def test_matmul_is_compute_bound_at_the_bf16_peak() -> None:
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        a = torch.empty(8192, 8192, dtype=torch.bfloat16)
+        with counter:
+            torch.mm(a, a)
+    flops = 2 * 8192**3
+    assert counter.cost.flops == flops
+    assert counter.cost.kernels == 1
+    expected = flops / (A40.tflops["bf16"] * 1e12 * MATMUL_EFFICIENCY)
+    assert abs(counter.cost.device_seconds - expected) < 1e-12
+
+
+def test_fp32_matmul_uses_the_fp32_peak() -> None:
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        a = torch.empty(4096, 4096)
+        with counter:
+            torch.mm(a, a)
+    assert (
+        abs(
+            counter.cost.device_seconds
+            - 2 * 4096**3 / (A40.tflops["fp32"] * 1e12 * MATMUL_EFFICIENCY)
+        )
+        < 1e-12
+    )
+
+
+def test_elementwise_is_memory_bound_and_views_are_free() -> None:
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        x = torch.empty(1 << 26)  # 256 MiB
+        with counter:
+            y = x.view(-1, 1024).t()  # views: no kernel
+            torch.add(y, 1)
+    assert counter.cost.kernels == 1
+    assert counter.cost.flops == 0
+    moved = 2 * (1 << 26) * 4  # read x, write the sum
+    assert (
+        abs(
+            counter.cost.device_seconds
+            - moved / (A40.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+        )
+        < 1e-12
+    )
+
+
+def test_tiny_kernels_cost_at_least_the_floor_and_host_time_can_dominate() -> None:
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        x = torch.empty(16)
+        with counter:
+            for _ in range(100):
+                x = x + 1
+    assert abs(counter.cost.device_seconds - 100 * KERNEL_FLOOR_S) < 1e-12
+    assert counter.cost.step_seconds == max(100 * KERNEL_FLOOR_S, 100 * HOST_SECONDS_PER_OP)
+
+
+def test_depthwise_convolution_backward_counts_groups() -> None:
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        x = torch.empty(1, 512, 32, 32, requires_grad=True)
+        w = torch.empty(512, 1, 3, 3, requires_grad=True)
+        with counter:
+            F.conv2d(x, w, padding=1, groups=512).sum().backward()
+    forward = 2 * 512 * 32 * 32 * 9  # one 3x3 filter per channel
+    # forward + input gradient + weight gradient, each the forward's cost
+    assert counter.cost.flops == 3 * forward
