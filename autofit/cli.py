@@ -14,6 +14,7 @@ from autofit import __version__
 from autofit.errors import AutofitError, ConfigError
 
 COMMANDS = {
+    "search": "find the largest and fastest run that fits a GPU (every probe in an Optuna study)",
     "probe": "measure one training configuration against a GPU",
 }
 
@@ -25,7 +26,9 @@ commands:
 {commands}
 
 Settings are Hydra overrides, e.g.
+  autofit search model=sana_1600m gpu=a40
   autofit probe model=sana_1600m gpu=a40 batch_size=2 precision=bf16 checkpointing=true
+  autofit search -m model=sana_1600m,tiny_sana gpu=a40,l40s     # a sweep, one search each
 
 `autofit <command> --help` lists a command's settings and knobs."""
 
@@ -67,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             print(_command_help(command))
             return 0
         module = importlib.import_module(f"autofit.commands.{command}")
+        if rest and rest[0] in ("-m", "--multirun"):
+            from autofit.commands.sweep import sweep
+
+            return sweep(command, rest[1:], module.run_config)
         return int(module.run(rest))
     except AutofitError as exc:
         print(f"autofit: error: {exc}", file=sys.stderr)

@@ -86,16 +86,18 @@ def _compose(command: str, overrides: list[str]) -> Any:
         ) from None
 
 
-def compose_config(command: str, overrides: list[str]) -> Any:
-    """The composed DictConfig for `autofit <command> <overrides>`, or a one-line ConfigError."""
+def validate_overrides(command: str, overrides: list[str]) -> None:
+    """Check every override's key and every group choice (each value of a sweep) before Hydra
+    sees them; knob values are checked once composed."""
     from omegaconf import OmegaConf
 
     _register_knob_defaults()
     parsed = _parse(overrides)
     _check_groups(parsed)
-    # Keys are checked against the config the group choices give, so nested model keys resolve.
+    # Keys are checked against the config the group choices give (the first of a sweep's), so
+    # nested model keys resolve.
     group_overrides = [
-        t for t, o in zip(overrides, parsed, strict=True) if o.key_or_group in GROUPS
+        f"{o.key_or_group}={_values(o)[0]}" for o in parsed if o.key_or_group in GROUPS
     ]
     base = _compose(command, group_overrides)
     settings = [k for k in base if k not in GROUPS]
@@ -108,4 +110,9 @@ def compose_config(command: str, overrides: list[str]) -> Any:
                 f"unknown setting '{key}' for 'autofit {command}'{_suggest(key, settings)}; "
                 f"valid settings: {', '.join(settings)}"
             )
+
+
+def compose_config(command: str, overrides: list[str]) -> Any:
+    """The composed DictConfig for `autofit <command> <overrides>`, or a one-line ConfigError."""
+    validate_overrides(command, overrides)
     return _compose(command, overrides)

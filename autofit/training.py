@@ -56,7 +56,9 @@ class TrainingRun:
         self.scaler: Any = None
         self.optimizer: Any = None
         self.model: Any = None
-        self.phase = "setup"  # kept without a tracker too, to say where a real run ran out of memory
+        self.phase = (
+            "setup"  # kept without a tracker too, to say where a real run ran out of memory
+        )
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:

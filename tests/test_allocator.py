@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.memory.allocator import CachingAllocatorModel, replay, segment_size
+from autofit.memory.allocator import CachingAllocatorModel, replay, required_memory, segment_size
 
 MIB = 1 << 20
 
@@ -81,12 +81,34 @@ def test_fragmentation_reserves_more_than_is_allocated() -> None:
     assert model.reserved == 12 * MIB + 12 * MIB + 14 * MIB
 
 
-def test_replay_reports_the_reserved_peak_and_where_a_limit_was_crossed() -> None:
+def test_replay_reports_the_reserved_peak() -> None:
     sizes = [12 * MIB, 12 * MIB, 14 * MIB]
     events = [0, 1, ~0, 2, ~1, ~2]
-    replayed = replay(events, sizes, persistent=[512], limit=30 * MIB)
-    # The persistent 512 B block takes a 2 MiB small segment.
+    replayed = replay(events, sizes, persistent=[512])
+    # The persistent 512 B block takes a 2 MiB small segment; fragmentation adds a 14 MiB one.
     assert replayed.peak_reserved_bytes == 2 * MIB + 38 * MIB
     assert replayed.peak_event == 3
-    assert replayed.first_over_limit == 3  # 2 + 12 + 12 = 26 MiB fit, 40 MiB do not
-    assert replay(events, sizes, limit=100 * MIB).first_over_limit is None
+    assert replayed.oom_event is None
+
+
+def test_under_a_limit_the_cache_is_given_back_before_running_out() -> None:
+    sizes = [12 * MIB, 12 * MIB, 14 * MIB]
+    events = [0, 1, ~0, 2, ~1, ~2]
+    # 24 MiB reserved when the 14 MiB request comes; a 30 MiB limit leaves no room for 14 more,
+    # but the first 12 MiB segment is wholly free: given back, it makes room (12 + 14 = 26).
+    assert replay(events, sizes, limit=30 * MIB).oom_event is None
+    # With 25 MiB, 12 + 14 still do not fit: the request at event 3 runs out.
+    assert replay(events, sizes, limit=25 * MIB).oom_event == 3
+
+
+def test_the_requirement_is_the_least_limit_that_works() -> None:
+    sizes = [12 * MIB, 12 * MIB, 14 * MIB]
+    events = [0, 1, ~0, 2, ~1, ~2]
+    roomy = required_memory(events, sizes, [], limit=64 * MIB)
+    assert (roomy.reserved_when_plentiful, roomy.required, roomy.fits) == (38 * MIB, 38 * MIB, True)
+    tight = required_memory(events, sizes, [], limit=30 * MIB)
+    assert tight.fits and tight.reserved_when_plentiful == 38 * MIB
+    assert 26 * MIB <= tight.required <= 28 * MIB  # 12 + 14 MiB live at once, to 2 MiB
+    short = required_memory(events, sizes, [], limit=20 * MIB)
+    assert not short.fits and short.oom_event == 1
+    assert 26 * MIB <= short.required <= 28 * MIB

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import spec
 
 from autofit.probe import Outcome, ProbeResult, run_probe
+from autofit.probe.launcher import ForkServer, Launcher, SpawnLauncher
 
 TESTS = Path(__file__).parent
 
@@ -17,6 +19,16 @@ TESTS = Path(__file__).parent
 @pytest.fixture(autouse=True)
 def workers_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
+
+
+@pytest.fixture(params=["spawn", "forkserver"])
+def launcher(request: pytest.FixtureRequest, workers_importable: None) -> Iterator[Launcher]:
+    """Every failure mode holds whether the worker is spawned or forked from the fork server."""
+    if request.param == "spawn":
+        yield SpawnLauncher()
+    else:
+        with ForkServer(preload=["autofit.probe.worker"]) as server:
+            yield server
 
 
 def _dead(pid: int) -> bool:
@@ -27,13 +39,13 @@ def _dead(pid: int) -> bool:
 
 
 def test_timeout_kills_the_whole_process_group(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: Launcher
 ) -> None:
     pidfile = tmp_path / "grandchild.pid"
     monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
     probe = dataclasses.replace(spec("tiny_mlp"), timeout_s=3.0)
     started = time.perf_counter()
-    result = run_probe(probe, worker="workers.hang")
+    result = run_probe(probe, worker="workers.hang", launcher=launcher)
     assert result.outcome is Outcome.TIMEOUT
     assert time.perf_counter() - started < 30
     assert "timeout_s=3" in result.error["message"]
@@ -45,22 +57,22 @@ def test_timeout_kills_the_whole_process_group(
     assert _dead(grandchild), "the worker's own child survived the timeout"
 
 
-def test_a_worker_that_dies_is_a_crash_with_its_stderr_tail() -> None:
-    result = run_probe(spec("tiny_mlp"), worker="workers.die")
+def test_a_worker_that_dies_is_a_crash_with_its_stderr_tail(launcher: Launcher) -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.die", launcher=launcher)
     assert result.outcome is Outcome.CRASH
     assert "exited with code 3" in result.error["message"]
     assert "about to die on purpose" in result.error["log_tail"]
 
 
-def test_out_of_memory_is_recognised_by_exception_type() -> None:
-    result = run_probe(spec("tiny_mlp"), worker="workers.oom")
+def test_out_of_memory_is_recognised_by_exception_type(launcher: Launcher) -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.oom", launcher=launcher)
     assert result.outcome is Outcome.OOM
     assert "Tried to allocate 2.00 GiB" in result.error["message"]
     assert result.versions["torch"]
 
 
-def test_any_other_exception_is_a_crash_with_its_traceback() -> None:
-    result = run_probe(spec("tiny_mlp"), worker="workers.error")
+def test_any_other_exception_is_a_crash_with_its_traceback(launcher: Launcher) -> None:
+    result = run_probe(spec("tiny_mlp"), worker="workers.error", launcher=launcher)
     assert result.outcome is Outcome.CRASH
     assert result.error["message"] == "ValueError: a bug in a backend"
     assert "Traceback" in result.error["log_tail"]
@@ -72,8 +84,24 @@ def test_invalid_is_decided_before_any_process_starts() -> None:
     assert "T4" in result.error["message"] and "fp16" in result.error["message"]
 
 
-def test_results_round_trip_through_json() -> None:
-    result = run_probe(spec("tiny_mlp"))
+def test_results_round_trip_through_json(launcher: Launcher) -> None:
+    result = run_probe(spec("tiny_mlp"), launcher=launcher)
     assert result.outcome is Outcome.OK
     again = ProbeResult.from_json(result.to_json())
     assert again == result
+
+
+def test_the_fork_server_runs_probes_concurrently_and_survives_its_workers() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ForkServer(preload=["autofit.probe.worker"]) as server:
+        specs = [spec("tiny_mlp", batch_size=b) for b in (1, 2, 3, 4)]
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda s: run_probe(s, launcher=server), specs))
+        assert [r.outcome for r in results] == [Outcome.OK] * 4
+        assert [r.config["batch_size"] for r in results] == [1, 2, 3, 4]
+        assert (
+            run_probe(spec("tiny_mlp"), worker="workers.die", launcher=server).outcome
+            is Outcome.CRASH
+        )
+        assert run_probe(spec("tiny_mlp"), launcher=server).outcome is Outcome.OK

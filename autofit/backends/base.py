@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.gpus import GpuSpec
-from autofit.memory.allocator import replay
+from autofit.memory.allocator import required_memory
 from autofit.memory.tracker import MemoryTracker
 
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
@@ -24,15 +24,19 @@ class OutOfMemory(Exception):
 @dataclass(frozen=True)
 class Measurement:
     """A backend's figures for one configuration. Memory in bytes, as the CUDA allocator counts:
-    `peak_allocated_bytes` includes the cuBLAS workspace, `peak_reserved_bytes` is what the
-    allocator held from the driver, and the CUDA context comes on top of both."""
+    `peak_allocated_bytes` includes the cuBLAS workspace; `peak_reserved_bytes` is what the
+    allocator held from the driver where memory was plentiful (`max_memory_reserved`);
+    `required_reserved_bytes` is the least it needs under a limit, giving its cache back when
+    short (measured runs report what they reserved). The CUDA context comes on top."""
 
     backend: str
     peak_allocated_bytes: int
     peak_reserved_bytes: int
+    required_reserved_bytes: int
     cuda_context_bytes: int
     cublas_workspace_bytes: int
     tensor_breakdown: dict[str, int]  # live tensor bytes per category at the tensor peak
+    phase_peaks: dict[str, int]  # the tensor peak within each phase
     phase: str  # where the tensor peak happened
     over_budget_phase: str | None  # where the budget was first exceeded, if it was
     step_time_s: float
@@ -43,7 +47,7 @@ class Measurement:
 
     @property
     def peak_bytes(self) -> int:
-        return self.peak_reserved_bytes + self.cuda_context_bytes
+        return self.required_reserved_bytes + self.cuda_context_bytes
 
     def breakdown(self) -> dict[str, int]:
         """Tensor categories at the peak, and everything else in `peak_bytes` as `overhead`."""
@@ -55,26 +59,28 @@ class Measurement:
         return {
             "cuda_context": self.cuda_context_bytes,
             "cublas_workspace": self.cublas_workspace_bytes,
-            "allocator_cache": self.peak_reserved_bytes - self.peak_allocated_bytes,
+            "allocator_cache": self.required_reserved_bytes - self.peak_allocated_bytes,
         }
 
 
 @dataclass(frozen=True)
 class ModeledMemory:
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    over_budget_phase: str | None
+    peak_allocated_bytes: int  # tensors and the cuBLAS workspace, as CUDA counts them
+    reserved_when_plentiful: int  # the allocator's reserved peak with memory to spare
+    required_reserved: int  # the least the allocator needs (it gives back its cache when short)
+    over_budget_phase: str | None  # where the run runs out of the budget, if it does
 
 
 def model_gpu_memory(tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int) -> ModeledMemory:
-    """What the tracked step would hold on `gpu`: the allocation log replayed through the caching
-    allocator model with the cuBLAS workspace, plus where the budget was first exceeded."""
+    """What the tracked steps would hold on `gpu`: the allocation log replayed through the
+    caching-allocator model with the cuBLAS workspace, under the budget less the CUDA context."""
     workspace = gpu.cublas_workspace_bytes
     limit = budget_bytes - gpu.cuda_context_bytes
-    replayed = replay(tracker.events, tracker.sizes, persistent=[workspace], limit=limit)
-    over = replayed.first_over_limit
+    need = required_memory(tracker.events, tracker.sizes, [workspace], limit)
+    over = need.oom_event
     return ModeledMemory(
         peak_allocated_bytes=tracker.peak + workspace,
-        peak_reserved_bytes=replayed.peak_reserved_bytes,
+        reserved_when_plentiful=need.reserved_when_plentiful,
+        required_reserved=need.required,
         over_budget_phase=None if over is None else tracker.phase_at(max(over, 0)),
     )

@@ -56,10 +56,12 @@ def measure(spec: ProbeSpec) -> Measurement:
     return Measurement(
         backend="cpu",
         peak_allocated_bytes=memory.peak_allocated_bytes,
-        peak_reserved_bytes=memory.peak_reserved_bytes,
+        peak_reserved_bytes=memory.reserved_when_plentiful,
+        required_reserved_bytes=memory.required_reserved,
         cuda_context_bytes=gpu.cuda_context_bytes,
         cublas_workspace_bytes=gpu.cublas_workspace_bytes,
         tensor_breakdown=report.breakdown,
+        phase_peaks=report.phase_peaks,
         phase=report.phase,
         over_budget_phase=memory.over_budget_phase,
         step_time_s=step_time,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from autofit.config import compose_config
 from autofit.errors import AutofitError
@@ -36,7 +37,11 @@ def ensure_writable(path: Path) -> None:
 
 
 def run(overrides: list[str]) -> int:
-    cfg = compose_config("probe", overrides)
+    return run_config(compose_config("probe", overrides))
+
+
+def run_config(cfg: Any) -> int:
+    """Probe the configuration a composed `probe` config describes."""
     spec = spec_from_config(cfg)
     out = Path(cfg.out) if cfg.out else default_output(spec)
     ensure_writable(out)

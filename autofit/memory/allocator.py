@@ -13,9 +13,13 @@ reserved peak. The rules follow c10/cuda/CUDACachingAllocator.cpp with default s
 - a request takes the smallest cached block that is large enough (best fit, lowest address on a
   tie) and splits off the rest when the rest is at least 512 bytes (small pool) or over 1 MiB
   (large pool);
-- a freed block merges with free neighbours of the same segment and returns to its pool; segments
-  are never given back (the allocator frees its cache only when a cudaMalloc fails, which an
-  uncapped replay never sees).
+- a freed block merges with free neighbours of the same segment and returns to its pool;
+- segments are kept until a cudaMalloc would exceed the memory limit: then every segment that is
+  wholly free is given back and the cudaMalloc retried, and only if it still does not fit is the
+  request out of memory.
+
+So a run can fit in less memory than it reserves where memory is plentiful: `required_memory`
+finds both figures, and the smallest limit under which the run does not run out.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class _Pool:
         del self._keys[index]
         del self._blocks[block.address]
 
+    def whole_segments(self) -> list[_Block]:
+        return [b for b in self._blocks.values() if b.prev is None and b.next is None]
+
     def best_fit(self, size: int) -> _Block | None:
         index = bisect.bisect_left(self._keys, (size, -1))
         if index == len(self._keys):
@@ -79,22 +86,35 @@ class _Pool:
         return block
 
 
+class AllocatorOutOfMemory(Exception):
+    """A segment did not fit under the limit even after the cache was given back."""
+
+
 @dataclass(frozen=True)
 class AllocatorReplay:
-    """What the replay saw: reserved bytes over time and their peak."""
+    """What the replay saw: its reserved peak, and the event that ran out of memory, if one did."""
 
     peak_reserved_bytes: int
     peak_event: int  # index of the event at which the reserved peak was reached (-1: before any)
     segments: int
-    first_over_limit: (
-        int | None
-    )  # first event index with reserved bytes above `limit` (-1: at once)
+    oom_event: int | None = None  # -1: the persistent allocations alone did not fit
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A run's memory on a GPU with the allocator limited to `limit` bytes."""
+
+    reserved_when_plentiful: int  # what the allocator reserves with no limit in sight
+    required: int  # the smallest limit (to 2 MiB) under which the run does not run out
+    fits: bool  # whether it runs under `limit`
+    oom_event: int | None  # where it runs out under `limit`, if it does
 
 
 class CachingAllocatorModel:
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._pools = {True: _Pool(), False: _Pool()}
         self._next_address = 0
+        self.limit = limit
         self.reserved = 0
         self.segments = 0
 
@@ -140,6 +160,10 @@ class CachingAllocatorModel:
         pool.add(block)
 
     def _new_segment(self, size: int, small: bool) -> _Block:
+        if self.limit is not None and self.reserved + size > self.limit:
+            self._release_cache()
+            if self.reserved + size > self.limit:
+                raise AllocatorOutOfMemory
         # Segments get disjoint address ranges; the gap keeps blocks of different segments from
         # ever looking adjacent.
         block = _Block(self._next_address, size, small)
@@ -147,6 +171,14 @@ class CachingAllocatorModel:
         self.reserved += size
         self.segments += 1
         return block
+
+    def _release_cache(self) -> None:
+        """Give back every wholly free segment, as the allocator does when cudaMalloc fails."""
+        for pool in self._pools.values():
+            for block in pool.whole_segments():
+                pool.remove(block)
+                self.reserved -= block.size
+                self.segments -= 1
 
 
 def replay(
@@ -158,24 +190,46 @@ def replay(
     """Replay a tracker's event log (id = allocated, ~id = freed) through the allocator model.
 
     `persistent` allocations are made first and never freed (the cuBLAS workspace, for one).
-    `limit` is the allocator's share of the budget: the replay notes when reserved bytes first
-    exceed it, which is where a real run would have run out of memory.
+    With a `limit`, the replay stops at the first request that does not fit under it.
     """
-    model = CachingAllocatorModel()
-    for size in persistent:
-        model.malloc(size)
+    model = CachingAllocatorModel(limit)
+    try:
+        for size in persistent:
+            model.malloc(size)
+    except AllocatorOutOfMemory:
+        return AllocatorReplay(model.reserved, -1, model.segments, oom_event=-1)
     peak, peak_event = model.reserved, -1
-    over = -1 if limit is not None and model.reserved > limit else None
     blocks: dict[int, _Block] = {}
     for index, event in enumerate(events):
         if event >= 0:
-            blocks[event] = model.malloc(sizes[event])
+            try:
+                blocks[event] = model.malloc(sizes[event])
+            except AllocatorOutOfMemory:
+                return AllocatorReplay(peak, peak_event, model.segments, oom_event=index)
             if model.reserved > peak:
                 peak, peak_event = model.reserved, index
-                if over is None and limit is not None and peak > limit:
-                    over = index
         else:
             block = blocks.pop(~event, None)
             if block is not None:
                 model.free(block)
-    return AllocatorReplay(peak, peak_event, model.segments, over)
+    return AllocatorReplay(peak, peak_event, model.segments)
+
+
+def required_memory(
+    events: Sequence[int], sizes: Sequence[int], persistent: Sequence[int], limit: int
+) -> Requirement:
+    """How the run fares with the allocator limited to `limit`, and the least it needs."""
+    plentiful = replay(events, sizes, persistent)
+    if plentiful.peak_reserved_bytes <= limit:
+        return Requirement(plentiful.peak_reserved_bytes, plentiful.peak_reserved_bytes, True, None)
+    capped = replay(events, sizes, persistent, limit)
+    fits = capped.oom_event is None
+    # The least limit that works: between what is known to fail and what is known to work.
+    works, fails = (limit, 0) if fits else (plentiful.peak_reserved_bytes, limit)
+    while works - fails > LARGE_ROUNDING:
+        middle = (works + fails) // 2
+        if replay(events, sizes, persistent, middle).oom_event is None:
+            works = middle
+        else:
+            fails = middle
+    return Requirement(plentiful.peak_reserved_bytes, works, fits, capped.oom_event)

@@ -45,6 +45,7 @@ class PeakReport:
     phase: str
     breakdown: dict[str, int]
     event_index: int
+    phase_peaks: dict[str, int]
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -65,6 +66,7 @@ class MemoryTracker(TorchDispatchMode):
         self.peak = 0
         self.peak_event = -1
         self.peak_phase = "setup"
+        self.phase_peaks: dict[str, int] = {}  # the allocated peak within each phase
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -106,6 +108,8 @@ class MemoryTracker(TorchDispatchMode):
             self.peak = self.current
             self.peak_event = len(self.events) - 1
             self.peak_phase = self.phase
+        if self.current > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = self.current
         return aid
 
     def _freed(self, key: int, aid: int) -> None:
@@ -183,4 +187,6 @@ class MemoryTracker(TorchDispatchMode):
         breakdown = dict.fromkeys(CATEGORIES, 0)
         for aid in self.live_at(self.peak_event):
             breakdown[CATEGORIES[self.categories[aid]]] += self.sizes[aid]
-        return PeakReport(self.peak, self.peak_phase, breakdown, self.peak_event)
+        return PeakReport(
+            self.peak, self.peak_phase, breakdown, self.peak_event, dict(self.phase_peaks)
+        )

@@ -12,14 +12,14 @@ from autofit.models import ModelPreset
 from autofit.probe.spec import ProbeSpec
 
 
-def load_preset(data: dict[str, Any]) -> ModelPreset:
+def preset_from_config(data: dict[str, Any]) -> ModelPreset:
     try:
         return ModelPreset.from_dict(data)
     except TypeError as exc:
         raise ConfigError(f"model config '{data.get('name', '?')}' is malformed: {exc}") from None
 
 
-def load_gpu(data: dict[str, Any]) -> GpuSpec:
+def gpu_from_config(data: dict[str, Any]) -> GpuSpec:
     try:
         return GpuSpec.from_dict(data)
     except (TypeError, KeyError, ValueError) as exc:
@@ -74,8 +74,8 @@ def spec_from_config(cfg: Any) -> ProbeSpec:
     assert isinstance(data, dict)
     knob_values = {name: data[name] for name in registry()}
     return make_spec(
-        load_preset(data["model"]),
-        load_gpu(data["gpu"]),
+        preset_from_config(data["model"]),
+        gpu_from_config(data["gpu"]),
         knob_values,
         backend=data["backend"],
         margin=data["margin"],

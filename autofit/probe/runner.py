@@ -11,15 +11,13 @@ out-of-memory error is an ordinary `ProbeResult`.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from autofit.models import ModelPreset
+from autofit.probe.launcher import Launcher, SpawnLauncher
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 from autofit.probe.validity import invalid_reason
 
@@ -47,11 +45,16 @@ def _describe_exit(returncode: int) -> str:
     return f"the probe worker exited with code {returncode} without writing a result"
 
 
-def run_probe(spec: ProbeSpec, worker: str = WORKER, log_path: Path | None = None) -> ProbeResult:
+def run_probe(
+    spec: ProbeSpec,
+    worker: str = WORKER,
+    log_path: Path | None = None,
+    launcher: Launcher | None = None,
+) -> ProbeResult:
     """Measure `spec` in a subprocess running `python -m <worker> SPEC RESULT`.
 
     `log_path` keeps the worker's combined stdout and stderr; by default it is discarded with the
-    temporary directory.
+    temporary directory. `launcher` starts the process (default: a fresh interpreter).
     """
     reason = invalid_reason(spec.knobs, spec.gpu_spec, ModelPreset.from_dict(spec.model))
     if reason:
@@ -64,38 +67,23 @@ def run_probe(spec: ProbeSpec, worker: str = WORKER, log_path: Path | None = Non
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         log_file = log_path or Path(tmp) / "worker.log"
         spec_path.write_text(spec.to_json())
-        with open(log_file, "wb") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", worker, str(spec_path), str(result_path)],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+        proc = (launcher or SpawnLauncher()).start(
+            worker, [str(spec_path), str(result_path)], log_file
+        )
+        returncode = proc.wait(timeout=spec.timeout_s)
+        if returncode is None:
+            proc.kill_group()
+            result = ProbeResult.failed(
+                spec,
+                Outcome.TIMEOUT,
+                f"the probe ran past timeout_s={spec.timeout_s:g} and was killed",
+                _tail(log_file),
             )
-            try:
-                proc.wait(timeout=spec.timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                result = ProbeResult.failed(
-                    spec,
-                    Outcome.TIMEOUT,
-                    f"the probe ran past timeout_s={spec.timeout_s:g} and was killed",
-                    _tail(log_file),
-                )
-                result.wall_s = time.perf_counter() - started
-                return result
-        result = _read_result(spec, result_path, proc.returncode, log_file)
+        else:
+            result = _read_result(spec, result_path, returncode, log_file)
     result.wall_s = time.perf_counter() - started
     log.debug("probe %s -> %s in %.1f s", spec.knobs, result.outcome.value, result.wall_s)
     return result
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _read_result(spec: ProbeSpec, path: Path, returncode: int, log_file: Path) -> ProbeResult:

@@ -67,6 +67,7 @@ class ProbeResult:
     breakdown: dict[str, int] | None = None
     overhead_detail: dict[str, int] | None = None
     phase: str | None = None
+    phase_peaks: dict[str, int] | None = None
     samples_per_s: float | None = None
     step_time_s: float | None = None
     throughput_estimated: bool | None = None

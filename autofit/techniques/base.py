@@ -29,10 +29,20 @@ class Technique:
     """
 
     knob: Knob
+    # Whether the knob changes the memory each extra sample adds (the search shares its estimate
+    # of that slope between configurations that differ only in knobs that do not).
+    per_sample_memory = True
 
     @property
     def name(self) -> str:
         return self.knob.name
+
+    def saves_memory_over(self, value: Any) -> Any:
+        """If `value` only saves memory, at a speed cost, the value it saves over; else None.
+
+        The search needs such a value only at batches the faster one cannot fit.
+        """
+        return None
 
     def invalid_reason(
         self, value: Any, knobs: dict[str, Any], gpu: GpuSpec, model: ModelPreset

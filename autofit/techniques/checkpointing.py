@@ -21,6 +21,9 @@ class Checkpointing(Technique):
         choices=(True, False),
     )
 
+    def saves_memory_over(self, value: Any) -> Any:
+        return False if value else None
+
     def after_build(self, run: TrainingRun, value: Any) -> None:
         if value:
             run.workload.enable_checkpointing(run.model, run.checkpoint)

@@ -25,6 +25,7 @@ class Optimizer(Technique):
         "the update rule, which sets the optimizer state per parameter",
         choices=("adamw", "sgd"),
     )
+    per_sample_memory = False  # optimizer state is per parameter, not per sample
 
     def after_build(self, run: TrainingRun, value: Any) -> None:
         import torch

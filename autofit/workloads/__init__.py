@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from autofit.errors import ConfigError
@@ -10,18 +11,17 @@ if TYPE_CHECKING:
     from autofit.models import ModelPreset
     from autofit.workloads.base import Workload
 
-
-def _families() -> dict[str, type[Workload]]:
-    from autofit.workloads.mlp import MLPWorkload
-    from autofit.workloads.sana import SanaWorkload
-
-    return {"sana": SanaWorkload, "mlp": MLPWorkload}
+# family -> the module that defines it (as WORKLOAD); imported only when a family is used.
+FAMILIES = {
+    "sana": "autofit.workloads.sana",
+    "mlp": "autofit.workloads.mlp",
+}
 
 
 def workload_for(preset: ModelPreset) -> Workload:
-    families = _families()
-    if preset.family not in families:
+    if preset.family not in FAMILIES:
         raise ConfigError(
-            f"model {preset.name} names family '{preset.family}'; valid families: {', '.join(families)}"
+            f"model {preset.name} names family '{preset.family}'; valid families: {', '.join(FAMILIES)}"
         )
-    return families[preset.family](preset)
+    workload_class: type[Workload] = importlib.import_module(FAMILIES[preset.family]).WORKLOAD
+    return workload_class(preset)

@@ -14,7 +14,8 @@ CheckpointFn = Callable[..., Any]
 
 
 class Workload:
-    """A model family. Subclass it, implement the four methods, and add it to `FAMILIES`.
+    """A model family. Subclass it, implement the four methods, export the class as `WORKLOAD`
+    from its module, and add the module to `FAMILIES`.
 
     The model is built with random weights under whatever device and default dtype the caller
     set; the batch is synthetic but shaped exactly as the trainer's would be; the loss is the one

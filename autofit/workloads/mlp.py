@@ -43,3 +43,6 @@ class MLPWorkload(Workload):
 
     def enable_checkpointing(self, model: nn.Module, checkpoint: CheckpointFn) -> None:
         model.checkpoint = checkpoint  # type: ignore[assignment]
+
+
+WORKLOAD = MLPWorkload

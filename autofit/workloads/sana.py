@@ -48,3 +48,6 @@ class SanaWorkload(Workload):
 
     def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
         model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
+
+
+WORKLOAD = SanaWorkload

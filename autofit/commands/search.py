@@ -1,0 +1,211 @@
+"""`autofit search`: the largest and fastest run that fits, every probe in an Optuna study."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from autofit.config import compose_config
+from autofit.errors import AutofitError, ConfigError
+from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
+from autofit.probe.spec import Outcome, ProbeResult
+from autofit.search.engine import Combination, SearchListener
+from autofit.units import size, value
+
+# Simulated probes are single-threaded Python: one per core keeps both busy.
+MAX_DEFAULT_JOBS = 4
+
+
+class Progress(SearchListener):
+    """Probes done, the current best and the time so far: one line kept up to date on a
+    terminal, a plain log line per probe otherwise."""
+
+    def __init__(
+        self, stream: TextIO, target_resolution: int, min_batch: int, knob_names: list[str]
+    ) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+        self.target_resolution, self.min_batch = target_resolution, min_batch
+        self.knob_names = knob_names
+        self.started = time.perf_counter()
+        self.done = self.reused = 0
+        self.best: ProbeResult | None = None
+        self._lock = threading.Lock()
+
+    def _elapsed(self) -> str:
+        seconds = int(time.perf_counter() - self.started)
+        return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+    def _best_words(self) -> str:
+        if self.best is None:
+            return "none yet"
+        config = self.best.config
+        return (
+            f"b={config['batch_size']} "
+            + " ".join(f"{k}={value(config[k])}" for k in self.knob_names)
+            + f" {self.best.samples_per_s:.2f} samples/s"
+        )
+
+    def on_probe(self, result: ProbeResult, reused: bool) -> None:
+        with self._lock:
+            self.done += 1
+            self.reused += reused
+            config = result.config
+            if (
+                result.outcome is Outcome.OK
+                and config["resolution"] == self.target_resolution
+                and config["batch_size"] >= self.min_batch
+                and (
+                    self.best is None
+                    or (result.samples_per_s or 0) > (self.best.samples_per_s or 0)
+                )
+            ):
+                self.best = result
+            if self.live:
+                line = (
+                    f"\r{self.done} probes ({self.reused} reused) | {self._elapsed()} | "
+                    f"best at {self.target_resolution}px: {self._best_words()}"
+                )
+                self.stream.write(line[:160].ljust(160))
+            else:
+                knobs = " ".join(f"{k}={value(config[k])}" for k in self.knob_names)
+                peak = size(result.peak_bytes) if result.peak_bytes else "-"
+                speed = f"{result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
+                source = "reused" if reused else f"{result.wall_s or 0:.1f} s"
+                self.stream.write(
+                    f"[{self._elapsed()}] probe {self.done}: {knobs} batch={config['batch_size']} "
+                    f"res={config['resolution']} -> {result.outcome.value} {peak} {speed} ({source})\n"
+                )
+            self.stream.flush()
+
+    def on_combination(self, combination: Combination) -> None:
+        if combination.status in ("pruned", "invalid") and not self.live:
+            with self._lock:
+                self.stream.write(
+                    f"[{self._elapsed()}] {combination.status}: {combination.label()}: {combination.reason}\n"
+                )
+                self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _default_jobs(backend: str) -> int:
+    return 1 if backend == "cuda" else max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
+
+
+def _launcher(backend: str, family: str) -> Any:
+    from autofit.probe.launcher import ForkServer, SpawnLauncher
+
+    if backend == "cuda":  # a forked CUDA context is unusable: spawn each probe
+        return SpawnLauncher()
+    from autofit.workloads import FAMILIES
+
+    return ForkServer(
+        preload=["autofit.probe.worker", f"autofit.backends.{backend}", FAMILIES[family]]
+    )
+
+
+def run(overrides: list[str]) -> int:
+    return run_config(compose_config("search", overrides))
+
+
+def run_config(cfg: Any) -> int:
+    """Run the search a composed `search` config describes; print it; write its files."""
+    from omegaconf import OmegaConf
+
+    from autofit.backends import resolve
+    from autofit.commands.probe import ensure_writable
+    from autofit.search import display
+    from autofit.search.engine import Search
+    from autofit.search.outputs import write_outputs
+    from autofit.search.prober import Prober
+    from autofit.search.space import load_space
+    from autofit.search.study import StudyRecorder, default_storage
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
+    check_settings(data["backend"], data["margin"], data["timeout_s"])
+    space = load_space(str(data["space"]), preset)
+    target = data.get("target") or {}
+    if target.get("resolution") is not None:
+        preset.check_resolution(target["resolution"])
+        if target["resolution"] not in space.resolutions:
+            raise ConfigError(
+                f"target.resolution={target['resolution']} is not searched by space {space.name}; "
+                f"its resolutions: {', '.join(map(str, space.resolutions))}"
+            )
+        space = _replace(space, target_resolution=target["resolution"])
+    if target.get("min_batch") is not None:
+        if not isinstance(target["min_batch"], int) or target["min_batch"] < 1:
+            raise ConfigError(
+                f"target.min_batch={target['min_batch']!r} is not valid; expected an integer >= 1"
+            )
+        space = _replace(space, target_min_batch=target["min_batch"])
+    jobs = data.get("jobs")
+    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
+
+    study_name = data.get("study") or f"{preset.name}-{gpu.name}-{space.name}"
+    out = Path(data["out"]) if data.get("out") else Path("results") / study_name
+    ensure_writable(out / "summary.json")
+    storage = data.get("storage") or default_storage(Path("results"))
+    if storage.startswith("sqlite:///"):
+        ensure_writable(Path(storage.removeprefix("sqlite:///")))
+
+    budget = gpu.budget_bytes(data["margin"])
+    backend = resolve(data["backend"], gpu, budget)
+    knob_names = list(space.knobs)
+    meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
+            "margin": data["margin"], "storage": storage}  # fmt: skip
+    recorder = StudyRecorder(storage, study_name, {k: v for k, v in meta.items() if k != "storage"})
+    progress = Progress(sys.stderr, space.target_resolution, space.target_min_batch, knob_names)
+    print(
+        f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
+        f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
+        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}; study {study_name}",
+        flush=True,
+    )
+    try:
+        with _launcher(backend, preset.family) as launcher:
+            prober = Prober(
+                preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher
+            )
+            result = Search(
+                space, prober, jobs=jobs or _default_jobs(backend), listener=progress
+            ).run()
+    finally:
+        progress.close()
+    summary = write_outputs(out, result, meta, knob_names)
+
+    print(
+        f"\nPareto front (throughput against batch x pixels), per resolution:\n{display.pareto_table(result, knob_names)}"
+    )
+    lost = display.losers(result.combinations)
+    if lost:
+        print(f"\nnot on the front:\n{lost}")
+    print(
+        f"\n{summary['n_probes']} probes ({result.new_probes} run, {result.reused_probes} reused) "
+        f"in {result.wall_s:.0f} s; results in {out}/ (summary.json, trials.csv, pareto.csv, best.yaml)"
+    )
+    if result.best is None:
+        smallest = summary["nothing_fits"]["smallest_peak_bytes"]
+        raise AutofitError(
+            f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
+            f"the smallest peak found is {size(smallest)} against a budget of {size(budget)}"
+        )
+    print("\n" + display.best_block(result.best, knob_names))
+    return 0
+
+
+def _replace(space: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(space, **changes)

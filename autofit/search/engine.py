@@ -1,0 +1,266 @@
+"""The search: for every structural combination and resolution, the largest batch that fits.
+
+Combinations run in waves by how many memory-saving-at-a-speed-cost settings they use (gradient
+checkpointing on, say): a saver is worth probing only at batches its faster parent (the same
+combination without it) cannot fit, so its search starts just above the parent's largest batch,
+and it is pruned, with the reason recorded, when that batch does not fit or the parent already
+fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
+Within a wave, combinations are searched concurrently (`jobs`), each by the planner; estimates of
+the memory per sample are shared between combinations whose per-sample memory is the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.probe.spec import Outcome, ProbeResult
+from autofit.probe.validity import invalid_reason
+from autofit.search.pareto import best_config, pareto_front
+from autofit.search.planner import Observation, largest_fitting_batch
+from autofit.search.prober import Prober
+from autofit.search.space import SearchSpace
+from autofit.techniques import TECHNIQUES
+from autofit.units import value as show
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Combination:
+    """One structural combination at one resolution, and what its search found."""
+
+    knobs: dict[str, Any]  # the searched knobs' values
+    resolution: int
+    status: str = "pending"  # exact | none_fit | pruned | invalid | failed
+    best_batch: int | None = None
+    probes: int = 0
+    reason: str = ""
+
+    def label(self) -> str:
+        return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{self.resolution}px"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "knobs": self.knobs,
+            "resolution": self.resolution,
+            "status": self.status,
+            "best_batch": self.best_batch,
+            "probes": self.probes,
+            "reason": self.reason,
+        }
+
+
+class SearchListener:
+    """Hears about the search as it goes; the CLI's progress display subclasses it."""
+
+    def on_probe(self, result: ProbeResult, reused: bool) -> None:
+        pass
+
+    def on_combination(self, combination: Combination) -> None:
+        pass
+
+
+@dataclass
+class SearchResult:
+    results: list[ProbeResult]  # every probe this search used, run now or reused from the study
+    combinations: list[Combination]
+    new_probes: int
+    reused_probes: int
+    wall_s: float
+    budget_bytes: int
+    pareto: dict[int, list[ProbeResult]] = field(default_factory=dict)
+    best: ProbeResult | None = None
+
+
+def _savings(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs set to a memory-saving value, each with the faster value it saves over."""
+    found = {}
+    for technique in TECHNIQUES:
+        if technique.name in knobs:
+            baseline = technique.saves_memory_over(knobs[technique.name])
+            if baseline is not None:
+                found[technique.name] = baseline
+    return found
+
+
+def _hint_key(knobs: dict[str, Any], resolution: int) -> tuple[Any, ...]:
+    per_sample = {t.name for t in TECHNIQUES if t.per_sample_memory}
+    return (resolution, tuple(sorted((k, v) for k, v in knobs.items() if k in per_sample)))
+
+
+class Search:
+    def __init__(
+        self,
+        space: SearchSpace,
+        prober: Prober,
+        jobs: int = 1,
+        listener: SearchListener | None = None,
+    ) -> None:
+        self.space, self.prober = space, prober
+        self.preset, self.gpu, self.budget = prober.preset, prober.gpu, prober.budget
+        self.jobs = max(1, jobs)
+        self.listener = listener or SearchListener()
+        self._lock = threading.Lock()
+        self._results: list[ProbeResult] = []
+        self._new = self._reused = 0
+        self._slopes: dict[tuple[Any, ...], dict[str, float]] = {}
+        self._best: dict[tuple[Any, ...], int | None] = {}  # (knobs, resolution) -> b*
+
+    # -- probing -------------------------------------------------------------------------------
+
+    def _probe(self, combination: Combination) -> Callable[[int], Observation]:
+        def probe(batch: int) -> Observation:
+            result, reused = self.prober(
+                {**combination.knobs, "batch_size": batch, "resolution": combination.resolution}
+            )
+            with self._lock:
+                self._results.append(result)
+                if reused:
+                    self._reused += 1
+                else:
+                    self._new += 1
+            combination.probes += 1
+            self.listener.on_probe(result, reused)
+            if result.outcome in (Outcome.OK, Outcome.OOM):
+                return Observation(
+                    batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks
+                )
+            return Observation(batch, None)
+
+        return probe
+
+    # -- one combination -----------------------------------------------------------------------
+
+    def _search(self, combination: Combination) -> None:
+        knobs, resolution = combination.knobs, combination.resolution
+        floor, parent_note = self.space.min_batch - 1, ""
+        savings = _savings(knobs)
+        for name, baseline in savings.items():
+            parent = {**knobs, name: baseline}
+            parent_best = self._best.get((_frozen(parent), resolution)) or 0
+            if parent_best > floor:
+                floor = parent_best
+                parent_note = f"{name}={show(baseline)} already fits batch {parent_best}"
+        if savings and floor >= self.space.max_batch:
+            self._best[(_frozen(knobs), resolution)] = floor  # it fits what its parent fits
+            self._prune(
+                combination,
+                f"{parent_note}, the space's largest; {_setting(knobs, savings)} would only be slower",
+            )
+            return
+        plan = largest_fitting_batch(
+            self._probe(combination),
+            self.budget,
+            self.space.max_batch,
+            floor=floor,
+            slope_hint=self._slopes.get(_hint_key(knobs, resolution)),
+        )
+        slopes = plan.slopes()
+        if slopes:
+            self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
+        self._best[(_frozen(knobs), resolution)] = plan.best_batch
+        if plan.failed is not None:
+            combination.status = "failed"
+            combination.reason = (
+                f"the probe at batch {plan.failed.batch} did not finish (crash or timeout)"
+            )
+            combination.best_batch = plan.best_batch
+        elif plan.best_batch is not None:
+            combination.status, combination.best_batch = "exact", plan.best_batch
+        elif parent_note:
+            self._best[(_frozen(knobs), resolution)] = floor
+            self._prune(
+                combination,
+                f"{parent_note}, and batch {floor + 1} does not fit with {_setting(knobs, savings)} either",
+            )
+            return
+        else:
+            combination.status = "none_fit"
+            combination.reason = f"batch {self.space.min_batch} does not fit"
+        self.listener.on_combination(combination)
+
+    def _prune(self, combination: Combination, reason: str) -> None:
+        combination.status, combination.reason = "pruned", reason
+        self.prober.recorder.record_pruned(
+            {**combination.knobs, "resolution": combination.resolution}, reason
+        )
+        self.listener.on_combination(combination)
+
+    # -- the whole search ----------------------------------------------------------------------
+
+    def combinations(self) -> list[Combination]:
+        return [
+            Combination(dict(knobs), resolution)
+            for resolution in self.space.resolutions
+            for knobs in self.space.combinations()
+        ]
+
+    def run(self) -> SearchResult:
+        started = time.perf_counter()
+        combinations = self.combinations()
+        runnable: list[Combination] = []
+        for combination in combinations:
+            knobs = {
+                **self.prober.defaults,
+                **combination.knobs,
+                "resolution": combination.resolution,
+            }
+            reason = invalid_reason(knobs, self.gpu, self.preset)
+            if reason:
+                combination.status, combination.reason = "invalid", reason
+                self.prober.recorder.record_pruned(
+                    {**combination.knobs, "resolution": combination.resolution},
+                    f"invalid: {reason}",
+                )
+                self.listener.on_combination(combination)
+            else:
+                runnable.append(combination)
+        waves: dict[int, list[Combination]] = defaultdict(list)
+        for combination in runnable:
+            waves[len(_savings(combination.knobs))].append(combination)
+        for size in sorted(waves):
+            self._run_wave(waves[size])
+        results = list(self._results)
+        return SearchResult(
+            results=results,
+            combinations=combinations,
+            new_probes=self._new,
+            reused_probes=self._reused,
+            wall_s=time.perf_counter() - started,
+            budget_bytes=self.budget,
+            pareto=pareto_front(results),
+            best=best_config(results, self.space.target_resolution, self.space.target_min_batch),
+        )
+
+    def _run_wave(self, wave: list[Combination]) -> None:
+        # Spread combinations that share a memory-per-sample estimate, so the first of each group
+        # finishes (and shares its estimate) before the others start.
+        seen: dict[tuple[Any, ...], int] = defaultdict(int)
+        order = []
+        for combination in wave:
+            key = _hint_key(combination.knobs, combination.resolution)
+            order.append((seen[key], len(order), combination))
+            seen[key] += 1
+        ordered = [c for _, _, c in sorted(order, key=lambda item: item[:2])]
+        if self.jobs == 1:
+            for combination in ordered:
+                self._search(combination)
+            return
+        with ThreadPoolExecutor(self.jobs) as pool:
+            for future in [pool.submit(self._search, c) for c in ordered]:
+                future.result()
+
+
+def _setting(knobs: dict[str, Any], names: dict[str, Any]) -> str:
+    return " and ".join(f"{name}={show(knobs[name])}" for name in names)
+
+
+def _frozen(knobs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(knobs.items()))

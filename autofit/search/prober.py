@@ -1,0 +1,53 @@
+"""Run a probe, or answer from the study when the same probe already finished there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.gpus import GpuSpec
+from autofit.knobs import registry
+from autofit.models import ModelPreset
+from autofit.probe.build import make_spec
+from autofit.probe.launcher import Launcher
+from autofit.probe.runner import run_probe
+from autofit.probe.spec import ProbeResult
+from autofit.search.study import StudyRecorder, probe_key
+
+
+class Prober:
+    """Probes `preset` on `gpu` with the given knobs (the rest at their defaults), through
+    `launcher`, and records each new result in the study the moment it finishes."""
+
+    def __init__(
+        self,
+        preset: ModelPreset,
+        gpu: GpuSpec,
+        backend: str,
+        margin: float,
+        timeout_s: float,
+        recorder: StudyRecorder,
+        launcher: Launcher,
+    ) -> None:
+        self.preset, self.gpu, self.backend = preset, gpu, backend
+        self.margin, self.timeout_s = margin, timeout_s
+        self.recorder, self.launcher = recorder, launcher
+        self.budget = gpu.budget_bytes(margin)
+        self.defaults = {name: knob.default for name, knob in registry().items()}
+
+    def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
+        """The result for these knob values, and whether it was reused from the study."""
+        spec = make_spec(
+            self.preset,
+            self.gpu,
+            {**self.defaults, **knobs},
+            self.backend,
+            self.margin,
+            self.timeout_s,
+        )
+        key = probe_key(spec.knobs, self.backend, self.budget)
+        result = self.recorder.finished(key)
+        if result is not None:
+            return result, True
+        result = run_probe(spec, launcher=self.launcher)
+        self.recorder.record_probe(key, result)
+        return result, False

@@ -1,0 +1,182 @@
+"""Search spaces (`search_spaces/<name>.yaml`): which knob values, resolutions and batches to search.
+
+A space is validated in full before the first probe: an unknown key or knob, a value a knob cannot
+take, an empty list or a resolution the model cannot train at is an error naming the file and the
+key.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import ConfigError
+from autofit.knobs import Knob, registry
+from autofit.models import ModelPreset
+from autofit.paths import search_spaces_dir
+
+TOP_LEVEL = ("batch_size", "resolution", "knobs", "target")
+SEARCHED_ELSEWHERE = ("batch_size", "resolution")  # not structural knobs: the planner varies them
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated space, with resolutions resolved for one model."""
+
+    name: str
+    path: Path
+    min_batch: int
+    max_batch: int
+    resolutions: tuple[int, ...]
+    knobs: dict[str, tuple[Any, ...]]  # knob -> values to try, in the file's order
+    target_resolution: int
+    target_min_batch: int
+
+    def combinations(self) -> Iterator[dict[str, Any]]:
+        """Every structural combination: one value per searched knob."""
+        names = list(self.knobs)
+        for values in itertools.product(*(self.knobs[n] for n in names)):
+            yield dict(zip(names, values, strict=True))
+
+
+def space_path(name: str) -> Path:
+    """`space=default` is search_spaces/default.yaml; a path to a YAML file is taken as is."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.exists():
+            raise ConfigError(f"space={name}: no such file")
+        return candidate
+    path = search_spaces_dir() / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in search_spaces_dir().glob("*.yaml"))
+        raise ConfigError(
+            f"unknown space '{name}'; valid: {', '.join(valid)} (or a path to a .yaml file)"
+        )
+    return path
+
+
+def _display(path: Path) -> str:
+    """A shipped space as `search_spaces/<name>.yaml`, any other file as given."""
+    try:
+        return str(path.resolve().relative_to(search_spaces_dir().parent))
+    except ValueError:
+        return str(path)
+
+
+def _resolution(value: Any, preset: ModelPreset, where: str) -> int:
+    if isinstance(value, str) and value.startswith("x"):
+        try:
+            factor = float(value[1:])
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {value!r} is not a resolution; write pixels (1024) or xF (x0.5)"
+            ) from None
+        step = preset.granularity
+        return max(step, int(preset.resolution * factor) // step * step)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"{where}: {value!r} is not a resolution; write pixels (1024) or xF (x0.5)"
+        )
+    try:
+        preset.check_resolution(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
+def _int(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}.{key}: {value!r} is not valid; expected an integer >= 1")
+    return value
+
+
+def load_space(name: str, preset: ModelPreset) -> SearchSpace:
+    import yaml
+
+    file = space_path(name)
+    path = _display(file)
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_LEVEL)}")
+    for key in data:
+        if key not in TOP_LEVEL:
+            raise ConfigError(f"{path}: unknown key '{key}'; valid keys: {', '.join(TOP_LEVEL)}")
+
+    batch = data.get("batch_size") or {}
+    if not isinstance(batch, dict):
+        raise ConfigError(f"{path}: batch_size: expected min and max")
+    min_batch, max_batch = (
+        _int(batch, "min", f"{path}: batch_size"),
+        _int(batch, "max", f"{path}: batch_size"),
+    )
+    if min_batch > max_batch:
+        raise ConfigError(f"{path}: batch_size: min={min_batch} is above max={max_batch}")
+
+    raw_resolutions = data.get("resolution", ["x1"])
+    if not isinstance(raw_resolutions, list) or not raw_resolutions:
+        raise ConfigError(f"{path}: resolution: expected a non-empty list")
+    resolutions = tuple(
+        dict.fromkeys(
+            _resolution(v, preset, f"{path}: resolution[{i}]")
+            for i, v in enumerate(raw_resolutions)
+        )
+    )
+
+    knobs = _knobs(data.get("knobs") or {}, path)
+
+    target = data.get("target") or {}
+    if not isinstance(target, dict):
+        raise ConfigError(f"{path}: target: expected resolution and min_batch")
+    target_resolution = _resolution(
+        target.get("resolution", "x1"), preset, f"{path}: target.resolution"
+    )
+    if target_resolution not in resolutions:
+        raise ConfigError(
+            f"{path}: target.resolution: {target_resolution} px is not among the searched resolutions "
+            f"({', '.join(map(str, resolutions))})"
+        )
+    target_min_batch = _int(
+        {"min_batch": target.get("min_batch", 1)}, "min_batch", f"{path}: target"
+    )
+    return SearchSpace(
+        name=file.stem,
+        path=file,
+        min_batch=min_batch,
+        max_batch=max_batch,
+        resolutions=resolutions,
+        knobs=knobs,
+        target_resolution=target_resolution,
+        target_min_batch=target_min_batch,
+    )
+
+
+def _knobs(section: Any, path: str) -> dict[str, tuple[Any, ...]]:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: knobs: expected a mapping of knob -> list of values")
+    table: dict[str, Knob] = {
+        name: knob for name, knob in registry().items() if name not in SEARCHED_ELSEWHERE
+    }
+    knobs: dict[str, tuple[Any, ...]] = {}
+    for name, values in section.items():
+        if name not in table:
+            hint = " (set it under batch_size or resolution)" if name in SEARCHED_ELSEWHERE else ""
+            raise ConfigError(
+                f"{path}: knobs.{name}: unknown knob{hint}; valid knobs: {', '.join(table)}"
+            )
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise ConfigError(f"{path}: knobs.{name}: the list of values is empty")
+        try:
+            parsed = tuple(table[name].parse(v) for v in values)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: knobs.{name}: {exc}") from None
+        knobs[name] = tuple(dict.fromkeys(parsed))
+    return knobs

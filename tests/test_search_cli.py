@@ -1,0 +1,180 @@
+"""`autofit search` end to end on the tiny models: its files, resuming, surviving SIGKILL, and its
+errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+SUMMARY_FIELDS = {
+    "study",
+    "model",
+    "gpu",
+    "backend",
+    "budget_bytes",
+    "n_probes",
+    "wall_s",
+    "best",
+    "pareto",
+}
+
+WIDE_SPACE = """
+batch_size: {min: 1, max: 8}
+resolution: [x1]
+knobs:
+  precision: [bf16, fp16, bf16_pure]
+  optimizer: [adamw, sgd]
+  checkpointing: [false]
+"""
+
+
+def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autofit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_quick_search_writes_its_results_and_a_rerun_repeats_no_probe(tmp_path: Path) -> None:
+    done = autofit("search", "model=tiny_sana", "gpu=a40", "space=quick", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "results" / "tiny_sana-a40-quick"
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["backend"] == "simulate"
+    assert summary["best"]["config"]["resolution"] == 64
+    assert summary["best"]["peak_bytes"] <= summary["budget_bytes"]
+    assert {"config", "peak_bytes", "samples_per_s"} <= set(summary["best"])
+    assert summary["pareto"] and all(
+        {"config", "peak_bytes", "samples_per_s"} <= set(p) for p in summary["pareto"]
+    )
+    trials = (out / "trials.csv").read_text().splitlines()
+    assert len(trials) - 1 >= summary["n_probes"]
+    assert (out / "pareto.csv").read_text().startswith("resolution,batch_size,precision")
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert (
+        best["model"] == "tiny_sana"
+        and best["batch_size"] == summary["best"]["config"]["batch_size"]
+    )
+    assert "Pareto front" in done.stdout and "best:" in done.stdout
+    assert (tmp_path / "results" / "studies.db").exists()
+
+    again = autofit("search", "model=tiny_sana", "gpu=a40", "space=quick", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["new_probes"] == 0
+    assert resumed["reused_probes"] == summary["n_probes"]
+    assert resumed["best"] == summary["best"]
+
+
+def _finished_probes(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db) as connection:
+            (count,) = connection.execute(
+                "select count(*) from trials where state in ('COMPLETE', 'FAIL')"
+            ).fetchone()
+        return count
+    except sqlite3.Error:  # the tables may not exist yet
+        return 0
+
+
+def test_a_search_killed_with_sigkill_loses_no_finished_probe(tmp_path: Path) -> None:
+    (tmp_path / "wide.yaml").write_text(WIDE_SPACE)
+    args = [
+        sys.executable,
+        "-m",
+        "autofit",
+        "search",
+        "model=tiny_sana",
+        "space=wide.yaml",
+        "jobs=1",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    db = tmp_path / "results" / "studies.db"
+    deadline = time.time() + 300
+    while _finished_probes(db) < 3 and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    recorded = _finished_probes(db)
+    assert recorded >= 3
+
+    done = autofit("search", "model=tiny_sana", "space=wide.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "results" / "tiny_sana-a40-wide" / "summary.json").read_text())
+    assert summary["reused_probes"] >= recorded  # every probe that finished before the kill
+    assert _finished_probes(db) == summary["n_probes"]  # and none was run twice
+
+
+def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_path: Path) -> None:
+    cases = {
+        "unknown_knob.yaml": (
+            "batch_size: {min: 1, max: 4}\nknobs:\n  optimiser: [adamw]\n",
+            "knobs.optimiser",
+        ),
+        "bad_value.yaml": ("batch_size: {min: 1, max: 4}\nknobs:\n  optimizer: [adam]\n", "'adam'"),
+        "empty.yaml": (
+            "batch_size: {min: 1, max: 4}\nknobs:\n  precision: []\n",
+            "knobs.precision",
+        ),
+        "bad_batch.yaml": ("batch_size: {min: 4, max: 2}\n", "min=4"),
+        "bad_resolution.yaml": (
+            "batch_size: {min: 1, max: 4}\nresolution: [1000]\n",
+            "resolution[0]",
+        ),
+    }
+    for name, (text, key) in cases.items():
+        (tmp_path / name).write_text(text)
+        done = autofit("search", "model=sana_1600m", f"space={name}", cwd=tmp_path)
+        assert done.returncode == 2, (name, done.stderr)
+        line = done.stderr.strip()
+        assert len(line.splitlines()) == 1 and name in line and key in line, line
+    assert not (tmp_path / "results").exists()  # nothing ran, nothing written
+    unknown = autofit("search", "space=quik", cwd=tmp_path)
+    assert (
+        unknown.returncode == 2
+        and "unknown space 'quik'" in unknown.stderr
+        and "quick" in unknown.stderr
+    )
+
+
+def test_when_nothing_fits_it_says_so_and_exits_non_zero(tmp_path: Path) -> None:
+    done = autofit("search", "model=tiny_mlp", "gpu=l4", "space=quick", "margin=0.98", cwd=tmp_path)
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert (
+        line.startswith("autofit: error: nothing fits l4")
+        and "smallest peak found" in line
+        and "budget" in line
+    )
+    summary = json.loads((tmp_path / "results" / "tiny_mlp-l4-quick" / "summary.json").read_text())
+    assert (
+        summary["best"] is None
+        and summary["nothing_fits"]["smallest_peak_bytes"] > summary["budget_bytes"]
+    )
+
+
+def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
+    done = autofit("search", "-m", "model=tiny_mlp", "gpu=a40,l4", "space=quick", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for gpu in ("a40", "l4"):
+        assert (tmp_path / "results" / f"tiny_mlp-{gpu}-quick" / "summary.json").exists()

@@ -1,0 +1,177 @@
+"""The search over a synthetic workload whose memory curve is known: exact b* for every
+combination, pruning with reasons, the Pareto front and the best config, in few probes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autofit.gpus import load_gpu
+from autofit.models import load_preset
+from autofit.probe.spec import Outcome, ProbeResult
+from autofit.search.engine import Search
+from autofit.search.pareto import best_config, pareto_front
+from autofit.search.space import SearchSpace
+
+GIB = 1 << 30
+GPU = load_gpu("a40")
+BUDGET = GPU.budget_bytes(0.05)
+PRESET = load_preset("sana_1600m")
+
+
+def curve(knobs: dict[str, Any]) -> tuple[int, int, float]:
+    """Fixed bytes, bytes per sample, and step seconds per sample of a made-up model."""
+    fixed = {"bf16": 24, "fp16": 24, "bf16_pure": 12}[knobs["precision"]] * GIB
+    fixed -= 6 * GIB if knobs["optimizer"] == "sgd" else 0
+    per_sample = (1.1 if knobs["resolution"] == 1024 else 0.3) * GIB
+    if knobs["checkpointing"]:
+        per_sample *= 0.2
+    seconds = (0.12 if knobs["resolution"] == 1024 else 0.035) * (
+        1.3 if knobs["checkpointing"] else 1.0
+    )
+    return fixed, int(per_sample), seconds
+
+
+class CurveProber:
+    """Stands in for real probes: the peak is the known curve, and every call is counted."""
+
+    def __init__(self) -> None:
+        self.preset, self.gpu, self.budget = PRESET, GPU, BUDGET
+        self.defaults = {
+            "batch_size": 1,
+            "resolution": None,
+            "precision": "bf16",
+            "checkpointing": False,
+            "optimizer": "adamw",
+        }
+        self.calls: list[dict[str, Any]] = []
+        self.recorder = self  # pruned combinations are recorded here
+
+    def record_pruned(self, knobs: dict[str, Any], reason: str) -> None:
+        self.pruned = getattr(self, "pruned", []) + [(knobs, reason)]
+
+    def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
+        knobs = {**self.defaults, **knobs}
+        self.calls.append(knobs)
+        fixed, per_sample, seconds = curve(knobs)
+        batch = knobs["batch_size"]
+        peak = fixed + per_sample * batch
+        result = ProbeResult(
+            outcome=Outcome.OK if peak <= self.budget else Outcome.OOM,
+            backend="simulate", gpu="a40", model="sana_1600m", config=knobs, budget_bytes=self.budget,
+            peak_bytes=peak, samples_per_s=batch / (0.05 + seconds * batch), step_time_s=0.05 + seconds * batch,
+        )  # fmt: skip
+        return result, False
+
+
+def space(max_batch: int = 64) -> SearchSpace:
+    return SearchSpace(
+        name="synthetic", path=None, min_batch=1, max_batch=max_batch, resolutions=(512, 1024),  # type: ignore[arg-type]
+        knobs={"precision": ("bf16", "fp16", "bf16_pure"), "optimizer": ("adamw", "sgd"), "checkpointing": (False, True)},
+        target_resolution=1024, target_min_batch=1,
+    )  # fmt: skip
+
+
+def truth(knobs: dict[str, Any], resolution: int, max_batch: int) -> int | None:
+    fixed, per_sample, _ = curve({**knobs, "resolution": resolution})
+    best = (BUDGET - fixed) // per_sample
+    return min(best, max_batch) if best >= 1 else None
+
+
+def test_every_combination_gets_its_exact_largest_batch() -> None:
+    prober = CurveProber()
+    result = Search(space(), prober, jobs=2).run()  # type: ignore[arg-type]
+    for combination in result.combinations:
+        expected = truth(combination.knobs, combination.resolution, 64)
+        if combination.status == "pruned":
+            parent = truth(
+                {**combination.knobs, "checkpointing": False}, combination.resolution, 64
+            )
+            # Pruned only when the faster parent already reaches every batch this one reaches.
+            assert parent is not None and (parent == 64 or expected == parent), combination
+            assert "checkpointing=false already fits batch" in combination.reason
+        else:
+            assert combination.status == "exact" and combination.best_batch == expected, combination
+    assert len(prober.calls) == len({tuple(sorted(c.items())) for c in prober.calls})  # no repeats
+    grid = 24 * 64
+    assert len(prober.calls) <= grid * 0.10, len(prober.calls)
+
+
+def test_pruned_combinations_are_recorded_with_the_reason() -> None:
+    prober = CurveProber()
+    result = Search(space(max_batch=16), prober).run()  # type: ignore[arg-type]
+    pruned = [c for c in result.combinations if c.status == "pruned"]
+    assert pruned and len(prober.pruned) == len(pruned)
+    for knobs, reason in prober.pruned:
+        assert (
+            knobs["checkpointing"] is True
+            and "would only be slower" in reason
+            or "does not fit" in reason
+        )
+
+
+def test_the_best_is_the_fastest_fitting_at_the_target_resolution() -> None:
+    result = Search(space(), CurveProber()).run()  # type: ignore[arg-type]
+    fitting = [
+        r for r in result.results if r.outcome is Outcome.OK and r.config["resolution"] == 1024
+    ]
+    assert result.best is not None
+    assert result.best.samples_per_s == max(r.samples_per_s for r in fitting)
+    assert result.best.config["resolution"] == 1024
+
+
+def test_invalid_combinations_are_recorded_not_probed() -> None:
+    prober = CurveProber()
+    prober.gpu = load_gpu("t4")  # no bf16
+    prober.budget = prober.gpu.budget_bytes(0.05)
+    result = Search(space(max_batch=4), prober).run()  # type: ignore[arg-type]
+    invalid = [c for c in result.combinations if c.status == "invalid"]
+    assert {c.knobs["precision"] for c in invalid} == {"bf16", "bf16_pure"}
+    assert all(call["precision"] == "fp16" for call in prober.calls)
+
+
+def make(
+    batch: int, resolution: int, speed: float, peak: int, ok: bool = True, **knobs: Any
+) -> ProbeResult:
+    return ProbeResult(
+        outcome=Outcome.OK if ok else Outcome.OOM, backend="simulate", gpu="a40", model="m",
+        config={"batch_size": batch, "resolution": resolution, **knobs}, budget_bytes=BUDGET,
+        peak_bytes=peak, samples_per_s=speed,
+    )  # fmt: skip
+
+
+def test_pareto_front_per_resolution() -> None:
+    results = [
+        make(1, 512, 10.0, 5),
+        make(4, 512, 20.0, 9),
+        make(8, 512, 18.0, 12),  # bigger run, slower: on the front
+        make(8, 512, 19.0, 13),  # same size, faster: replaces the one above
+        make(8, 512, 19.0, 11),  # same size and speed, less memory: wins the tie
+        make(2, 512, 15.0, 6),  # smaller and slower than batch 4: dominated
+        make(16, 512, 99.0, 99, ok=False),  # does not fit: never on the front
+        make(2, 1024, 5.0, 20),
+    ]
+    front = pareto_front(results)
+    assert [(r.config["batch_size"], r.samples_per_s, r.peak_bytes) for r in front[512]] == [
+        (4, 20.0, 9),
+        (8, 19.0, 11),
+    ]
+    assert [r.config["batch_size"] for r in front[1024]] == [2]
+
+
+def test_best_config_honours_min_batch_and_breaks_ties_on_memory() -> None:
+    results = [make(1, 1024, 9.0, 5), make(4, 1024, 8.0, 9), make(6, 1024, 8.0, 7)]
+    assert best_config(results, 1024, 1).config["batch_size"] == 1
+    assert best_config(results, 1024, 2).config["batch_size"] == 6  # tie on speed: less memory
+    assert best_config(results, 1024, 7) is None
+    assert best_config(results, 512, 1) is None
+
+
+def test_nothing_fits() -> None:
+    prober = CurveProber()
+    prober.budget = 1 * GIB
+    result = Search(
+        dataclasses.replace(space(), knobs={**space().knobs, "checkpointing": (False,)}), prober
+    ).run()  # type: ignore[arg-type]
+    assert result.best is None
+    assert all(c.status == "none_fit" for c in result.combinations)
