@@ -93,17 +93,25 @@ def validate_overrides(command: str, overrides: list[str]) -> None:
 
     _register_knob_defaults()
     parsed = _parse(overrides)
+    plain = _compose(command, [])
+    groups = [g for g in GROUPS if g in plain]  # the groups this command's config has
+    settings = [k for k in plain if k not in groups]
+    for override in parsed:
+        key = override.key_or_group
+        if key in GROUPS and key not in groups:
+            raise ConfigError(
+                f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
+            )
     _check_groups(parsed)
     # Keys are checked against the config the group choices give (the first of a sweep's), so
     # nested model keys resolve.
     group_overrides = [
-        f"{o.key_or_group}={_values(o)[0]}" for o in parsed if o.key_or_group in GROUPS
+        f"{o.key_or_group}={_values(o)[0]}" for o in parsed if o.key_or_group in groups
     ]
-    base = _compose(command, group_overrides)
-    settings = [k for k in base if k not in GROUPS]
+    base = _compose(command, group_overrides) if group_overrides else plain
     for override in parsed:
         key = override.key_or_group
-        if key in GROUPS or key.startswith(("hydra.", "hydra/")):
+        if key in groups or key.startswith(("hydra.", "hydra/")):
             continue
         if OmegaConf.select(base, key, default=_MISSING) is _MISSING:
             raise ConfigError(

@@ -16,7 +16,8 @@ class GpuSpec:
     `tflops` holds dense (not sparse) peak throughput per math mode: `fp32` (plain FP32, what
     PyTorch matmuls use by default), `tf32` (what cuDNN convolutions use by default), `fp16` and
     `bf16` (tensor cores, FP32 accumulation). `host_link_gbs` is the effective host-to-device
-    bandwidth, for offload and block swap. The two overheads are what a fake run cannot see:
+    bandwidth, for offload and block swap; `peer_link_gbs` the bus bandwidth a collective reaches
+    between GPUs of one node (NVLink or PCIe), for ZeRO across GPUs. The two overheads are what a fake run cannot see:
     the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace (inside it).
     """
 
@@ -27,6 +28,7 @@ class GpuSpec:
     bf16: bool
     tflops: dict[str, float]
     memory_bandwidth_gbs: float
+    peer_link_gbs: float
     host_link_gbs: float
     cuda_context_mib: float
     cublas_workspace_mib: float

@@ -42,6 +42,10 @@ class Knob:
                 raise ConfigError(f"{self.name}={value!r} is not valid; expected {self.describe()}")
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"{self.name}={value} is not valid; expected {self.describe()}")
+            if self.choices is not None and value not in self.choices:
+                raise ConfigError(
+                    f"{self.name}={value} is not valid; valid values: {self.describe()}"
+                )
             return value
         if self.choices is not None and value not in self.choices:
             raise ConfigError(

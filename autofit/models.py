@@ -16,6 +16,12 @@ class ModelPreset:
 
     `resolution` is the native square image side in pixels; a resolution must be a multiple of
     `granularity`, the pixels one latent token covers.
+
+    `companions` are the frozen models that run beside the trained one (text encoders, the VAE),
+    each with a `kind` (its builder in autofit/workloads/companions.py), the `dtype` it runs in,
+    and its architecture. `lora_targets` names the modules LoRA adapts; `blocks` is the
+    attribute holding the transformer blocks, of which at most `max_swap_blocks` may be swapped
+    to host memory.
     """
 
     name: str
@@ -24,6 +30,10 @@ class ModelPreset:
     resolution: int
     architecture: dict[str, Any]
     inputs: dict[str, Any] = field(default_factory=dict)
+    companions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lora_targets: list[str] = field(default_factory=list)
+    blocks: str | None = None
+    max_swap_blocks: int = 0
     published_params_b: float | None = None
     notes: str = ""
 

@@ -6,8 +6,9 @@ and in how they measure; building and stepping happen here, through the techniqu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     # Modules are built in their final dtype: under fake tensors `module.to(dtype)` cannot swap
     # parameters, and building in place also avoids a transient second copy on a real GPU.
     previous = torch.get_default_dtype()
@@ -33,88 +34,165 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+@dataclass
+class HostTraffic:
+    """Work a step does off the GPU, which a roofline over GPU kernels cannot see (bytes)."""
+
+    link_bytes: int = 0  # copied between host and GPU (block swap, offload, EMA on the CPU)
+    peer_bytes: int = 0  # sent to other GPUs of the run by collectives (ZeRO across GPUs)
+    host_compute_bytes: int = (
+        0  # read and written by updates the host CPU runs (offloaded optimizer)
+    )
+
+
 class TrainingRun:
     """One configuration's model, optimizer and training step on `device`.
 
     With a tracker, every allocation is attributed: parameters after the build, everything still
     live at the end of the forward pass (or of a checkpointed block's recomputation) as
-    activations, gradients after backward, optimizer state after the step.
+    activations, gradients after backward, optimizer state after the step. `fake` says the
+    tensors are fake (the `simulate` backend): techniques whose library cannot run on fake tensors
+    use a stand-in with the same memory layout.
     """
 
     def __init__(
-        self, spec: ProbeSpec, device: torch.device, tracker: MemoryTracker | None = None
+        self,
+        spec: ProbeSpec,
+        device: torch.device,
+        tracker: MemoryTracker | None = None,
+        fake: bool = False,
     ) -> None:
         self.spec = spec
         self.knobs = spec.knobs
         self.preset = ModelPreset.from_dict(spec.model)
+        self.gpu = spec.gpu_spec
         self.workload = workload_for(self.preset)
         self.device = device
+        self.host_device = torch.device("cpu")
         self.tracker = tracker
+        self.fake = fake
+        self.traffic = HostTraffic()
         # Set by the techniques' hooks.
         self.param_dtype = torch.float32
         self.autocast_dtype: torch.dtype | None = None
         self.scaler: Any = None
         self.optimizer: Any = None
         self.model: Any = None
-        self.phase = (
-            "setup"  # kept without a tracker too, to say where a real run ran out of memory
-        )
+        self.companions: dict[str, torch.nn.Module] = {}  # frozen models that run every step
+        self.batch_source: Callable[[], dict[str, Any]] = (
+            self._cached_batch
+        )  # the encoders may replace it
+        self.after_step: list[Callable[[], None]] = []  # run after each optimizer step (EMA)
+        self.host_parameters: list[torch.nn.Parameter] = []  # trained in host memory (block swap)
+        self.host_gradients: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self.engine: Any = None  # a DeepSpeed engine steps the model itself
+        self.full_numel: dict[torch.nn.Parameter, int] = {}  # weights held as shards (ZeRO-3)
+        self.build_contexts: list[Any] = []  # entered while the model is built (ZeRO-3's zero.Init)
+        # kept without a tracker too, to say where a real run ran out of memory
+        self.phase = "setup"
+
+    # -- where memory lives --------------------------------------------------------------------
 
     @contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
+    def in_phase(self, name: str) -> Iterator[None]:
         self.phase = name
         with self.tracker.in_phase(name) if self.tracker else nullcontext():
             yield
 
+    def host(self) -> Any:
+        """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host)."""
+        return self.tracker.host() if self.tracker else nullcontext()
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of a GPU tensor, counted as traffic over the host link."""
+        with self.host():
+            copy = tensor.detach().to(self.host_device, copy=True)
+        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        return copy
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A GPU copy of a host tensor, counted as traffic over the host link."""
+        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        return tensor.detach().to(self.device, copy=True)
+
+    # -- building ------------------------------------------------------------------------------
+
     def build(self) -> None:
-        with self._phase("setup"):
+        with self.in_phase("setup"):
             for technique in TECHNIQUES:
                 technique.before_build(self, self.knobs[technique.name])
-            with _default_dtype(self.param_dtype), self.device:
+            with default_dtype(self.param_dtype), self.device, ExitStack() as contexts:
+                for context in self.build_contexts:
+                    contexts.enter_context(context)
                 self.model = self.workload.build_model()
             self.model.train()
-            if self.tracker:
-                for tensor in [*self.model.parameters(), *self.model.buffers()]:
-                    self.tracker.tag(tensor, "parameters")
+            self._tag_parameters(self.model)
             for technique in TECHNIQUES:
                 technique.after_build(self, self.knobs[technique.name])
 
+    def _tag_parameters(self, module: torch.nn.Module) -> None:
+        if self.tracker:
+            for tensor in [*module.parameters(), *module.buffers()]:
+                self.tracker.tag(tensor, "parameters")
+
+    def add_companion(self, name: str, module: torch.nn.Module) -> None:
+        """A frozen model that sits on the GPU and runs every step without gradients."""
+        module.eval().requires_grad_(False)
+        self.companions[name] = module
+        self._tag_parameters(module)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def device_trainable_parameters(self) -> list[torch.nn.Parameter]:
+        host = set(self.host_parameters)
+        return [p for p in self.trainable_parameters() if p not in host]
+
+    def _numel(self, param: torch.nn.Parameter) -> int:
+        return self.full_numel.get(param, param.numel())
+
     @property
     def param_count(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return sum(self._numel(p) for p in self.model.parameters())
 
     @property
     def trainable_param_count(self) -> int:
-        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return sum(self._numel(p) for p in self.trainable_parameters())
+
+    # -- stepping ------------------------------------------------------------------------------
 
     def step(self) -> None:
         """One optimizer step: synthetic batch, forward and loss, backward, update, zero grads."""
         tracker = self.tracker
         mark = tracker.mark() if tracker else 0
-        with self._phase("forward"), ExitStack() as contexts:
-            for technique in TECHNIQUES:
-                context = technique.forward_context(self, self.knobs[technique.name])
-                if context is not None:
-                    contexts.enter_context(context)
-            batch = self.workload.make_batch(
-                self.knobs["batch_size"], self.knobs["resolution"], self.device, self.param_dtype
-            )
+        with self.in_phase("forward"), self.forward_contexts():
+            batch = self.batch_source()
             loss = self.workload.loss(self.model, batch)
         if tracker:
             tracker.tag_live_since(mark, "activations")
-        with self._phase("backward"):
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        with self.in_phase("backward"):
+            if self.engine:
+                self.engine.backward(loss)
+            else:
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
         if tracker:
             for param in self.model.parameters():
                 if param.grad is not None:
                     tracker.tag(param.grad, "gradients")
-        with self._phase("optimizer"):
-            if self.scaler:
+            for buffer in getattr(self.optimizer, "gradient_buffers", ()):
+                tracker.tag(buffer, "gradients")
+        with self.in_phase("optimizer"):
+            if self.engine:
+                self.engine.step()
+            elif self.scaler:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if not self.engine:
+                self.optimizer.zero_grad(set_to_none=True)
+            for hook in self.after_step:
+                hook()
         if tracker:
             for state in self.optimizer.state.values():
                 for value in state.values():
@@ -122,6 +200,26 @@ class TrainingRun:
                         tracker.tag(value, "optimizer_state")
         # The step ends with the batch and loss released, as a training loop's next iteration would.
         del loss, batch
+
+    def _cached_batch(self) -> dict[str, Any]:
+        return self.workload.make_batch(
+            self.knobs["batch_size"], self.knobs["resolution"], self.device, self.param_dtype
+        )
+
+    def finish(self) -> None:
+        """What a trainer does after its training steps with the training state still resident
+        (a validation pass), as each technique says."""
+        for technique in TECHNIQUES:
+            technique.after_training(self, self.knobs[technique.name])
+
+    def forward_contexts(self) -> ExitStack:
+        """The contexts every forward pass runs in (autocast, the attention backend)."""
+        stack = ExitStack()
+        for technique in TECHNIQUES:
+            context = technique.forward_context(self, self.knobs[technique.name])
+            if context is not None:
+                stack.enter_context(context)
+        return stack
 
     def checkpoint(self, block: Any, *args: Any, **kwargs: Any) -> Any:
         """The gradient-checkpointing function handed to the model (non-reentrant, as diffusers

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autofit.cli import COMMANDS
+from autofit.knobs import registry
+
 REQUIRED_FIELDS = {
     "outcome", "backend", "gpu", "config", "peak_bytes", "peak_allocated_bytes", "budget_bytes",
     "breakdown", "phase", "samples_per_s", "step_time_s", "flops_per_sample", "param_count",
@@ -43,9 +46,15 @@ def test_the_sana_1600m_probe_from_the_issue(tmp_path: Path) -> None:
     assert result["phase"] in ("forward", "backward", "optimizer")
     assert abs(result["param_count"] / 1.604e9 - 1) < 0.01
     assert result["throughput_estimated"] is True
-    assert result["config"] == {
-        "batch_size": 1, "resolution": 1024, "precision": "bf16", "checkpointing": False, "optimizer": "adamw",
-    }  # fmt: skip
+    asked = {
+        "batch_size": 1,
+        "resolution": 1024,
+        "precision": "bf16",
+        "checkpointing": False,
+        "optimizer": "adamw",
+    }
+    assert {k: result["config"][k] for k in asked} == asked
+    assert set(result["config"]) == set(registry())  # every knob as applied, defaults included
     assert "sana_1600m on a40 [simulate]: ok" in done.stdout
 
 
@@ -111,7 +120,9 @@ def test_bad_input_is_one_line_naming_the_value_and_the_valid_ones(
 def test_unknown_command(tmp_path: Path) -> None:
     done = autofit("prob", cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == "autofit: error: unknown command 'prob'; valid commands: probe"
+    assert done.stderr.strip() == (
+        f"autofit: error: unknown command 'prob'; valid commands: {', '.join(COMMANDS)}"
+    )
 
 
 def test_an_unwritable_output_fails_before_probing(tmp_path: Path) -> None:

@@ -36,14 +36,10 @@ class CurveProber:
     """Stands in for real probes: the peak is the known curve, and every call is counted."""
 
     def __init__(self) -> None:
-        self.preset, self.gpu, self.budget = PRESET, GPU, BUDGET
-        self.defaults = {
-            "batch_size": 1,
-            "resolution": None,
-            "precision": "bf16",
-            "checkpointing": False,
-            "optimizer": "adamw",
-        }
+        from autofit.knobs import registry
+
+        self.preset, self.gpu, self.budget, self.backend = PRESET, GPU, BUDGET, "simulate"
+        self.defaults = {name: knob.default for name, knob in registry().items()}
         self.calls: list[dict[str, Any]] = []
         self.recorder = self  # pruned combinations are recorded here
 

@@ -29,7 +29,7 @@ def trace(
 ) -> tuple[TrainingRun, MemoryTracker]:
     """Build and step the run on real CPU tensors under a tracker (as `simulate.trace` does)."""
     cuda_autocast.install()
-    tracker = MemoryTracker()
+    tracker = MemoryTracker(device_type="cpu")
     run = TrainingRun(spec, torch.device("cpu"), tracker)
     with tracker:
         run.build()
@@ -37,6 +37,7 @@ def trace(
             run.step()
         with counter or nullcontext():
             run.step()
+        run.finish()
     return run, tracker
 
 

@@ -37,7 +37,7 @@ def measure(spec: ProbeSpec) -> Measurement:
     torch.cuda.set_per_process_memory_fraction(min(1.0, allocator_limit / total), device)
     torch.cuda.reset_peak_memory_stats(device)
 
-    tracker = MemoryTracker()
+    tracker = MemoryTracker(device_type="cuda")
     flops = RooflineCounter(gpu)
     run = TrainingRun(spec, device, tracker)
     try:
@@ -47,6 +47,7 @@ def measure(spec: ProbeSpec) -> Measurement:
                 run.step()
             with flops:
                 run.step()
+            run.finish()
         report = tracker.peak_report()
         run.tracker = None
         for _ in range(WARMUP_STEPS):

@@ -4,7 +4,11 @@ Every ATen op that would launch a kernel costs the longer of its math time (FLOP
 GPU's dense peak for the op's dtype, at an achievable fraction) and its memory time (bytes read
 and written against the GPU's bandwidth, at an achievable fraction), and at least a minimum kernel
 time. Eager PyTorch also spends host time dispatching every op; the GPU runs ahead of the host
-asynchronously, so the step takes the longer of the two totals.
+asynchronously, so the step takes the longer of the two totals. Copies over the host link (block
+swap, offload) run on their own stream, overlapped with compute: the step takes at least as long
+as they do. Work the host CPU does itself (an offloaded optimizer step) waits for the GPU and the
+GPU waits for it, so its time adds on. Collectives between the run's GPUs (ZeRO across GPUs) are
+overlapped with compute, as DeepSpeed's `overlap_comm` does.
 
 FLOPs come from PyTorch's own formulas (torch.utils.flop_counter) for matmuls, convolutions and
 attention; element-wise ops count no FLOPs and are bound by memory anyway. The efficiencies below
@@ -34,6 +38,9 @@ ATTENTION_EFFICIENCY = 0.50  # FlashAttention-2 / memory-efficient kernels, forw
 MEMORY_EFFICIENCY = 0.80  # element-wise and reduction kernels against peak bandwidth
 KERNEL_FLOOR_S = 3e-6  # the shortest a launched kernel takes
 HOST_SECONDS_PER_OP = 6e-6  # eager dispatch per ATen op, views included
+# Updates run by the host CPU (an offloaded optimizer) are bound by host memory bandwidth; a
+# multi-threaded CPU Adam sustains a fraction of a server's DRAM bandwidth.
+HOST_MEMORY_GBS = 40.0
 
 aten = torch.ops.aten
 _NO_KERNEL = {
@@ -130,6 +137,9 @@ class StepCost:
     ops: int = 0
     kernels: int = 0
     device_seconds: float = 0.0
+    link_seconds: float = 0.0  # host-to-device and back
+    peer_seconds: float = 0.0  # collectives between the run's GPUs
+    host_compute_seconds: float = 0.0  # updates the host CPU runs
 
     @property
     def host_seconds(self) -> float:
@@ -137,7 +147,10 @@ class StepCost:
 
     @property
     def step_seconds(self) -> float:
-        return max(self.device_seconds, self.host_seconds)
+        overlapped = max(
+            self.device_seconds, self.host_seconds, self.link_seconds, self.peer_seconds
+        )
+        return overlapped + self.host_compute_seconds
 
 
 class RooflineCounter(TorchDispatchMode):
@@ -169,6 +182,13 @@ class RooflineCounter(TorchDispatchMode):
         self.cost.kernels += 1
         self.cost.device_seconds += max(seconds, KERNEL_FLOOR_S)
         return out
+
+    def add_traffic(self, link_bytes: int, host_compute_bytes: int, peer_bytes: int) -> None:
+        """Price what the step moved over the host link and to the other GPUs, and what the host
+        CPU computed."""
+        self.cost.link_seconds += link_bytes / (self.gpu.host_link_gbs * 1e9)
+        self.cost.peer_seconds += peer_bytes / (self.gpu.peer_link_gbs * 1e9)
+        self.cost.host_compute_seconds += host_compute_bytes / (HOST_MEMORY_GBS * 1e9)
 
     def _math_rate(self, packet: Any, dtype: torch.dtype | None) -> float:
         tflops = self.gpu.tflops

@@ -19,6 +19,7 @@ Throughput is a roofline estimate over the ops of one steady-state step (rooflin
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 
 import torch
@@ -26,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.backends import cuda_autocast
 from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
+from autofit.backends.fake_modules import module_moves_are_noops
 from autofit.backends.kernel_outputs import RealKernelOutputs
 from autofit.backends.roofline import RooflineCounter
 from autofit.memory.tracker import MemoryTracker
@@ -38,17 +40,29 @@ def trace(
 ) -> tuple[TrainingRun, MemoryTracker]:
     """Build and step the run on fake tensors under a tracker; price the last step if asked."""
     cuda_autocast.install()
-    tracker = MemoryTracker()
-    run = TrainingRun(
-        spec, torch.device("cpu"), tracker
-    )  # imports the model library, outside fake mode
+    tracker = MemoryTracker(device_type="meta")  # a fake tensor's storage is on the meta device
+    # Created outside fake mode: it imports the model library, whose constants must stay real.
+    run = TrainingRun(spec, torch.device("cpu"), tracker, fake=True)
     # Constants some models build from numpy are real tensors; fake mode may take them as inputs.
-    with FakeTensorMode(allow_non_fake_inputs=True), RealKernelOutputs(), tracker:
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        RealKernelOutputs(),
+        module_moves_are_noops(),
+        tracker,
+    ):
         run.build()
         for _ in range(TRACKED_STEPS - 1):
             run.step()
+        before = dataclasses.replace(run.traffic)
         with roofline or nullcontext():  # the last step is the steady state
             run.step()
+        if roofline:
+            roofline.add_traffic(
+                run.traffic.link_bytes - before.link_bytes,
+                run.traffic.host_compute_bytes - before.host_compute_bytes,
+                run.traffic.peer_bytes - before.peer_bytes,
+            )
+        run.finish()
     return run, tracker
 
 

@@ -28,6 +28,9 @@ def default_output(spec: ProbeSpec) -> Path:
 
 def ensure_writable(path: Path) -> None:
     """Fail before the probe, not after it: a result that cannot be written would be lost."""
+    blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise AutofitError(f"cannot write the result to {path}: {blocker} is a file, not a folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

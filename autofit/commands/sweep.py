@@ -22,13 +22,15 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
     failures: list[str] = []
 
     def job(cfg: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
         try:
             code = task(cfg)
         except AutofitError as exc:
             print(f"autofit: error: {exc}", file=sys.stderr)
             code = exc.exit_code
         if code:
-            failures.append(f"{cfg.model.name} on {cfg.gpu.name}")
+            failures.append(" ".join(HydraConfig.get().overrides.task) or "the default run")
 
     main = hydra.main(config_path=str(conf_dir()), config_name=command, version_base="1.3")(job)
     argv = sys.argv

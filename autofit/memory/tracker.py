@@ -12,6 +12,11 @@ allocated figures are those `torch.cuda.max_memory_allocated` would report for t
 Categories are assigned by the training run (`tag`, `tag_live_since`) and the strongest wins:
 parameters > gradients > optimizer_state > activations > temporaries. An allocation keeps its
 category for its whole life, so the breakdown at the peak says what each live byte was for.
+
+Host memory (offloaded optimizer state, swapped blocks, a CPU copy of the EMA weights, paged
+optimizer state) is not GPU memory. On a real GPU the tracker counts only storages on the GPU; on
+the CPU backends, where every tensor is on the CPU, storages created inside `host()` are marked
+host memory and never counted, whatever later happens to them.
 """
 
 from __future__ import annotations
@@ -51,8 +56,11 @@ class PeakReport:
 class MemoryTracker(TorchDispatchMode):
     """Counts storages created under it. Enter it inside a FakeTensorMode to count fake tensors."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
+        self.device_type = device_type  # storages elsewhere are host memory
+        self._host_depth = 0
+        self._host: dict[int, weakref.ref[Any]] = {}  # host storages: address -> weak ref
         self._live: dict[int, int] = {}  # storage address -> allocation id, live storages only
         self._refs: dict[
             int, weakref.ref[Any]
@@ -74,6 +82,7 @@ class MemoryTracker(TorchDispatchMode):
         # The log covers what happened under the tracker: storages freed later (when the caller
         # drops the model) are not events of the measured steps.
         self._refs.clear()
+        self._host.clear()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -94,6 +103,11 @@ class MemoryTracker(TorchDispatchMode):
         known = self._live.get(key)
         if known is not None:
             return known
+        if key in self._host:
+            return None
+        if self._host_depth or storage.device.type != self.device_type:
+            self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host.pop(key, None))
+            return None
         size = round_allocation(storage.nbytes())
         if size == 0:  # CUDA hands out no block for an empty tensor
             return None
@@ -150,6 +164,18 @@ class MemoryTracker(TorchDispatchMode):
                 self._label(aid, index)
 
     @contextmanager
+    def host(self) -> Iterator[None]:
+        """Storages created inside are host memory: never counted as GPU memory."""
+        self._host_depth += 1
+        try:
+            yield
+        finally:
+            self._host_depth -= 1
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        return tensor.untyped_storage()._cdata in self._host
+
+    @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         previous = self.phase
         self._set_phase(phase)
@@ -182,6 +208,11 @@ class MemoryTracker(TorchDispatchMode):
             else:
                 live.discard(~event)
         return live
+
+    def live_bytes(self, category: str) -> int:
+        """Bytes of `category` live now (or when the tracker was exited)."""
+        index = CATEGORIES.index(category)
+        return sum(self.sizes[aid] for aid in self._live.values() if self.categories[aid] == index)
 
     def peak_report(self) -> PeakReport:
         breakdown = dict.fromkeys(CATEGORIES, 0)

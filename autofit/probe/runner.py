@@ -56,7 +56,9 @@ def run_probe(
     `log_path` keeps the worker's combined stdout and stderr; by default it is discarded with the
     temporary directory. `launcher` starts the process (default: a fresh interpreter).
     """
-    reason = invalid_reason(spec.knobs, spec.gpu_spec, ModelPreset.from_dict(spec.model))
+    reason = invalid_reason(
+        spec.knobs, spec.gpu_spec, ModelPreset.from_dict(spec.model), spec.backend
+    )
     if reason:
         result = ProbeResult.failed(spec, Outcome.INVALID, reason)
         result.wall_s = 0.0

@@ -58,7 +58,10 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         overhead_detail=measured.overhead_detail(),
         phase=measured.phase if fits else (measured.over_budget_phase or measured.phase),
         phase_peaks=measured.phase_peaks,
-        samples_per_s=batch / measured.step_time_s if measured.step_time_s > 0 else None,
+        # Every GPU of the run trains its own micro-batch.
+        samples_per_s=batch * spec.knobs.get("world_size", 1) / measured.step_time_s
+        if measured.step_time_s > 0
+        else None,
         step_time_s=measured.step_time_s,
         throughput_estimated=measured.throughput_estimated,
         flops_per_sample=measured.flops_per_step / batch,

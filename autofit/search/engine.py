@@ -79,12 +79,13 @@ class SearchResult:
     best: ProbeResult | None = None
 
 
-def _savings(knobs: dict[str, Any]) -> dict[str, Any]:
+def _savings(knobs: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
     """The knobs set to a memory-saving value, each with the faster value it saves over."""
     found = {}
     for technique in TECHNIQUES:
         if technique.name in knobs:
-            baseline = technique.saves_memory_over(knobs[technique.name])
+            searched = space.knobs.get(technique.name, ())
+            baseline = technique.saves_memory_over(knobs[technique.name], searched)
             if baseline is not None:
                 found[technique.name] = baseline
     return found
@@ -141,7 +142,7 @@ class Search:
     def _search(self, combination: Combination) -> None:
         knobs, resolution = combination.knobs, combination.resolution
         floor, parent_note = self.space.min_batch - 1, ""
-        savings = _savings(knobs)
+        savings = _savings(knobs, self.space)
         for name, baseline in savings.items():
             parent = {**knobs, name: baseline}
             parent_best = self._best.get((_frozen(parent), resolution)) or 0
@@ -212,7 +213,7 @@ class Search:
                 **combination.knobs,
                 "resolution": combination.resolution,
             }
-            reason = invalid_reason(knobs, self.gpu, self.preset)
+            reason = invalid_reason(knobs, self.gpu, self.preset, self.prober.backend)
             if reason:
                 combination.status, combination.reason = "invalid", reason
                 self.prober.recorder.record_pruned(
@@ -224,7 +225,7 @@ class Search:
                 runnable.append(combination)
         waves: dict[int, list[Combination]] = defaultdict(list)
         for combination in runnable:
-            waves[len(_savings(combination.knobs))].append(combination)
+            waves[len(_savings(combination.knobs, self.space))].append(combination)
         for size in sorted(waves):
             self._run_wave(waves[size])
         results = list(self._results)

@@ -18,7 +18,7 @@ from autofit.knobs import Knob, registry
 from autofit.models import ModelPreset
 from autofit.paths import search_spaces_dir
 
-TOP_LEVEL = ("batch_size", "resolution", "knobs", "target")
+TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target")
 SEARCHED_ELSEWHERE = ("batch_size", "resolution")  # not structural knobs: the planner varies them
 
 
@@ -130,6 +130,19 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     )
 
     knobs = _knobs(data.get("knobs") or {}, path)
+    families = data.get("families") or {}
+    if not isinstance(families, dict):
+        raise ConfigError(f"{path}: families: expected a mapping of model family -> knobs")
+    from autofit.workloads import FAMILIES
+
+    for family, section in families.items():
+        if family not in FAMILIES:
+            raise ConfigError(
+                f"{path}: families.{family}: unknown model family; valid: {', '.join(FAMILIES)}"
+            )
+        overrides = _knobs(section or {}, path, prefix=f"families.{family}")
+        if family == preset.family:  # a family's values replace the common ones
+            knobs = {**knobs, **overrides}
 
     target = data.get("target") or {}
     if not isinstance(target, dict):
@@ -157,9 +170,9 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     )
 
 
-def _knobs(section: Any, path: str) -> dict[str, tuple[Any, ...]]:
+def _knobs(section: Any, path: str, prefix: str = "knobs") -> dict[str, tuple[Any, ...]]:
     if not isinstance(section, dict):
-        raise ConfigError(f"{path}: knobs: expected a mapping of knob -> list of values")
+        raise ConfigError(f"{path}: {prefix}: expected a mapping of knob -> list of values")
     table: dict[str, Knob] = {
         name: knob for name, knob in registry().items() if name not in SEARCHED_ELSEWHERE
     }
@@ -168,15 +181,15 @@ def _knobs(section: Any, path: str) -> dict[str, tuple[Any, ...]]:
         if name not in table:
             hint = " (set it under batch_size or resolution)" if name in SEARCHED_ELSEWHERE else ""
             raise ConfigError(
-                f"{path}: knobs.{name}: unknown knob{hint}; valid knobs: {', '.join(table)}"
+                f"{path}: {prefix}.{name}: unknown knob{hint}; valid knobs: {', '.join(table)}"
             )
         if not isinstance(values, list):
             values = [values]
         if not values:
-            raise ConfigError(f"{path}: knobs.{name}: the list of values is empty")
+            raise ConfigError(f"{path}: {prefix}.{name}: the list of values is empty")
         try:
             parsed = tuple(table[name].parse(v) for v in values)
         except ConfigError as exc:
-            raise ConfigError(f"{path}: knobs.{name}: {exc}") from None
+            raise ConfigError(f"{path}: {prefix}.{name}: {exc}") from None
         knobs[name] = tuple(dict.fromkeys(parsed))
     return knobs

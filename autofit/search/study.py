@@ -23,7 +23,7 @@ from autofit.knobs import registry
 from autofit.probe.spec import Outcome, ProbeResult
 
 DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
-_INT_RANGE = (1, 1 << 20)
+_INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
 
 
 def default_storage(results_dir: Path) -> str:

@@ -21,7 +21,7 @@ class Checkpointing(Technique):
         choices=(True, False),
     )
 
-    def saves_memory_over(self, value: Any) -> Any:
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         return False if value else None
 
     def after_build(self, run: TrainingRun, value: Any) -> None:

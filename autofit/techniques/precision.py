@@ -12,11 +12,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs import Knob
-from autofit.techniques.base import Technique
+from autofit.techniques.base import ProbeContext, Technique
 
 if TYPE_CHECKING:
-    from autofit.gpus import GpuSpec
-    from autofit.models import ModelPreset
     from autofit.training import TrainingRun
 
 
@@ -28,9 +26,8 @@ class Precision(Technique):
         choices=("fp32", "fp16", "bf16", "bf16_pure"),
     )
 
-    def invalid_reason(
-        self, value: Any, knobs: dict[str, Any], gpu: GpuSpec, model: ModelPreset
-    ) -> str | None:
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        gpu = context.gpu
         if value.startswith("bf16") and not gpu.bf16:
             return (
                 f"precision={value} needs bf16, which {gpu.display} (compute capability "

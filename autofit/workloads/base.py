@@ -9,13 +9,15 @@ if TYPE_CHECKING:
     import torch
 
     from autofit.models import ModelPreset
+    from autofit.training import TrainingRun
 
 CheckpointFn = Callable[..., Any]
+Batch = dict[str, Any]
 
 
 class Workload:
-    """A model family. Subclass it, implement the four methods, export the class as `WORKLOAD`
-    from its module, and add the module to `FAMILIES`.
+    """A model family. Subclass it, implement what the family supports, export the class as
+    `WORKLOAD` from its module, and add the module to `FAMILIES`.
 
     The model is built with random weights under whatever device and default dtype the caller
     set; the batch is synthetic but shaped exactly as the trainer's would be; the loss is the one
@@ -33,12 +35,29 @@ class Workload:
 
     def make_batch(
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
-    ) -> dict[str, torch.Tensor]:
+    ) -> Batch:
+        """The batch as a trainer with cached latents and text embeddings loads it."""
         raise NotImplementedError
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
 
     def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
         """Make the model run its blocks through `checkpoint(block, *inputs)`."""
+        raise NotImplementedError
+
+    # Families with frozen encoders (`companions`) also implement these.
+
+    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
+        """The batch before encoding: images and token ids."""
+        raise NotImplementedError
+
+    def encode(
+        self, raw: Batch, companions: dict[str, torch.nn.Module], dtype: torch.dtype
+    ) -> Batch:
+        """Run the frozen encoders on a raw batch, as a trainer that does not cache does."""
+        raise NotImplementedError
+
+    def validate(self, run: TrainingRun, vae: torch.nn.Module) -> None:
+        """One validation image: the inference pipeline's denoiser step and the VAE decode."""
         raise NotImplementedError

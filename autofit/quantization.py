@@ -1,0 +1,116 @@
+"""QLoRA's 4-bit base weights: bitsandbytes' NF4 `Linear4bit`, and a stand-in for fake tensors.
+
+bitsandbytes quantizes a weight by reading its values, which a fake tensor cannot answer, so the
+`simulate` backend replaces each `nn.Linear` with `Nf4LinearLayout`, which holds exactly the
+buffers bitsandbytes 0.50 keeps for an NF4 weight with double quantization (the default QLoRA
+setting): the packed weight (two 4-bit values per byte), one uint8 scale per block of 64 values,
+one fp32 scale per 256 of those, the 16-entry NF4 code and the 256-entry code of the nested
+scales, and an offset. Like bitsandbytes' matmul, its forward dequantizes the weight into a
+temporary in the compute dtype, multiplies and drops it, and its backward dequantizes again for
+the input's gradient; nothing but the packed weight is kept for backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+BLOCKSIZE = 64  # NF4 values per absmax scale
+NESTED_BLOCKSIZE = 256  # absmax scales per nested fp32 scale
+
+
+def _dequantized(layer: Nf4LinearLayout) -> torch.Tensor:
+    return torch.empty(
+        layer.out_features, layer.in_features, dtype=layer.compute_dtype, device=layer.weight.device
+    )
+
+
+class _Matmul4bit(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, layer: Nf4LinearLayout, bias: torch.Tensor | None
+    ) -> torch.Tensor:  # type: ignore[override]
+        ctx.layer = layer
+        weight = _dequantized(layer)
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        weight = _dequantized(ctx.layer)
+        return grad @ weight, None, None
+
+
+class Nf4LinearLayout(nn.Linear):
+    """An `nn.Linear` whose weight is stored as bitsandbytes stores an NF4 weight."""
+
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = compute_dtype
+        device = linear.weight.device
+        n = linear.in_features * linear.out_features
+        blocks = -(-n // BLOCKSIZE)
+        self.weight = nn.Parameter(
+            torch.empty((n + 1) // 2, 1, dtype=torch.uint8, device=device), requires_grad=False
+        )
+        self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
+        self.register_buffer(
+            "nested_absmax", torch.empty(-(-blocks // NESTED_BLOCKSIZE), device=device)
+        )
+        self.register_buffer("code", torch.empty(16, device=device))
+        self.register_buffer("nested_code", torch.empty(256, device=device))
+        self.register_buffer("offset", torch.empty((), device=device))
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _Matmul4bit.apply(x.to(self.compute_dtype), self, self.bias)
+        return out.to(x.dtype)
+
+
+def quantized_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every tensor a quantized layer keeps: its weight, bias and quantization state."""
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    state = getattr(module.weight, "quant_state", None)
+    while state is not None:  # bitsandbytes keeps the nested state inside the outer one
+        tensors += [t for t in vars(state).values() if isinstance(t, torch.Tensor)]
+        state = getattr(state, "state2", None)
+    return tensors
+
+
+def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, fake: bool) -> list[nn.Module]:
+    """Replace every `nn.Linear` of `model` by a 4-bit NF4 one; return the new layers."""
+    targets = [
+        (name, module) for name, module in model.named_modules() if type(module) is nn.Linear
+    ]
+    layers = []
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = (
+            Nf4LinearLayout(linear, compute_dtype)
+            if fake
+            else _bitsandbytes_layer(linear, compute_dtype)
+        )
+        setattr(parent, child, layer)
+        layers.append(layer)
+    return layers
+
+
+def _bitsandbytes_layer(linear: nn.Linear, compute_dtype: torch.dtype) -> nn.Module:
+    import bitsandbytes as bnb
+
+    device = linear.weight.device
+    layer = bnb.nn.Linear4bit(
+        linear.in_features, linear.out_features, bias=linear.bias is not None,
+        compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True, device="meta",
+    )  # fmt: skip
+    layer.weight = bnb.nn.Params4bit(
+        linear.weight.detach(), requires_grad=False, quant_type="nf4", compress_statistics=True
+    )
+    if linear.bias is not None:
+        layer.bias = nn.Parameter(linear.bias.detach(), requires_grad=False)
+    return layer.to(device)  # quantizes the weight where it lives
