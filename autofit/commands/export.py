@@ -1,0 +1,47 @@
+"""`autofit export`: a study's best configuration (or a Pareto point) in a trainer's own files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autofit.config import compose_config
+
+
+def _target_alias(overrides: list[str]) -> list[str]:
+    """`target=kohya` names the trainer, while `target.global_batch=N` sets a goal of the same
+    node: the config holds the name as `target.name`, and the short spelling is rewritten."""
+    return [
+        "target.name=" + o.split("=", 1)[1] if o.split("=", 1)[0] in ("target", "+target") else o
+        for o in overrides
+    ]
+
+
+def run(overrides: list[str]) -> int:
+    return run_config(compose_config("export", _target_alias(overrides)))
+
+
+def run_config(cfg: Any) -> int:
+    """Export what a composed `export` config asks for; print the launch command."""
+    from omegaconf import OmegaConf
+
+    from autofit.export import find_summary, load_point, target, write_export
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    chosen = target(data["target"]["name"])
+    source = find_summary(data.get("study"), data.get("from"), Path("results"))
+    point = load_point(source, data.get("point"), data["target"].get("global_batch"))
+    out = Path(data["out"]) if data.get("out") else source.parent / "export" / chosen.name
+    # Absolute: the files point at each other and the command runs from the trainer's folder.
+    plan = chosen.run(point, out.resolve())
+    write_export(plan)
+
+    print(f"exported {point.label} of {point.study} for {chosen.name} to {plan.out}/")
+    print("  files    " + ", ".join([*plan.files, "README.txt", "export.json"]))
+    for warning in plan.warnings:
+        print(f"  warning  {warning}")
+    for note in plan.notes:
+        print(f"  to do    {note}")
+    print(f"\nlaunch:\n  {plan.command}")
+    return 0

@@ -1,0 +1,2 @@
+#!/bin/sh
+accelerate launch --config_file /WORKDIR/results/flux_dev-rtx4090-default/export/diffusers/flux_lora/accelerate_config.yaml examples/dreambooth/train_dreambooth_lora_flux.py --pretrained_model_name_or_path=black-forest-labs/FLUX.1-dev --output_dir=output/autofit --cache_latents --instance_data_dir=path/to/images '--instance_prompt=a photo' --resolution=1024 --center_crop --train_batch_size=1 --gradient_accumulation_steps=1 --mixed_precision=bf16 --gradient_checkpointing --rank=16 --optimizer=AdamW --use_8bit_adam

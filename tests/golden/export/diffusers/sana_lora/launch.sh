@@ -1,0 +1,2 @@
+#!/bin/sh
+accelerate launch --config_file /WORKDIR/results/sana_1600m-a40-default/export/diffusers/sana_lora/accelerate_config.yaml examples/dreambooth/train_dreambooth_lora_sana.py --pretrained_model_name_or_path=Efficient-Large-Model/Sana_1600M_1024px_diffusers --output_dir=output/autofit --cache_latents --instance_data_dir=path/to/images '--instance_prompt=a photo' --resolution=1024 --center_crop --train_batch_size=12 --gradient_accumulation_steps=1 --mixed_precision=bf16 --rank=32 --optimizer=AdamW
