@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 from autofit import __version__
@@ -16,6 +17,8 @@ from autofit.errors import AutofitError, ConfigError
 COMMANDS = {
     "search": "find the largest and fastest run that fits a GPU (every probe in an Optuna study)",
     "probe": "measure one training configuration against a GPU",
+    "report": "a study's Pareto front, memory breakdown and charts; compare=<study> for regressions",
+    "export": "write a study's best run (or point=N, the Nth Pareto row from 1) in a trainer's files: target=accelerate|deepspeed|simpletuner|kohya|sana|diffusers|hydra",
 }
 
 USAGE = """usage: autofit <command> [key=value ...]
@@ -39,22 +42,43 @@ def _usage() -> str:
 
 
 def _command_help(command: str) -> str:
-    from autofit.knobs import registry
-    from autofit.paths import conf_dir, group_options
+    """The command's settings as its conf/<command>.yaml documents them, the model and GPU
+    choices where it takes them, and the knobs (probe) or search spaces (search)."""
+    import re
 
-    lines = [f"usage: autofit {command} [key=value ...]", "", COMMANDS[command], "", "choices:"]
-    for group in ("model", "gpu"):
-        lines.append(f"  {group:<14} {' | '.join(group_options(group))}")
-    lines += ["", "knobs:"]
-    for knob in registry().values():
-        default = "model's native" if knob.default is None else str(knob.default).lower()
-        lines.append(f"  {knob.name:<14} {knob.describe()} (default {default}): {knob.help}")
-    lines += ["", f"other settings and their defaults: {conf_dir() / (command + '.yaml')}"]
+    from autofit.paths import conf_dir, group_options, search_spaces_dir
+
+    text = (conf_dir() / f"{command}.yaml").read_text()
+    lines = [f"usage: autofit {command} [key=value ...]", "", COMMANDS[command], "", "settings:"]
+    for match in re.finditer(r"^(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?$", text, re.MULTILINE):
+        key, default, comment = match.groups()
+        if key != "defaults":
+            lines.append(f"  {key:<18} {default or '':<10} {comment or ''}".rstrip())
+    groups = [g for g in ("model", "gpu") if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
+    for group in groups:
+        lines.append(f"  {group:<18} {' | '.join(group_options(group))}")
+    if command == "probe":
+        from autofit.knobs import registry
+
+        lines += ["", "knobs:"]
+        for knob in registry().values():
+            default = "model's native" if knob.default is None else str(knob.default).lower()
+            lines.append(f"  {knob.name:<18} {knob.describe()} (default {default}): {knob.help}")
+    if command == "search":
+        spaces = sorted(p.stem for p in search_spaces_dir().glob("*.yaml"))
+        lines += ["", f"spaces: {', '.join(spaces)} (search_spaces/), or a path to a .yaml file"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:  # `autofit --help | head`: the reader left; so do we, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

@@ -1,0 +1,112 @@
+"""What the two charts show, as plain data both renderers draw: the PNGs (plots.py) and the
+interactive page (html.py).
+
+- The Pareto front: samples/s against run size (batch x pixels) for every probe with a throughput,
+  memory as colour; fitting runs filled, runs over the budget as crosses, the front as a line per
+  resolution, the best run marked.
+- The memory breakdown: the best run at each resolution as a stacked bar of its peak's parts
+  against the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.report.study import Study
+from autofit.report.tables import PARTS
+from autofit.units import value as show
+
+PARETO_TITLE = "Pareto front: throughput against run size, memory as colour"
+MEMORY_TITLE = "Peak memory of the best run per resolution, against the budget"
+RUN_SIZE_AXIS = "run size: batch x pixels per step (megapixels)"
+THROUGHPUT_AXIS = "samples/s"
+
+
+@dataclass(frozen=True)
+class Point:
+    resolution: int
+    batch_size: int
+    megapixels: float  # batch x resolution², in millions
+    samples_per_s: float
+    peak_gib: float
+    fits: bool
+    label: str
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str  # two lines: resolution and batch, then the knobs
+    parts: dict[str, float]  # part ("optimizer state") -> memory in `memory_unit`
+    best: bool
+
+
+def _label(resolution: int, batch: int, knobs: dict[str, object], sep: str = " ") -> str:
+    return f"{resolution}px b={batch}{sep}" + " ".join(f"{k}={show(v)}" for k, v in knobs.items())
+
+
+def points(study: Study) -> list[Point]:
+    """Every probe that has a throughput: fitting runs and runs over the budget."""
+    found = []
+    for probe in study.probes:
+        if (
+            probe.outcome not in ("ok", "oom")
+            or probe.samples_per_s is None
+            or not probe.batch_size
+        ):
+            continue
+        found.append(
+            Point(
+                resolution=probe.resolution,
+                batch_size=probe.batch_size,
+                megapixels=probe.batch_size * probe.resolution**2 / 1e6,
+                samples_per_s=probe.samples_per_s,
+                peak_gib=(probe.peak_bytes or 0) / (1 << 30),
+                fits=probe.outcome == "ok",
+                label=_label(probe.resolution, probe.batch_size, probe.knobs),
+            )
+        )
+    return found
+
+
+def _point(study: Study, entry: dict) -> Point:
+    config = entry["config"]
+    resolution, batch = int(config["resolution"]), int(config["batch_size"])
+    knobs = {k: config[k] for k in study.knob_names if k in config}
+    return Point(resolution, batch, batch * resolution**2 / 1e6, entry["samples_per_s"],
+                 entry["peak_bytes"] / (1 << 30), True, _label(resolution, batch, knobs))  # fmt: skip
+
+
+def fronts(study: Study) -> dict[int, list[Point]]:
+    """The Pareto front per resolution, smallest run first."""
+    by_resolution: dict[int, list[Point]] = {}
+    for entry in study.pareto:
+        point = _point(study, entry)
+        by_resolution.setdefault(point.resolution, []).append(point)
+    return {r: sorted(f, key=lambda p: p.megapixels) for r, f in sorted(by_resolution.items())}
+
+
+def best_point(study: Study) -> Point | None:
+    return _point(study, study.best) if study.best else None
+
+
+def memory_unit(budget_bytes: int) -> tuple[str, int]:
+    return ("GiB", 1 << 30) if budget_bytes >= 4 << 30 else ("MiB", 1 << 20)
+
+
+def bars(study: Study) -> list[Bar]:
+    """The best run at each resolution, its peak part by part in `memory_unit`."""
+    _, scale = memory_unit(study.budget_bytes)
+    best = study.best
+    found = []
+    for resolution, entry in study.best_per_resolution().items():
+        breakdown = entry.get("breakdown") or {}
+        config = entry["config"]
+        knobs = {k: config[k] for k in study.knob_names if k in config}
+        found.append(
+            Bar(
+                label=_label(resolution, int(config["batch_size"]), knobs, sep="\n"),
+                parts={k.replace("_", " "): breakdown[k] / scale for k in PARTS if k in breakdown},
+                best=best is not None and best["config"] == config,
+            )
+        )
+    return found

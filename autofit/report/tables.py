@@ -1,0 +1,333 @@
+"""The report's tables, as data (`Table`) the text and the HTML page both render.
+
+The Pareto front, the best configuration per resolution, the best configuration's peak broken
+down against the budget, and why every other combination lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.report.compare import Comparison
+from autofit.report.study import Probe, Study
+from autofit.units import size
+from autofit.units import value as show
+
+# The parts of a peak, in the order a training step builds them, as a probe's breakdown names them.
+PARTS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "temporaries": "temporaries",
+    "overhead": "overhead (CUDA context, workspaces, cache)",
+}
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""  # shown below the table (or instead of it when there are no rows)
+
+    def text(self) -> str:
+        lines = [f"{self.title}:"]
+        if self.rows:
+            widths = [
+                max(len(h), *(len(r[i]) for r in self.rows)) for i, h in enumerate(self.header)
+            ]
+            for row in [self.header, *self.rows]:
+                lines.append(
+                    "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                )
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)
+
+
+def headline(study: Study) -> str:
+    s = study.summary
+    return (
+        f"study {study.name}: {s.get('model')} on {s.get('gpu')} [{s.get('backend')}], "
+        f"space {s.get('space')}, budget {size(study.budget_bytes)} "
+        f"(the GPU's memory less a {s.get('margin', 0):.0%} margin), {s.get('n_probes', 0)} probes; "
+        f"results in {study.path}/"
+    )
+
+
+def _knobs(config: dict[str, Any], names: list[str]) -> list[str]:
+    return [show(config.get(k, "-")) for k in names]
+
+
+def config_words(config: dict[str, Any], names: list[str]) -> str:
+    return " ".join(
+        [f"batch_size={config['batch_size']}", f"resolution={config['resolution']}"]
+        + [f"{k}={show(config[k])}" for k in names if k in config]
+    )
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+def pareto_table(study: Study) -> Table:
+    names = study.knob_names
+    table = Table(
+        "Pareto front (throughput against batch x pixels), per resolution",
+        ["res", "batch", *names, "samples/s", "peak", "of budget"],
+    )
+    for point in sorted(study.pareto, key=lambda p: (p["config"]["resolution"], p["run_size"])):
+        config = point["config"]
+        table.rows.append(
+            [
+                str(config["resolution"]),
+                str(config["batch_size"]),
+                *_knobs(config, names),
+                f"{point['samples_per_s']:.3f}",
+                size(point["peak_bytes"]),
+                _share(point["peak_bytes"], study.budget_bytes),
+            ]  # fmt: skip
+        )
+    if not table.rows:
+        table.note = _nothing_fits(study)
+    return table
+
+
+def _nothing_fits(study: Study) -> str:
+    smallest = study.smallest_peak()
+    found = f"the smallest peak found is {size(smallest)}" if smallest else "no probe finished"
+    return f"nothing fits: {found} against a budget of {size(study.budget_bytes)}"
+
+
+def best_table(study: Study) -> Table:
+    names = study.knob_names
+    best = study.best
+    table = Table(
+        "best configuration per resolution (the fastest that fits)",
+        ["res", "batch", *names, "samples/s", "step", "peak", "of budget", ""],
+    )
+    for resolution, point in study.best_per_resolution().items():
+        config = point["config"]
+        overall = best is not None and best["config"] == config
+        table.rows.append(
+            [
+                str(resolution),
+                str(config["batch_size"]),
+                *_knobs(config, names),
+                f"{point['samples_per_s']:.3f}",
+                f"{(point.get('step_time_s') or 0) * 1e3:.1f} ms",
+                size(point["peak_bytes"]),
+                _share(point["peak_bytes"], study.budget_bytes),
+                "<- best" if overall else "",
+            ]  # fmt: skip
+        )
+    if best is not None:
+        table.note = f"best: {config_words(best['config'], names)}"
+    elif table.rows:
+        table.note = "best: none at the target resolution (see the Pareto front for the others)"
+    else:
+        table.note = "none: nothing fits"
+    return table
+
+
+def breakdown_table(study: Study) -> Table:
+    best = study.best
+    table = Table(
+        "the best configuration's peak, part by part", ["part", "bytes", "of peak", "of budget"]
+    )
+    if best is None or not best.get("breakdown"):
+        table.note = "no best configuration: nothing fits"
+        return table
+    peak, budget = best["peak_bytes"], study.budget_bytes
+    breakdown = best["breakdown"]
+    for key, label in PARTS.items():
+        if key in breakdown:
+            part = breakdown[key]
+            table.rows.append([label, size(part), _share(part, peak), _share(part, budget)])
+    table.rows.append(["peak", size(peak), "100%", _share(peak, budget)])
+    table.rows.append(["budget", size(budget), "", "100%"])
+    table.rows.append(["headroom", size(budget - peak), "", _share(budget - peak, budget)])
+    return table
+
+
+def _oom_words(probe: Probe, budget: int) -> str:
+    if probe.outcome == "oom":
+        where = f" in {probe.phase}" if probe.phase else ""
+        return f"batch {probe.batch_size}: oom{where} ({size(probe.peak_bytes)} of {size(budget)})"
+    return f"batch {probe.batch_size}: {probe.outcome}" + (
+        f" ({probe.reason})" if probe.reason else ""
+    )
+
+
+def _why_exact(study: Study, combination: dict[str, Any], best_at: dict[str, Any] | None) -> str:
+    """Why a combination that fits some batch is not the best at its resolution."""
+    probes = study.probes_of(combination)
+    b = combination["best_batch"]
+    fitting = next((p for p in probes if p.batch_size == b), None)
+    above = next((p for p in probes if p.batch_size == b + 1), None)
+    limit = _oom_words(above, study.budget_bytes) if above else f"batch {b} is the space's largest"
+    if fitting is None or fitting.samples_per_s is None or best_at is None:
+        return limit
+    slower = 1 - fitting.samples_per_s / best_at["samples_per_s"]
+    if slower <= 0:
+        tie = (
+            "a larger peak" if (fitting.peak_bytes or 0) > best_at["peak_bytes"] else "listed later"
+        )
+        speed = f"{fitting.samples_per_s:.3f} samples/s, as fast as the best ({tie})"
+    else:
+        speed = f"{fitting.samples_per_s:.3f} samples/s, {slower:.1%} slower than the best"
+    on_front = any(
+        p["config"]["resolution"] == combination["resolution"]
+        and p["config"]["batch_size"] == b
+        and all(show(p["config"].get(k)) == show(v) for k, v in combination["knobs"].items())
+        for p in study.pareto
+    )
+    if on_front:
+        speed += " (on the Pareto front: a larger run)"
+    return f"{speed}; {limit}"
+
+
+def losers_table(study: Study) -> Table:
+    """One row per combination at each resolution that is not the best there, with why."""
+    names = study.knob_names
+    table = Table("why the others lost", ["res", *names, "result", "why"])
+    best_at = study.best_per_resolution()
+    for combination in study.combinations:
+        resolution, status = int(combination["resolution"]), combination["status"]
+        best = best_at.get(resolution)
+        if best is not None and status == "exact":
+            same = all(
+                show(best["config"].get(k)) == show(v) for k, v in combination["knobs"].items()
+            )
+            if same and best["config"]["batch_size"] == combination["best_batch"]:
+                continue
+        if status == "exact":
+            result, why = (
+                f"fits up to {combination['best_batch']}",
+                _why_exact(study, combination, best),
+            )
+        elif status == "none_fit":
+            probes = study.probes_of(combination)
+            result = "none fit"
+            why = _oom_words(probes[0], study.budget_bytes) if probes else combination["reason"]
+        elif status == "failed":  # a probe crashed or timed out: its own message says why
+            broken = [p for p in study.probes_of(combination) if p.outcome in ("crash", "timeout")]
+            result = "failed"
+            why = _oom_words(broken[0], study.budget_bytes) if broken else combination["reason"]
+        else:  # pruned or invalid: the search said why
+            result, why = status, combination["reason"].removeprefix("invalid: ")
+        table.rows.append([str(resolution), *_knobs(combination["knobs"], names), result, why])
+    if not table.rows:
+        table.note = "none: every combination's best run is the best at its resolution"
+    return table
+
+
+def report_tables(study: Study) -> list[Table]:
+    return [pareto_table(study), best_table(study), breakdown_table(study), losers_table(study)]
+
+
+# -- compare ---------------------------------------------------------------------------------------
+
+
+def _fit(probe: Probe | None) -> str:
+    if probe is None:
+        return "not probed"
+    if probe.outcome == "oom":
+        return f"no (oom{' in ' + probe.phase if probe.phase else ''})"
+    return "yes" if probe.outcome == "ok" else probe.outcome
+
+
+def _percent(change: float | None) -> str:
+    return "-" if change is None else f"{change:+.1%}"
+
+
+def comparison_tables(comparison: Comparison) -> list[Table]:
+    names = comparison.after.knob_names or comparison.before.knob_names
+    # Regressions first, then other changes to configurations both probed, then the rest.
+    changed = sorted(
+        (c for c in comparison.configurations if c.changed),
+        key=lambda c: (not c.regression, c.before is None or c.after is None),
+    )
+    both = [c for c in comparison.configurations if c.before is not None and c.after is not None]
+    configurations = Table(
+        f"configurations that changed, {comparison.before.name} ({comparison.before.path}) -> "
+        f"{comparison.after.name} ({comparison.after.path})",
+        [
+            "res",
+            "batch",
+            *names,
+            "fits",
+            "peak before",
+            "peak after",
+            "peak change",
+            "samples/s before",
+            "samples/s after",
+            "change",
+            "",
+        ],  # fmt: skip
+    )
+    for c in changed:
+        peak = c.peak_change_bytes
+        configurations.rows.append(
+            [
+                str(c.config["resolution"]),
+                str(c.config["batch_size"]),
+                *_knobs(c.config, names),
+                f"{_fit(c.before)} -> {_fit(c.after)}",
+                size(c.before.peak_bytes if c.before else None),
+                size(c.after.peak_bytes if c.after else None),
+                "-" if peak is None else ("+" if peak > 0 else "") + size(peak),
+                f"{c.before.samples_per_s:.3f}" if c.before and c.before.samples_per_s else "-",
+                f"{c.after.samples_per_s:.3f}" if c.after and c.after.samples_per_s else "-",
+                _percent(c.throughput_change),
+                "REGRESSION" if c.regression else "",
+            ]  # fmt: skip
+        )
+    only_before = sum(c.after is None for c in comparison.configurations)
+    only_after = sum(c.before is None for c in comparison.configurations)
+    configurations.note = (
+        f"{len(both)} configurations probed by both, {len(both) - sum(c.changed for c in both)} "
+        f"unchanged; {only_before} probed only before, {only_after} only after"
+    )
+    if not both:
+        configurations.note += " (no configuration in common: were the same knobs searched?)"
+
+    largest = Table("largest fitting batch per combination, where it changed",
+                    ["res", *names, "before", "after", ""])  # fmt: skip
+    for c in comparison.combinations:
+        before, after = c.largest(c.before), c.largest(c.after)
+        states = (c.before or {}).get("status"), (c.after or {}).get("status")
+        if before == after and states[0] == states[1]:
+            continue
+        largest.rows.append(
+            [
+                str(c.resolution),
+                *_knobs(c.knobs, names),
+                str(before) if before is not None else str(states[0] or "absent"),
+                str(after) if after is not None else str(states[1] or "absent"),
+                "REGRESSION" if c.regression else "",
+            ]  # fmt: skip
+        )
+    if not largest.rows:
+        largest.note = "no change"
+
+    best = Table("best configuration before and after",
+                 ["", "configuration", "samples/s", "peak", "budget"])  # fmt: skip
+    for label, study in (("before", comparison.before), ("after", comparison.after)):
+        entry = study.best
+        best.rows.append(
+            [
+                label,
+                config_words(entry["config"], names) if entry else "nothing fits",
+                f"{entry['samples_per_s']:.3f}" if entry else "-",
+                size(entry["peak_bytes"]) if entry else "-",
+                size(study.budget_bytes),
+            ]  # fmt: skip
+        )
+    if comparison.before.best and comparison.after.best:
+        speed = comparison.after.best["samples_per_s"] / comparison.before.best["samples_per_s"] - 1
+        same = comparison.before.best["config"] == comparison.after.best["config"]
+        best.note = f"{'same configuration' if same else 'a different configuration'}, throughput {speed:+.1%}"
+    return [configurations, largest, best]

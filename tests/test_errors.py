@@ -1,0 +1,184 @@
+"""The mistakes a newcomer makes, one test each, through the real command line: each is met with
+one line naming the bad value (and the valid ones where there are some), a non-zero exit code and
+no traceback."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Every saving on (pure bf16 weights, SGD's small state, checkpointing) at batch 1: the smallest
+# run the space allows still needs more than a 2% slice of an L4.
+NOTHING_FITS_SPACE = """
+batch_size: {min: 1, max: 4}
+resolution: [x1]
+knobs:
+  precision: [bf16_pure]
+  optimizer: [sgd]
+  checkpointing: [true]
+"""
+
+
+def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autofit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def error_line(done: subprocess.CompletedProcess[str], exit_code: int) -> str:
+    """The one error line, after checking the exit code and that nothing else went wrong."""
+    assert done.returncode == exit_code, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("autofit: error:")]
+    assert len(errors) == 1, done.stderr
+    assert done.stderr.rstrip().endswith(errors[0]), done.stderr  # the last word, nothing after it
+    return errors[0]
+
+
+def only_line(done: subprocess.CompletedProcess[str], exit_code: int) -> str:
+    """For mistakes caught before anything runs: the error is all of stderr, on one line."""
+    line = error_line(done, exit_code)
+    assert done.stderr.strip() == line, done.stderr
+    return line
+
+
+def a_study(results: Path, name: str = "tiny_mlp-a40-quick") -> Path:
+    """A results folder as `autofit search` leaves it, written by hand (one fitting probe)."""
+    folder = results / name
+    folder.mkdir(parents=True)
+    config = {"batch_size": 1, "resolution": 64, "precision": "bf16", "optimizer": "adamw"}
+    point = {"config": config, "peak_bytes": 500 << 20, "samples_per_s": 100.0,
+             "step_time_s": 0.01, "run_size": 4096, "breakdown": {"overhead": 500 << 20}}  # fmt: skip
+    summary = {"study": name, "model": "tiny_mlp", "gpu": "a40", "backend": "simulate",
+               "space": "quick", "margin": 0.05, "budget_bytes": 1 << 30, "n_probes": 1,
+               "best": point, "pareto": [point],
+               "combinations": [{"knobs": {"precision": "bf16", "optimizer": "adamw"},
+                                 "resolution": 64, "status": "exact", "best_batch": 1,
+                                 "probes": 1, "reason": ""}]}  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "trials.csv").write_text(
+        "outcome,resolution,batch_size,precision,optimizer,peak_gib,peak_bytes,budget_bytes,"
+        "samples_per_s,step_time_s,phase,backend,reason\n"
+        f"ok,64,1,bf16,adamw,0.488,{500 << 20},{1 << 30},100.0,0.01,backward,simulate,\n"
+    )
+    return folder
+
+
+def test_a_typo_in_a_model_name(tmp_path: Path) -> None:
+    line = only_line(autofit("search", "model=sana_1600", "gpu=a40", cwd=tmp_path), 2)
+    assert "unknown model 'sana_1600'" in line and "did you mean 'sana_1600m'" in line
+    assert "tiny_sana" in line  # and the valid ones
+
+
+def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
+    for command in ("search", "probe"):
+        line = only_line(autofit(command, "model=tiny_mlp", "gpu=rtx4900", cwd=tmp_path), 2)
+        assert (
+            "unknown gpu 'rtx4900'" in line and "did you mean 'rtx4090'" in line and "a40" in line
+        )
+
+
+@pytest.mark.parametrize("override", ["model", "batch_size=[", "model=tiny_mlp gpu=a40"])
+def test_a_malformed_override(tmp_path: Path, override: str) -> None:
+    line = only_line(autofit("probe", override, cwd=tmp_path), 2)
+    assert f"malformed override '{override}'" in line and "key=value" in line
+
+
+def test_an_unknown_setting_or_command(tmp_path: Path) -> None:
+    line = only_line(autofit("search", "batchsize=4", cwd=tmp_path), 2)
+    assert "unknown setting 'batchsize'" in line and "margin" in line
+    line = only_line(autofit("report", "threshhold=0.2", cwd=tmp_path), 2)
+    assert "unknown setting 'threshhold'" in line and "did you mean 'threshold'" in line
+    line = only_line(autofit("serch", cwd=tmp_path), 2)
+    assert "unknown command 'serch'" in line and "search" in line and "report" in line
+
+
+def test_a_knob_value_it_cannot_take(tmp_path: Path) -> None:
+    line = only_line(autofit("probe", "model=tiny_mlp", "precision=bf17", cwd=tmp_path), 2)
+    assert "precision='bf17'" in line and "bf16_pure" in line
+    line = only_line(autofit("report", "threshold=10", cwd=tmp_path), 2)
+    assert "threshold=10" in line and "between 0 and 1" in line
+
+
+def test_report_with_no_study_yet(tmp_path: Path) -> None:
+    line = only_line(autofit("report", cwd=tmp_path), 1)
+    assert "no study to report" in line and "autofit search" in line
+
+
+def test_report_of_a_study_that_does_not_exist(tmp_path: Path) -> None:
+    a_study(tmp_path / "results")
+    line = only_line(autofit("report", "study=tiny_mlp-a40-quik", cwd=tmp_path), 2)
+    assert (
+        "study=tiny_mlp-a40-quik: no such study" in line and "studies: tiny_mlp-a40-quick" in line
+    )
+    line = only_line(autofit("report", "from=nowhere", cwd=tmp_path), 2)
+    assert "from=nowhere: no such folder" in line
+    (tmp_path / "not_a_study").mkdir()
+    line = only_line(autofit("report", "from=not_a_study", cwd=tmp_path), 2)
+    assert "not_a_study is not a study's results folder" in line
+
+
+def test_compare_with_a_study_that_does_not_exist(tmp_path: Path) -> None:
+    a_study(tmp_path / "results")
+    line = only_line(autofit("report", "compare=last-night", cwd=tmp_path), 2)
+    assert "compare=last-night: no such study" in line and "tiny_mlp-a40-quick" in line
+    assert not (tmp_path / "results" / "tiny_mlp-a40-quick" / "report").exists()  # checked first
+
+
+def test_a_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
+    # Under a regular file: no folder can be made there, even as root (chmod would not stop root).
+    (tmp_path / "a_file").write_text("")
+    a_study(tmp_path / "results")
+    line = only_line(autofit("report", "out=a_file/report", cwd=tmp_path), 1)
+    assert "cannot write the report to a_file/report" in line
+    line = only_line(
+        autofit("search", "model=tiny_mlp", "space=quick", "out=a_file/sub", cwd=tmp_path), 1
+    )
+    assert "a_file/sub" in line and "cannot write" in line
+    line = only_line(
+        autofit(
+            "search",
+            "model=tiny_mlp",
+            "space=quick",
+            "storage=sqlite:///a_file/studies.db",
+            cwd=tmp_path,
+        ),
+        1,
+    )
+    assert "a_file/studies.db" in line
+    line = only_line(autofit("probe", "model=tiny_mlp", "out=a_file/result.json", cwd=tmp_path), 1)
+    assert "a_file/result.json" in line and "cannot write" in line
+
+
+def test_a_space_where_nothing_fits_even_at_batch_1_with_every_saving_on(tmp_path: Path) -> None:
+    (tmp_path / "tight.yaml").write_text(NOTHING_FITS_SPACE)
+    done = autofit(
+        "search", "model=tiny_mlp", "gpu=l4", "space=tight.yaml", "margin=0.98", cwd=tmp_path
+    )
+    line = error_line(done, 1)
+    summary = json.loads((tmp_path / "results" / "tiny_mlp-l4-tight" / "summary.json").read_text())
+    smallest, budget = summary["nothing_fits"]["smallest_peak_bytes"], summary["budget_bytes"]
+    assert smallest > budget
+    found = re.search(r"smallest peak found is ([\d.]+) MiB against a budget of ([\d.]+) MiB", line)
+    assert found, line
+    assert float(found[1]) == round(smallest / (1 << 20), 2) and float(found[2]) == round(
+        budget / (1 << 20), 2
+    )
+
+    # The report of that study says the same, and exits 0: it is an answer, not an error.
+    report = autofit("report", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert (
+        f"nothing fits: the smallest peak found is {found[1]} MiB against a budget of {found[2]} MiB"
+        in report.stdout
+    )
+    assert "none fit  batch 1: oom" in report.stdout
