@@ -19,6 +19,7 @@ COMMANDS = {
     "probe": "measure one training configuration against a GPU",
     "report": "a study's Pareto front, memory breakdown and charts; compare=<study> for regressions",
     "export": "write a study's best run (or point=N, the Nth Pareto row from 1) in a trainer's files: target=accelerate|deepspeed|simpletuner|kohya|sana|diffusers|hydra",
+    "models": "list the model presets with their parameter counts",
 }
 
 USAGE = """usage: autofit <command> [key=value ...]

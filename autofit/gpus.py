@@ -43,6 +43,12 @@ class GpuSpec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def fingerprint(self) -> str:
+        """A short hash of the whole entry: a changed entry measures again."""
+        from autofit.fingerprint import fingerprint
+
+        return fingerprint(self.to_dict())
+
     @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB

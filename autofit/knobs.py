@@ -71,7 +71,8 @@ WORKLOAD_KNOBS: tuple[Knob, ...] = (
     Knob(
         "resolution",
         None,
-        "square image side in pixels (null: the model's native resolution)",
+        "square image side in pixels, or sequence length in tokens for language models "
+        "(null: the model's native size)",
         kind=int,
         minimum=1,
     ),

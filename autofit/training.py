@@ -74,6 +74,9 @@ class TrainingRun:
         self.traffic = HostTraffic()
         # Set by the techniques' hooks.
         self.param_dtype = torch.float32
+        self.frozen_dtype = (
+            torch.float32
+        )  # for frozen parts: the 16-bit dtype under mixed precision
         self.autocast_dtype: torch.dtype | None = None
         self.scaler: Any = None
         self.optimizer: Any = None
@@ -124,7 +127,7 @@ class TrainingRun:
             with default_dtype(self.param_dtype), self.device, ExitStack() as contexts:
                 for context in self.build_contexts:
                     contexts.enter_context(context)
-                self.model = self.workload.build_model()
+                self.model = self.workload.build_model(self.frozen_dtype)
             self.model.train()
             self._tag_parameters(self.model)
             for technique in TECHNIQUES:
@@ -190,7 +193,7 @@ class TrainingRun:
             else:
                 self.optimizer.step()
             if not self.engine:
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad(set_to_none=self.workload.grads_set_to_none)
             for hook in self.after_step:
                 hook()
         if tracker:

@@ -1,6 +1,6 @@
 """How long one simulated probe takes, subprocess included.
 
-    python benchmarks/probe_speed.py [--repeat 3]
+    python benchmarks/probe_speed.py [--repeat 3] [--model flux_dev ...]
 
 For each case it times `run_probe` (the worker process: interpreter start, imports, model build on
 fake tensors, two training steps, allocator replay) and the whole `autofit probe` command (adds
@@ -25,11 +25,23 @@ from autofit.probe import run_probe
 from autofit.probe.build import make_spec
 
 CASES = [
-    # (model, gpu, knobs), each the issue's reference configuration
+    # (model, gpu, knobs): Sana as in the probe issue; Flux.1-dev at 1024 px and Llama 3 8B at
+    # 4096 tokens, the largest image and language presets, as LoRA runs (how they are trained on
+    # one GPU)
     (
         "sana_1600m",
         "a40",
         {"batch_size": 1, "resolution": 1024, "precision": "bf16", "optimizer": "adamw"},
+    ),
+    (
+        "flux_dev",
+        "h100_80",
+        {"batch_size": 1, "resolution": 1024, "precision": "bf16", "train_mode": "lora"},
+    ),
+    (
+        "llama3_8b",
+        "h100_80",
+        {"batch_size": 1, "resolution": 4096, "precision": "bf16", "train_mode": "lora"},
     ),
 ]
 
@@ -55,11 +67,14 @@ def time_cli(model: str, gpu: str, knobs: dict, out: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--model", nargs="*", default=None, help="only these cases (default: all)")
     options = parser.parse_args()
     out_dir = Path("results/benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for model, gpu, knobs in CASES:
+        if options.model and model not in options.model:
+            continue
         probes, outcomes = zip(
             *(time_probe(model, gpu, knobs) for _ in range(options.repeat)), strict=True
         )

@@ -37,3 +37,27 @@ def test_every_preset_loads() -> None:
         preset = load_preset(name)
         assert preset.name == name
         preset.check_resolution(preset.resolution)
+
+
+@pytest.mark.parametrize("space", ["default", "quick"])
+def test_every_shipped_space_loads_for_every_preset(space: str) -> None:
+    from autofit.search.space import load_space
+
+    for name in group_options("model"):
+        if name == "custom":
+            continue
+        loaded = load_space(space, load_preset(name))
+        assert loaded.knobs and loaded.target_resolution in loaded.resolutions
+
+
+def test_a_family_section_replaces_the_common_values_for_that_family_only() -> None:
+    from autofit.search.space import load_space
+
+    flux = load_space("default", load_preset("flux_dev"))
+    sana = load_space("default", load_preset("sana_1600m"))
+    llama = load_space("default", load_preset("llama3_8b"))
+    assert flux.knobs["train_mode"] == ("lora", "full") and flux.knobs["swap_blocks"][-1] == 35
+    assert "train_mode" not in sana.knobs and "swap_blocks" not in sana.knobs
+    assert sana.knobs["optimizer"] != flux.knobs["optimizer"]
+    assert "qlora" in llama.knobs["train_mode"]
+    assert llama.resolutions == (2048, 4096)  # x0.5 and x1 of 4096 tokens

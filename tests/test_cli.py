@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import autofit
 
 from autofit.cli import COMMANDS
 from autofit.knobs import registry
@@ -18,16 +17,6 @@ REQUIRED_FIELDS = {
     "trainable_param_count", "error", "versions",
 }  # fmt: skip
 BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "temporaries", "overhead"}
-
-
-def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autofit", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_the_sana_1600m_probe_from_the_issue(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import autofit
 
 # Every saving on (pure bf16 weights, SGD's small state, checkpointing) at batch 1: the smallest
 # run the space allows still needs more than a 2% slice of an L4.
@@ -22,16 +22,6 @@ knobs:
   optimizer: [sgd]
   checkpointing: [true]
 """
-
-
-def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autofit", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def error_line(done: subprocess.CompletedProcess[str], exit_code: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from chromium import find_chromium, open_page
+from helpers import autofit
 
 from autofit.report.compare import compare
 from autofit.report.study import load_study
@@ -32,16 +33,6 @@ knobs:
 target: {resolution: 256, min_batch: 1}
 """
 STUDY = "tiny_sana-t4-report"
-
-
-def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autofit", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")

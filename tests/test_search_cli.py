@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
+from helpers import autofit
 
 SUMMARY_FIELDS = {
     "study",
@@ -34,16 +35,6 @@ knobs:
   optimizer: [adamw, sgd]
   checkpointing: [false]
 """
-
-
-def autofit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autofit", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 def test_quick_search_writes_its_results_and_a_rerun_repeats_no_probe(tmp_path: Path) -> None:
@@ -137,6 +128,14 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
             "knobs.precision",
         ),
         "bad_batch.yaml": ("batch_size: {min: 4, max: 2}\n", "min=4"),
+        "bad_family.yaml": (
+            "batch_size: {min: 1, max: 4}\nfamilies:\n  fluxx:\n    train_mode: [lora]\n",
+            "families.fluxx",
+        ),
+        "bad_family_value.yaml": (
+            "batch_size: {min: 1, max: 4}\nfamilies:\n  flux:\n    swap_blocks: [-1]\n",
+            "families.flux.swap_blocks",
+        ),
         "bad_resolution.yaml": (
             "batch_size: {min: 1, max: 4}\nresolution: [1000]\n",
             "resolution[0]",
@@ -178,3 +177,29 @@ def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for gpu in ("a40", "l4"):
         assert (tmp_path / "results" / f"tiny_mlp-{gpu}-quick" / "summary.json").exists()
+
+
+def test_a_changed_preset_is_measured_again_not_reused(tmp_path: Path) -> None:
+    first = autofit("search", "model=tiny_sana", "space=quick", "study=s", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    changed = autofit(
+        "search", "model=tiny_sana", "space=quick", "study=s", "model.architecture.num_layers=3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    summary = json.loads((tmp_path / "results" / "s" / "summary.json").read_text())
+    assert summary["reused_probes"] == 0 and summary["new_probes"] > 0
+
+
+def test_a_custom_model_gets_a_study_of_its_own(tmp_path: Path) -> None:
+    done = autofit(
+        "search", "model=custom", "gpu=l4", "space=quick", "model.entry=custom_models.tiny:build",
+        cwd=tmp_path, pythonpath=Path(__file__).parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(
+        (
+            tmp_path / "results" / "custom-custom_models.tiny.build-l4-quick" / "summary.json"
+        ).read_text()
+    )
+    assert summary["best"]["peak_bytes"] <= summary["budget_bytes"]

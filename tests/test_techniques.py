@@ -245,7 +245,7 @@ def test_impossible_combinations_are_invalid_with_the_reason(
 
 def test_models_without_encoders_or_lora_targets_say_so() -> None:
     mlp = load_preset("tiny_mlp")
-    assert "text_encoder" in invalid_reason(
+    assert "text encoders" in invalid_reason(
         spec("tiny_mlp", encoders="online").knobs, load_gpu("a40"), mlp, "simulate"
     )
     assert "VAE" in invalid_reason(

@@ -153,7 +153,7 @@ def run_config(cfg: Any) -> int:
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
 
-    study_name = data.get("study") or f"{preset.name}-{gpu.name}-{space.name}"
+    study_name = data.get("study") or f"{preset.label}-{gpu.name}-{space.name}"
     out = Path(data["out"]) if data.get("out") else Path("results") / study_name
     ensure_writable(out / "summary.json")
     storage = data.get("storage") or default_storage(Path("results"))

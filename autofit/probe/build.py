@@ -50,6 +50,10 @@ def make_spec(
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
     native one when unset and checked against the model's granularity)."""
     check_settings(backend, margin, timeout_s)
+    if preset.family == "custom":
+        from autofit.workloads.custom import load_entry
+
+        load_entry(preset.entry)
     knobs = parse_all(knob_values)
     if knobs["resolution"] is None:
         knobs["resolution"] = preset.resolution

@@ -69,6 +69,8 @@ class ProbeResult:
     phase: str | None = None
     phase_peaks: dict[str, int] | None = None
     samples_per_s: float | None = None
+    tokens_per_s: float | None = None  # language models: samples/s times the sequence length
+    units_per_sample: int | None = None  # pixels (or tokens) one sample carries
     step_time_s: float | None = None
     throughput_estimated: bool | None = None
     flops_per_sample: float | None = None

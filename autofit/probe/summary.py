@@ -29,8 +29,9 @@ def summarize(result: ProbeResult) -> str:
             lines.append(f"  breakdown  {parts}")
         if result.samples_per_s is not None and result.step_time_s is not None:
             how = "roofline estimate" if result.throughput_estimated else "measured"
+            tokens = f" ({result.tokens_per_s:,.0f} tokens/s)" if result.tokens_per_s else ""
             lines.append(
-                f"  throughput {result.samples_per_s:.2f} samples/s, {seconds(result.step_time_s)}/step "
+                f"  throughput {result.samples_per_s:.2f} samples/s{tokens}, {seconds(result.step_time_s)}/step "
                 f"({how}); {flops(result.flops_per_sample)}/sample"
             )
         lines.append(

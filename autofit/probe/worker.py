@@ -42,8 +42,18 @@ def versions() -> dict[str, str]:
 
 
 def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
+    from autofit.models import ModelPreset
+
     batch = spec.knobs["batch_size"]
     fits = measured.peak_bytes <= spec.budget_bytes
+    preset = ModelPreset.from_dict(spec.model)
+    units = preset.units_per_sample(spec.knobs["resolution"])
+    # Every GPU of the run trains its own micro-batch.
+    samples_per_s = (
+        batch * spec.knobs.get("world_size", 1) / measured.step_time_s
+        if measured.step_time_s > 0
+        else None
+    )
     return ProbeResult(
         outcome=Outcome.OK if fits else Outcome.OOM,
         backend=measured.backend,
@@ -58,10 +68,9 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         overhead_detail=measured.overhead_detail(),
         phase=measured.phase if fits else (measured.over_budget_phase or measured.phase),
         phase_peaks=measured.phase_peaks,
-        # Every GPU of the run trains its own micro-batch.
-        samples_per_s=batch * spec.knobs.get("world_size", 1) / measured.step_time_s
-        if measured.step_time_s > 0
-        else None,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * units if samples_per_s and preset.unit == "tokens" else None,
+        units_per_sample=units,
         step_time_s=measured.step_time_s,
         throughput_estimated=measured.throughput_estimated,
         flops_per_sample=measured.flops_per_step / batch,

@@ -44,7 +44,9 @@ class Prober:
             self.margin,
             self.timeout_s,
         )
-        key = probe_key(spec.knobs, self.backend, self.budget)
+        key = probe_key(
+            spec.knobs, self.backend, self.budget, self.preset.fingerprint(), self.gpu.fingerprint()
+        )
         result = self.recorder.finished(key)
         if result is not None:
             return result, True

@@ -40,8 +40,13 @@ def _storage(url: str) -> Any:
     return url
 
 
-def probe_key(knobs: dict[str, Any], backend: str, budget_bytes: int) -> str:
-    return json.dumps({"knobs": knobs, "backend": backend, "budget": budget_bytes}, sort_keys=True)
+def probe_key(knobs: dict[str, Any], backend: str, budget_bytes: int, model: str, gpu: str) -> str:
+    """What makes two probes the same probe: a study reuses a finished one only under this key,
+    so a changed preset (`model` is its fingerprint), GPU entry or budget measures again."""
+    return json.dumps(
+        {"knobs": knobs, "backend": backend, "budget": budget_bytes, "model": model, "gpu": gpu},
+        sort_keys=True,
+    )
 
 
 def pruned_key(knobs: dict[str, Any]) -> str:
@@ -116,7 +121,9 @@ class StudyRecorder:
             "result": _slim(result),
         }
         if result.outcome is Outcome.OK:
-            run_size = params["batch_size"] * params["resolution"] ** 2
+            from autofit.search.pareto import run_size as size_of
+
+            run_size = size_of(result)
             trial = optuna.trial.create_trial(
                 state=TrialState.COMPLETE,
                 values=[float(result.samples_per_s or 0.0), float(run_size)],

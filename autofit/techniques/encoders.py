@@ -1,9 +1,10 @@
 """Encoders: whether the frozen text encoders and VAE sit on the GPU and run every step.
 
 - `cached`: latents and text embeddings were computed beforehand (trainers' caching); only the
-  trained model is on the GPU.
-- `online`: the companions of the preset (text encoder, VAE) sit on the GPU in their own dtype
-  and encode every batch without gradients, as a trainer that does not cache runs them.
+  trained model is on the GPU, unless the family's trainer leaves some companions there anyway
+  (`Workload.resident_when_cached`).
+- `online`: the companions of the preset (its text encoders and VAE) sit on the GPU in their own
+  dtype and encode every batch without gradients, as a trainer that does not cache runs them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from autofit.techniques.base import ProbeContext, Technique
 if TYPE_CHECKING:
     from autofit.training import TrainingRun
 
-ENCODERS = ("text_encoder", "vae")
-
 
 class Encoders(Technique):
     knob = Knob(
@@ -28,19 +27,24 @@ class Encoders(Technique):
     )
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        missing = [name for name in ENCODERS if name not in context.model.companions]
-        if value == "online" and missing:
-            return f"encoders=online needs the model's {' and '.join(missing)}, which {context.model.name} does not list"
+        if value == "online" and "vae" not in context.model.companions:
+            return f"encoders=online needs the model's text encoders and VAE, which {context.model.name} does not list"
         return None
 
     def after_build(self, run: TrainingRun, value: Any) -> None:
-        if value != "online":
+        online = value == "online"
+        names = list(run.preset.companions) if online else run.workload.resident_when_cached
+        if not names:
             return
         from autofit.workloads.companions import build_companion
 
-        for name in ENCODERS:
+        # online: each in its own dtype; left resident by the trainer: in the weight dtype
+        dtype = None if online else run.frozen_dtype
+        for name in names:
             with run.device:
-                run.add_companion(name, build_companion(run.preset.companions[name]))
+                run.add_companion(name, build_companion(run.preset.companions[name], dtype))
+        if not online:
+            return
         knobs, workload = run.knobs, run.workload
 
         def encoded_batch() -> dict[str, Any]:

@@ -39,6 +39,11 @@ class Precision(Technique):
         import torch
 
         run.param_dtype = torch.bfloat16 if value == "bf16_pure" else torch.float32
+        run.frozen_dtype = {
+            "fp16": torch.float16,
+            "bf16": torch.bfloat16,
+            "bf16_pure": torch.bfloat16,
+        }.get(value, torch.float32)
 
     def after_build(self, run: TrainingRun, value: Any) -> None:
         import torch

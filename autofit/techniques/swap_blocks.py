@@ -1,4 +1,5 @@
-"""Block swap: the last N transformer blocks live in host memory, as kohya's `blocks_to_swap`.
+"""Block swap: the last N transformer blocks live in host memory, as kohya's `blocks_to_swap`
+(the preset's `blocks` lists the block lists in order: Flux's double blocks, then its single ones).
 
 Their weights are copied onto the GPU just before each block runs forward and again before its
 backward, and dropped after; their gradients are moved to the host as they are made, and their
@@ -44,7 +45,8 @@ class SwapBlocks(Technique):
             return
         from autofit.streaming import stream_parameters
 
-        blocks = list(getattr(run.model, run.preset.blocks))[-value:]
+        every = [block for path in run.preset.blocks for block in run.model.get_submodule(path)]
+        blocks = every[-value:]
         resident: dict[Any, Any] = {}
 
         def to_host_gradient(param: Any) -> None:

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
 # family -> the module that defines it (as WORKLOAD); imported only when a family is used.
 FAMILIES = {
     "sana": "autofit.workloads.sana",
+    "sd3": "autofit.workloads.sd3",
+    "sd3_controlnet": "autofit.workloads.sd3_controlnet",
+    "flux": "autofit.workloads.flux",
+    "sdxl": "autofit.workloads.sdxl",
+    "llm": "autofit.workloads.llm",
+    "custom": "autofit.workloads.custom",
     "mlp": "autofit.workloads.mlp",
 }
 

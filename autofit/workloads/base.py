@@ -27,10 +27,19 @@ class Workload:
     tensors, would turn the library's module-level constant tensors into fake ones.
     """
 
+    # How the trainer clears gradients after each update: freed (`zero_grad(set_to_none=True)`,
+    # PyTorch's default), or zeroed in place and kept allocated between steps.
+    grads_set_to_none = True
+    # Companions the trainer leaves on the GPU, in the weight dtype, although it trains from
+    # cached embeddings (a script that precomputes them but keeps its encoders referenced).
+    resident_when_cached: tuple[str, ...] = ()
+
     def __init__(self, preset: ModelPreset) -> None:
         self.preset = preset
 
-    def build_model(self) -> torch.nn.Module:
+    def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
+        """The model, with random weights; a part that stays frozen is built in `frozen_dtype`
+        (the 16-bit weight dtype under mixed precision)."""
         raise NotImplementedError
 
     def make_batch(

@@ -14,8 +14,16 @@ import torch
 
 # Imported here, not inside the builders: a library imported for the first time under fake
 # tensors would make its module-level constant tensors fake.
-from diffusers import AutoencoderDC
-from transformers import Gemma2Config, Gemma2Model
+from diffusers import AutoencoderDC, AutoencoderKL
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    Gemma2Config,
+    Gemma2Model,
+    T5Config,
+    T5EncoderModel,
+)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -28,9 +36,29 @@ def _dc_ae(architecture: dict[str, Any]) -> torch.nn.Module:
     return AutoencoderDC(**architecture)
 
 
+def _clip_text(architecture: dict[str, Any]) -> torch.nn.Module:
+    return CLIPTextModel(CLIPTextConfig(**architecture))
+
+
+def _clip_text_projection(architecture: dict[str, Any]) -> torch.nn.Module:
+    return CLIPTextModelWithProjection(CLIPTextConfig(**architecture))
+
+
+def _t5_encoder(architecture: dict[str, Any]) -> torch.nn.Module:
+    return T5EncoderModel(T5Config(**architecture))
+
+
+def _autoencoder_kl(architecture: dict[str, Any]) -> torch.nn.Module:
+    return AutoencoderKL(**architecture)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "gemma2": _gemma2,
     "dc_ae": _dc_ae,
+    "clip_text": _clip_text,
+    "clip_text_projection": _clip_text_projection,
+    "t5_encoder": _t5_encoder,
+    "autoencoder_kl": _autoencoder_kl,
 }
 
 
@@ -38,9 +66,9 @@ def companion_dtype(spec: dict[str, Any]) -> torch.dtype:
     return DTYPES[spec.get("dtype", "bf16")]
 
 
-def build_companion(spec: dict[str, Any]) -> torch.nn.Module:
-    """Build one companion under the caller's device, in its own dtype."""
+def build_companion(spec: dict[str, Any], dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Build one companion under the caller's device, in its own dtype unless `dtype` says."""
     from autofit.training import default_dtype
 
-    with default_dtype(companion_dtype(spec)):
+    with default_dtype(dtype or companion_dtype(spec)):
         return KINDS[spec["kind"]](spec["architecture"])

@@ -23,7 +23,7 @@ class TokenMLP(nn.Module):
 
 
 class MLPWorkload(Workload):
-    def build_model(self) -> nn.Module:
+    def build_model(self, frozen_dtype: torch.dtype) -> nn.Module:
         return TokenMLP(**self.preset.architecture)
 
     def _tokens(self, resolution: int) -> int:

@@ -1,0 +1,81 @@
+"""`autofit models`: the presets, with their parameter counts counted from the architectures
+(built on fake tensors: nothing is allocated or downloaded) next to the published figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autofit.config import compose_config
+
+
+def count_parameters() -> list[dict[str, Any]]:
+    """Every preset's trained model and companions, counted."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autofit.models import load_preset
+    from autofit.paths import group_options
+    from autofit.workloads import workload_for
+    from autofit.workloads.companions import build_companion
+
+    presets = [load_preset(name) for name in group_options("model") if name != "custom"]
+    workloads = {
+        preset.name: workload_for(preset) for preset in presets
+    }  # imports, outside fake mode
+    rows = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for preset in presets:
+            model = workloads[preset.name].build_model(torch.bfloat16)
+            companions = {
+                role: sum(p.numel() for p in build_companion(spec).parameters())
+                for role, spec in preset.companions.items()
+            }
+            rows.append(
+                {
+                    "model": preset.name,
+                    "family": preset.family,
+                    "display": preset.display,
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "published_params_b": preset.published_params_b,
+                    "native": f"{preset.resolution} {'tokens' if preset.unit == 'tokens' else 'px'}",
+                    "companions": {
+                        role: {
+                            "params": n,
+                            "published_params_b": preset.companions[role].get("published_params_b"),
+                        }
+                        for role, n in companions.items()
+                    },  # fmt: skip
+                }
+            )
+    return rows
+
+
+def run(overrides: list[str]) -> int:
+    return run_config(compose_config("models", overrides))
+
+
+def run_config(cfg: Any) -> int:
+    from autofit.units import count
+
+    rows = count_parameters()
+    print(
+        f"{'model':<15} {'family':<15} {'params':>10} {'published':>10}  {'native':<12} companions"
+    )
+    for row in rows:
+        published = f"{row['published_params_b']:.3f} B" if row["published_params_b"] else "-"
+        companions = ", ".join(
+            f"{role} {count(c['params'])}" for role, c in row["companions"].items()
+        )
+        print(
+            f"{row['model']:<15} {row['family']:<15} {count(row['params']):>10} {published:>10}  {row['native']:<12} {companions}"
+        )
+    print(
+        "\nmodel=custom model.entry=package.module:function trains your own model (see README.md)"
+    )
+    out = Path(cfg.out) if cfg.out else Path("results") / "models.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"written to {out}")
+    return 0

@@ -1,0 +1,23 @@
+"""What the diffusion families share: noising for their training objectives, and token ids."""
+
+from __future__ import annotations
+
+import torch
+
+
+def flow_matching(latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rectified-flow objective Sana, SD3 and Flux train with: logit-normal timesteps t,
+    the noisy latents (1 - t) x + t noise, and the velocity target noise - x."""
+    noise = torch.randn_like(latents)
+    t = torch.sigmoid(torch.randn(latents.shape[0], device=latents.device, dtype=latents.dtype))
+    t_ = t.view(-1, *([1] * (latents.dim() - 1)))
+    noisy = (1 - t_) * latents + t_ * noise
+    return noisy, noise - latents, t
+
+
+def token_ids(batch_size: int, tokens: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch_size, tokens), device=device)
+
+
+def vocab(companion: dict) -> int:
+    return int(companion["architecture"]["vocab_size"])

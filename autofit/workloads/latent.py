@@ -1,0 +1,156 @@
+"""Latent diffusion families: a denoiser trained on VAE latents, conditioned on text embeddings.
+
+`LatentDiffusion` holds what Sana, SD3, Flux, SDXL and the SD3 ControlNet share: the batch (cached
+latents and embeddings, or images and token ids for the encoders to run on), the training
+objective, and the validation pass (the pipeline's denoiser step with guidance, then the decode).
+A family says how it builds its model, what its text conditioning is and how its encoders make
+it, and how its denoiser is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from autofit.workloads import companions as _companions  # noqa: F401  (imports their libraries now)
+from autofit.workloads.base import Batch, CheckpointFn, Workload
+from autofit.workloads.diffusion import flow_matching
+
+if TYPE_CHECKING:
+    from autofit.training import TrainingRun
+
+Conditions = dict[str, torch.Tensor]
+
+
+class LatentDiffusion(Workload):
+    # Samples the validation pass denoises at once: 2 with classifier-free guidance (the prompt
+    # and the negative prompt), 1 for a guidance-distilled model.
+    guidance_batch = 2
+    text_encoders: tuple[str, ...] = ("text_encoder",)
+
+    # -- what a family provides ----------------------------------------------------------------
+
+    def conditions(
+        self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
+    ) -> Conditions:
+        """Cached text conditioning, as a trainer loads it from its cache."""
+        raise NotImplementedError
+
+    def text_and_pooled(
+        self, batch_size: int, text_tokens: int, device: torch.device, dtype: torch.dtype
+    ) -> Conditions:
+        """Per-token text embeddings and a pooled one, as the MMDiT, Flux and SDXL caches hold."""
+        inputs = self.preset.inputs
+        return {
+            "text": torch.randn(
+                batch_size, text_tokens, inputs["text_dim"], device=device, dtype=dtype
+            ),
+            "pooled": torch.randn(batch_size, inputs["pooled_dim"], device=device, dtype=dtype),
+        }
+
+    def tokens(self, batch_size: int, device: torch.device) -> Batch:
+        """Token ids for each text encoder."""
+        raise NotImplementedError
+
+    def encode_text(self, tokens: Batch, companions: dict[str, torch.nn.Module]) -> Conditions:
+        raise NotImplementedError
+
+    def predict(
+        self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
+    ) -> torch.Tensor:
+        """The denoiser's output for noisy latents at timesteps t in [0, 1]."""
+        raise NotImplementedError
+
+    def noising(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Noisy latents, the target the prediction is compared with, and the timesteps."""
+        return flow_matching(latents)
+
+    # -- shared ----------------------------------------------------------------------------------
+
+    def latent_shape(self, batch_size: int, resolution: int) -> tuple[int, int, int, int]:
+        inputs = self.preset.inputs
+        height, width = self.preset.shape(resolution)
+        down = inputs["latent_downsample"]
+        return batch_size, inputs["latent_channels"], height // down, width // down
+
+    def make_batch(
+        self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
+    ) -> Batch:
+        latents = torch.randn(self.latent_shape(batch_size, resolution), device=device, dtype=dtype)
+        return {"latents": latents, **self.conditions(batch_size, resolution, device, dtype)}
+
+    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
+        height, width = self.preset.shape(resolution)
+        return {
+            "images": torch.randn(batch_size, 3, height, width, device=device),
+            "tokens": self.tokens(batch_size, device),
+        }
+
+    @torch.no_grad()
+    def encode(
+        self, raw: Batch, companions: dict[str, torch.nn.Module], dtype: torch.dtype
+    ) -> Batch:
+        latents = vae_encode(companions["vae"], raw["images"])
+        conditions = self.encode_text(raw["tokens"], companions)
+        return {
+            "latents": latents.to(dtype),
+            **{k: v.to(dtype) if v.is_floating_point() else v for k, v in conditions.items()},
+        }
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        noisy, target, t = self.noising(batch["latents"])
+        conditions = {k: v for k, v in batch.items() if k != "latents"}
+        prediction = self.predict(model, noisy, t, conditions)
+        return F.mse_loss(prediction.float(), target.float())
+
+    def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
+        model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
+
+    @torch.no_grad()
+    def validate(self, run: TrainingRun, vae: torch.nn.Module) -> None:
+        # The pipeline's denoiser step at the training resolution (with its guidance batch; the
+        # prompt's embeddings cached, or encoded when the text encoders are resident), one Euler
+        # step, and the VAE decode.
+        g, device, dtype, resolution = (
+            self.guidance_batch,
+            run.device,
+            run.param_dtype,
+            run.knobs["resolution"],
+        )
+        latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
+        encoders = {
+            name: run.companions[name] for name in self.text_encoders if name in run.companions
+        }
+        conditions = self.conditions(g, resolution, device, dtype)
+        if len(encoders) == len(self.text_encoders):
+            encoded = self.encode_text(self.tokens(g, device), encoders)
+            conditions.update(
+                {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
+            )
+        t = torch.full((g,), 1.0, device=device, dtype=dtype)
+        prediction = self.predict(run.model, torch.cat([latents] * g), t, conditions).float()
+        if g == 2:
+            uncond, cond = prediction.chunk(2)
+            prediction = uncond + 4.5 * (cond - uncond)
+        vae_decode(vae, latents - 0.02 * prediction)
+
+
+def _vae_dtype(vae: torch.nn.Module) -> torch.dtype:
+    return next(vae.parameters()).dtype
+
+
+def vae_encode(vae: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Images to scaled latents, for either kind of VAE (DC-AE or AutoencoderKL)."""
+    out: Any = vae.encode(images.to(_vae_dtype(vae)))
+    latents = out.latent if hasattr(out, "latent") else out.latent_dist.sample()
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    return (latents - shift) * vae.config.scaling_factor
+
+
+def vae_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    return vae.decode(
+        latents.to(_vae_dtype(vae)) / vae.config.scaling_factor + shift, return_dict=False
+    )[0]

@@ -1,0 +1,144 @@
+"""An SD3 ControlNet trained against a frozen SD3 transformer, as diffusers' ControlNet SD3 example
+trains it: the ControlNet (a copy of the transformer's first blocks, trainable) reads the noisy
+latents and the conditioning image's latents, and its residuals join the frozen transformer's
+blocks; gradients flow back through the transformer's activations, not into its weights.
+
+The training loop is the example's: gradients are zeroed in place and stay allocated between steps
+(its `--set_grads_to_none` is off by default), and the three text encoders and the VAE stay on the
+GPU in the weight dtype throughout: it precomputes the text embeddings, then `del`s the encoders'
+names, but the list it encoded with (`text_encoders`, also bound in `compute_embeddings_fn`) keeps
+them alive; the VAE stays to encode latents every step.
+
+Its validation is the example's `log_validation` as diffusers issue #11225 ran it (before the fix
+of 2025-04-09, fd02aad): `StableDiffusion3ControlNetPipeline.from_pretrained(torch_dtype=
+weight_dtype).to(device)` puts a second copy of the transformer, all three text encoders and a
+VAE, in the weight dtype (fp32 unless mixed precision is on), onto the GPU beside the training
+state, steered by the ControlNet being trained; the prompt is encoded inside the pipeline call
+(T5 at the pipeline's 256 tokens), under `torch.autocast(device)`, whose cast cache keeps a
+16-bit copy of every fp32 weight it casts until the call returns. Together they run an A100
+80GB out of memory where training alone fits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from diffusers import SD3ControlNetModel, SD3Transformer2DModel
+from torch import nn
+
+from autofit.workloads.base import Batch, CheckpointFn
+from autofit.workloads.diffusion import token_ids, vocab
+from autofit.workloads.latent import Conditions, vae_decode, vae_encode
+from autofit.workloads.sd3 import SD3Workload
+
+if TYPE_CHECKING:
+    from autofit.training import TrainingRun
+
+
+class ControlNetTraining(nn.Module):
+    """The trainable ControlNet and the frozen transformer it steers, as one module."""
+
+    def __init__(self, controlnet: nn.Module, transformer: nn.Module) -> None:
+        super().__init__()
+        self.controlnet = controlnet
+        self.transformer = transformer
+
+
+# The pipeline's defaults in the example's validation call.
+PIPELINE_T5_TOKENS = 256  # max_sequence_length
+GUIDANCE_SCALE = 7.0
+
+
+class SD3ControlNetWorkload(SD3Workload):
+    grads_set_to_none = False  # the example's --set_grads_to_none is off by default
+    resident_when_cached = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+
+    def build_model(self, frozen_dtype: torch.dtype) -> nn.Module:
+        from autofit.training import default_dtype
+
+        transformer_config = self.preset.architecture["transformer"]
+        with default_dtype(frozen_dtype):  # the frozen base in the 16-bit weight dtype
+            transformer = SD3Transformer2DModel(**transformer_config).requires_grad_(False)
+        controlnet = SD3ControlNetModel(
+            **{**transformer_config, **self.preset.architecture["controlnet"]}
+        )
+        return ControlNetTraining(controlnet, transformer)
+
+    def conditions(
+        self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
+    ) -> Conditions:
+        control = torch.randn(self.latent_shape(batch_size, resolution), device=device, dtype=dtype)
+        return {**super().conditions(batch_size, resolution, device, dtype), "control": control}
+
+    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
+        raw = super().make_raw_batch(batch_size, resolution, device)
+        raw["control_images"] = torch.randn_like(raw["images"])
+        return raw
+
+    @torch.no_grad()
+    def encode(self, raw: Batch, companions: dict[str, nn.Module], dtype: torch.dtype) -> Batch:
+        batch = super().encode(raw, companions, dtype)
+        batch["control"] = vae_encode(companions["vae"], raw["control_images"]).to(dtype)
+        return batch
+
+    def predict(
+        self, model: nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
+    ) -> torch.Tensor:
+        common = {
+            "hidden_states": noisy,
+            "encoder_hidden_states": conditions["text"],
+            "pooled_projections": conditions["pooled"],
+            "timestep": t * 1000,
+            "return_dict": False,
+        }
+        residuals = model.controlnet(controlnet_cond=conditions["control"], **common)[0]
+        return model.transformer(block_controlnet_hidden_states=residuals, **common)[0]
+
+    def enable_checkpointing(self, model: nn.Module, checkpoint: CheckpointFn) -> None:
+        model.controlnet.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
+
+    @torch.no_grad()
+    def validate(self, run: TrainingRun, vae: nn.Module) -> None:
+        # `vae` is the training loop's own (the example encodes latents every step); the pipeline
+        # loads its own copy of everything. Weights keep requires_grad, as from_pretrained leaves
+        # them: autocast caches the cast copies of such weights.
+        from autofit.training import default_dtype
+        from autofit.workloads.companions import build_companion
+
+        dtype, device, resolution = run.frozen_dtype, run.device, run.knobs["resolution"]
+        companions = self.preset.companions
+        with default_dtype(dtype), device:
+            transformer = SD3Transformer2DModel(**self.preset.architecture["transformer"]).eval()
+            encoders = {
+                name: build_companion(companions[name], dtype).eval() for name in self.text_encoders
+            }
+            pipeline_vae = build_companion(companions["vae"], dtype).eval()
+        pipeline = ControlNetTraining(run.model.controlnet, transformer)
+        height, width = self.preset.shape(resolution)
+        with torch.autocast(device.type, dtype=torch.float16):  # the example's inference_ctx
+            # the prompt and the negative prompt, encoded by the pipeline
+            tokens = {
+                name: token_ids(
+                    2,
+                    PIPELINE_T5_TOKENS
+                    if name == "text_encoder_3"
+                    else self.preset.inputs["clip_tokens"],
+                    vocab(companions[name]),
+                    device,
+                )
+                for name in self.text_encoders
+            }
+            conditions = self.encode_text(tokens, encoders)
+            control_image = torch.randn(1, 3, height, width, device=device, dtype=dtype)
+            control = vae_encode(pipeline_vae, control_image)
+            latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
+            conditions["control"] = torch.cat([control] * 2)
+            t = torch.full((2,), 1.0, device=device, dtype=dtype)
+            prediction = self.predict(pipeline, torch.cat([latents] * 2), t, conditions)
+            uncond, cond = prediction.chunk(2)
+            guided = uncond + GUIDANCE_SCALE * (cond - uncond)
+            vae_decode(pipeline_vae, (latents - 0.05 * guided).to(dtype))
+
+
+WORKLOAD = SD3ControlNetWorkload

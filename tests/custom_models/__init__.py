@@ -1,0 +1,1 @@
+"""Models a user brings with model=custom model.entry=..., for tests."""
