@@ -3,6 +3,10 @@ and, on batch size alone, against the finders of Lightning and accelerate.
 
     python benchmarks/search_cost.py [--model sana_1600m] [--gpu a40] [--space default] [--jobs N]
 
+The grid over the whole default space (12,288 probes for Sana 1600M) is out of reach on a
+laptop; the published comparison runs `--space benchmarks/search_cost_space.yaml`, a slice of it
+with every batch size and resolution and 8 of its 96 structural combinations.
+
 1. The planner: `autofit search` on a fresh study, timed.
 2. The grid: every structural combination x resolution x batch size in the space, each a real
    simulated probe (the same probe the planner runs). The grid's probes are kept in their own
