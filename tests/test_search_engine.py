@@ -9,6 +9,7 @@ from typing import Any
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.spec import Outcome, ProbeResult
+from autofit.search.display import losers
 from autofit.search.engine import Search
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.space import SearchSpace
@@ -124,6 +125,13 @@ def test_invalid_combinations_are_recorded_not_probed() -> None:
     invalid = [c for c in result.combinations if c.status == "invalid"]
     assert {c.knobs["precision"] for c in invalid} == {"bf16", "bf16_pure"}
     assert all(call["precision"] == "fp16" for call in prober.calls)
+
+    # What the search prints: one line per reason with its count, not one per combination.
+    shown = [line for line in losers(result.combinations).splitlines() if "invalid" in line]
+    reasons = {c.reason for c in invalid}
+    assert len(shown) == len(reasons) < len(invalid)
+    counted = sum(int(line.split()[1]) for line in shown if line.split()[1].isdigit())
+    assert counted == len(invalid)
 
 
 def make(

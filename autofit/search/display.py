@@ -47,10 +47,19 @@ def best_block(best: ProbeResult, knob_names: list[str]) -> str:
 
 
 def losers(combinations: list[Combination]) -> str:
-    """One line per combination that did not produce a fitting run, and why."""
-    lines = [
-        f"  {c.status:<9} {c.label()}: {c.reason}"
-        for c in combinations
-        if c.status in ("pruned", "invalid", "none_fit", "failed")
-    ]
+    """One line per combination that did not produce a fitting run, and why.
+
+    Invalid combinations sharing a reason are counted on one line: a space that crosses ZeRO
+    stages with optimizers and precisions has dozens of them, and listing each one buries the
+    few lines worth reading (every one is still a PRUNED trial in the study and in trials.csv)."""
+    lines = []
+    invalid: dict[str, list[Combination]] = {}
+    for c in combinations:
+        if c.status == "invalid":
+            invalid.setdefault(c.reason, []).append(c)
+        elif c.status in ("pruned", "none_fit", "failed"):
+            lines.append(f"  {c.status:<9} {c.label()}: {c.reason}")
+    for reason, group in invalid.items():
+        what = group[0].label() if len(group) == 1 else f"{len(group)} combinations"
+        lines.append(f"  {'invalid':<9} {what}: {reason}")
     return "\n".join(lines)
