@@ -20,6 +20,7 @@ COMMANDS = {
     "report": "a study's Pareto front, memory breakdown and charts; compare=<study> for regressions",
     "export": "write a study's best run (or point=N, the Nth Pareto row from 1) in a trainer's files: target=accelerate|deepspeed|simpletuner|kohya|sana|diffusers|hydra",
     "models": "list the model presets with their parameter counts",
+    "calibrate": "run a calibration set simulated and on the local GPU; the simulator's error against it",
 }
 
 USAGE = """usage: autofit <command> [key=value ...]

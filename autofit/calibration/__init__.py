@@ -1,0 +1,1 @@
+"""Calibration: the simulator held against real probes of the same configurations."""

@@ -1,0 +1,149 @@
+"""`autofit calibrate`: a calibration set, each case simulated and run for real, into a CSV and
+the figures that say how far the simulator is from the real runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from autofit.config import compose_config
+from autofit.errors import ConfigError
+
+# The local GPU is the `gpu=` entry when its memory is within this share of the entry's; a larger
+# local GPU emulates the entry by capping its allocator.
+SAME_GPU_TOLERANCE = 0.02
+
+
+def run(overrides: list[str]) -> int:
+    return run_config(compose_config("calibrate", overrides))
+
+
+def _local_device(measure: str, gpu_memory_bytes: int) -> tuple[str, int]:
+    """The device the real runs use: its name and memory."""
+    if measure == "cpu":
+        return "cpu", 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "measure=cuda needs an NVIDIA GPU and a CUDA build of torch, and this machine has "
+            "neither; measure=cpu checks the simulator against real tensors on the CPU instead",
+        )
+    properties = torch.cuda.get_device_properties(0)
+    if properties.total_memory < gpu_memory_bytes * (1 - SAME_GPU_TOLERANCE):
+        raise ConfigError(
+            f"the local {properties.name} has {properties.total_memory / 2**30:.1f} GiB, less than "
+            f"the target's {gpu_memory_bytes / 2**30:.1f} GiB: calibrate a GPU it can emulate",
+        )
+    return properties.name, properties.total_memory
+
+
+def environment(measure: str, device: str) -> dict[str, str]:
+    import torch
+
+    found = {"torch": torch.__version__, "device": device}
+    if measure == "cuda":
+        found["cuda"] = str(torch.version.cuda)
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            found["driver"] = done.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            found["driver"] = "unknown (nvidia-smi did not answer)"
+    return found
+
+
+def default_output(gpu: str, measure: str, set_name: str) -> Path:
+    name = gpu if set_name == "default" else f"{gpu}-{Path(set_name).stem}"
+    if measure == "cpu":
+        return Path("results") / "calibration" / f"{name}-cpu.csv"
+    return Path("calibration") / f"{name}.csv"
+
+
+def run_config(cfg: Any) -> int:
+    from omegaconf import OmegaConf
+
+    from autofit.calibration.compare import append_row, describe, figures, read_rows, row
+    from autofit.calibration.sets import load_set
+    from autofit.commands.probe import ensure_writable
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.build import check_settings, gpu_from_config, make_spec
+    from autofit.probe.runner import run_probe
+    from autofit.units import size
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    measure = data["measure"]
+    if measure not in ("cuda", "cpu"):
+        raise ConfigError(f"measure={measure!r} is not valid; valid values: cuda, cpu")
+    check_settings(measure, data["margin"], data["timeout_s"])
+    gpu = gpu_from_config(data["gpu"])
+    cases = load_set(str(data["set"]))
+    out = (
+        Path(data["out"])
+        if data.get("out")
+        else default_output(gpu.name, measure, str(data["set"]))
+    )
+
+    if data["dry_run"]:
+        for number, case in enumerate(cases, start=1):
+            print(f"[{number}/{len(cases)}] {case.key(gpu.name)}")
+        print(f"{len(cases)} cases; the CSV would be {out}")
+        return 0
+
+    device, device_memory = _local_device(measure, gpu.memory_mib * 2**20)
+    ensure_writable(out)
+    env = environment(measure, device)
+    done = {r["case"] for r in read_rows(out) if r.get("measure") == measure}
+    print(f"calibrating {len(cases)} cases on {device} (measure={measure}) into {out}"
+          + (f"; {len(done)} already there are kept" if done else ""), flush=True)  # fmt: skip
+
+    for number, case in enumerate(cases, start=1):
+        key = case.key(gpu.name)
+        if key in done:
+            continue
+        target = load_gpu(case.target) if case.target else gpu
+        # On a GPU, a target is the local one when their memories agree; any other is emulated.
+        emulated = measure == "cpu" or (
+            abs(device_memory - target.memory_mib * 2**20) > SAME_GPU_TOLERANCE * device_memory
+        )
+        preset = load_preset(case.model)
+        results = {
+            backend: run_probe(make_spec(preset, target, case.knobs, backend, data["margin"], data["timeout_s"]))
+            for backend in ("simulate", measure)
+        }  # fmt: skip
+        sim, real = results["simulate"], results[measure]
+        values = row(key, case.model, target.name, device, measure, emulated, sim, real, env)
+        append_row(out, values)
+        print(f"[{number}/{len(cases)}] {key}: " + _compared(values, size), flush=True)
+
+    rows = [r for r in read_rows(out) if r.get("measure") == measure]
+    result = figures(rows)
+    summary = out.with_suffix(".json")
+    summary.write_text(json.dumps({"csv": str(out), "measure": measure, "device": device, **env,
+                                   "figures": result}, indent=2))  # fmt: skip
+    print(f"\n{describe(result)}\n\nrows in {out}, figures in {summary}")
+    return 0
+
+
+def _compared(values: dict[str, Any], size: Any) -> str:
+    def peak(prefix: str) -> str:
+        bytes_ = values[f"{prefix}_peak_bytes"]
+        return values[f"{prefix}_outcome"] + (f" {size(bytes_)}" if bytes_ else "")
+
+    text = f"simulated {peak('sim')}, real {peak('real')}"
+    if values["peak_error"] is not None:
+        text += f" ({values['peak_error']:+.1%})"
+    if values["throughput_error"] is not None:
+        text += (
+            f"; {values['sim_samples_per_s']:.3f} vs {values['real_samples_per_s']:.3f} samples/s "
+            f"({values['throughput_error']:+.1%})"
+        )
+    if values["real_error"] and values["real_outcome"] not in ("ok", "oom"):
+        text += f"; real run: {values['real_error']}"
+    return text

@@ -1,0 +1,124 @@
+"""`autofit calibrate`: the set, the CSV, the figures, resuming, and the errors a user meets."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from helpers import autofit
+
+from autofit.calibration.compare import figures
+from autofit.calibration.sets import load_set
+
+TWO_CASES = """cases:
+  - model: tiny_mlp
+    knobs: {precision: fp32}
+    vary: {batch_size: [1, 8]}
+"""
+
+
+def test_the_shipped_set_covers_what_calibration_needs() -> None:
+    cases = load_set("default")
+    assert len(cases) >= 30
+    models = {case.model for case in cases}
+    assert {"tiny_sana", "tiny_mlp", "sana_600m", "sana_1600m", "flux_dev", "llama3_8b"} <= models
+    sana = [c.knobs for c in cases if c.model == "sana_1600m"]
+    assert {k.get("batch_size", 1) for k in sana} >= {1, 4, 8}
+    assert {k.get("checkpointing", False) for k in sana} == {False, True}
+    assert len({k.get("precision", "bf16") for k in sana}) >= 2
+    assert len({k.get("optimizer", "adamw") for k in sana}) >= 3
+    assert any(c.knobs.get("swap_blocks") for c in cases if c.model == "flux_dev")
+    assert any(c.knobs.get("train_mode") == "lora" for c in cases if c.model == "llama3_8b")
+    assert {c.target for c in cases} >= {None, "a40", "rtx4090"}  # emulated smaller targets
+    assert len({c.key("h100_80") for c in cases}) == len(cases)  # every case has its own row
+
+
+def test_a_bad_case_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "cases:\n  - model: tiny_mlp\n  - model: tiny_mlp\n    vary: {optimizer: [adamw, adam]}\n"
+    )
+    done = autofit("calibrate", f"set={bad}", "measure=cpu", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "case 2" in done.stderr and "'adam'" in done.stderr and "adamw8bit" in done.stderr
+
+
+def test_without_a_gpu_measure_cuda_says_what_to_do(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = autofit("calibrate", "gpu=h100_80", cwd=tmp_path)
+    assert done.returncode == 2 and "measure=cpu" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "calibration").exists()
+
+
+def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resumes(
+    tmp_path: Path,
+) -> None:
+    cases = tmp_path / "two.yaml"
+    cases.write_text(TWO_CASES)
+    out = tmp_path / "cal.csv"
+    done = autofit(
+        "calibrate", "gpu=a40", f"set={cases}", "measure=cpu", f"out={out}", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert [r["batch_size"] for r in rows] == ["1", "8"]
+    for r in rows:
+        assert r["sim_outcome"] == r["real_outcome"] == "ok"
+        # The simulator's fake tensors and the CPU's real ones go through the same accounting:
+        # they agree to the byte (what a GPU adds is what measure=cuda is for).
+        assert r["sim_peak_bytes"] == r["real_peak_bytes"] and float(r["peak_error"]) == 0.0
+        assert r["throughput_error"] == ""  # a CPU's speed says nothing of a GPU's
+        assert r["torch"] and r["device"] == "cpu"
+    assert int(rows[1]["real_allocated_bytes"]) > int(rows[0]["real_allocated_bytes"])
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["figures"]["peak"]["n"] == 2 and summary["figures"]["false_fits"] == []
+    assert "peak_bytes      median |error| 0.0%" in done.stdout
+
+    again = autofit(
+        "calibrate", "gpu=a40", f"set={cases}", "measure=cpu", f"out={out}", cwd=tmp_path
+    )
+    assert again.returncode == 0 and "2 already there are kept" in again.stdout
+    assert "[1/2]" not in again.stdout  # nothing probed again
+    assert len(list(csv.DictReader(out.open()))) == 2
+
+
+def test_figures_count_false_fits_and_errors() -> None:
+    def row(case: str, sim: str, real: str, peak: str = "", speed: str = "") -> dict[str, str]:
+        return {"case": case, "sim_outcome": sim, "real_outcome": real, "peak_error": peak,
+                "allocated_error": peak, "throughput_error": speed}  # fmt: skip
+
+    result = figures(
+        [
+            row("a", "ok", "ok", "0.01", "-0.10"),
+            row("b", "ok", "ok", "-0.03", "0.20"),
+            row("c", "ok", "ok", "0.02"),
+            row("d", "ok", "oom"),
+            row("e", "oom", "ok"),
+            row("f", "ok", "crash"),
+        ]
+    )
+    assert result["peak"]["n"] == 3
+    assert result["peak"]["median_abs"] == pytest.approx(0.02)
+    assert result["peak"]["max_abs"] == pytest.approx(0.03)
+    assert result["throughput"]["median_abs"] == pytest.approx(0.15)
+    assert result["false_fits"] == ["d"] and result["false_ooms"] == ["e"]
+    assert result["unanswered"] == ["f: simulated ok, real crash"]
+
+
+@pytest.mark.cuda
+def test_calibrating_on_the_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "cal.csv"
+    done = autofit("calibrate", "gpu=l4", "set=tiny", f"out={out}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(load_set("tiny"))
+    for r in rows:
+        assert r["real_outcome"] == "ok", r["real_error"]
+        assert r["cuda"] and r["driver"] and r["device"] != "cpu"
+        assert int(r["real_reserved_bytes"]) >= int(r["real_allocated_bytes"]) > 0
