@@ -75,6 +75,7 @@ def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resume
         assert r["sim_peak_bytes"] == r["real_peak_bytes"] and float(r["peak_error"]) == 0.0
         assert r["throughput_error"] == ""  # a CPU's speed says nothing of a GPU's
         assert r["torch"] and r["device"] == "cpu"
+        assert int(r["sim_context_bytes"]) == 500 * 2**20  # the A40 entry's estimate
     assert int(rows[1]["real_allocated_bytes"]) > int(rows[0]["real_allocated_bytes"])
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["figures"]["peak"]["n"] == 2 and summary["figures"]["false_fits"] == []
@@ -122,3 +123,4 @@ def test_calibrating_on_the_gpu(tmp_path: Path) -> None:
         assert r["real_outcome"] == "ok", r["real_error"]
         assert r["cuda"] and r["driver"] and r["device"] != "cpu"
         assert int(r["real_reserved_bytes"]) >= int(r["real_allocated_bytes"]) > 0
+        assert int(r["real_context_bytes"]) > 0  # measured, where the simulator has an estimate

@@ -15,6 +15,7 @@ FIXED_COLUMNS = ["case", "model", "target", "local_gpu", "emulated", "measure"]
 RESULT_COLUMNS = [
     "sim_outcome", "sim_peak_bytes", "sim_reserved_bytes", "sim_allocated_bytes", "sim_samples_per_s",
     "real_outcome", "real_peak_bytes", "real_reserved_bytes", "real_allocated_bytes", "real_samples_per_s",
+    "sim_context_bytes", "real_context_bytes",
     "peak_error", "allocated_error", "throughput_error", "sim_phase", "real_phase", "real_error",
     "torch", "cuda", "driver", "device",
 ]  # fmt: skip
@@ -58,6 +59,9 @@ def row(
         "real_outcome": measured.outcome.value, "real_peak_bytes": measured.peak_bytes,
         "real_reserved_bytes": measured.peak_reserved_bytes,
         "real_allocated_bytes": measured.peak_allocated_bytes, "real_samples_per_s": measured.samples_per_s,
+        # The CUDA context is outside the allocator: measured here, an estimate in the GPU entry.
+        "sim_context_bytes": (simulated.overhead_detail or {}).get("cuda_context"),
+        "real_context_bytes": (measured.overhead_detail or {}).get("cuda_context"),
         "peak_error": _relative(simulated.peak_bytes, measured.peak_bytes) if both_ok else None,
         "allocated_error": (
             _relative(simulated.peak_allocated_bytes, measured.peak_allocated_bytes) if both_ok else None
