@@ -31,3 +31,21 @@ def search_spaces_dir() -> Path:
 def group_options(group: str) -> list[str]:
     """The names a config group offers (`model`, `gpu`): its YAML files, sorted."""
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
+    """`<setting>=<name>` is `<folder>/<name>.yaml`; a path to a YAML file is taken as is."""
+    from autofit.errors import ConfigError
+
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.exists():
+            raise ConfigError(f"{setting}={name}: no such file")
+        return candidate
+    path = folder / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ConfigError(
+            f"unknown {kind} '{name}'; valid: {', '.join(valid)} (or a path to a .yaml file)"
+        )
+    return path

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError
-from autofit.paths import conf_dir
+from autofit.paths import conf_dir, named_yaml
 
 CASE_KEYS = ("model", "target", "knobs", "vary")
 
@@ -32,23 +32,8 @@ def _word(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def set_names() -> list[str]:
-    return sorted(p.stem for p in (conf_dir() / "calibration").glob("*.yaml"))
-
-
 def set_path(name: str) -> Path:
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.exists():
-            raise ConfigError(f"set={name}: no such file")
-        return candidate
-    path = conf_dir() / "calibration" / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(
-            f"unknown calibration set '{name}'; valid: {', '.join(set_names())} "
-            "(or a path to a .yaml file)"
-        )
-    return path
+    return named_yaml(name, conf_dir() / "calibration", "set", "calibration set")
 
 
 def load_set(name: str) -> list[CalibrationCase]:

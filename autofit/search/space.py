@@ -16,7 +16,7 @@ from typing import Any
 from autofit.errors import ConfigError
 from autofit.knobs import Knob, registry
 from autofit.models import ModelPreset
-from autofit.paths import search_spaces_dir
+from autofit.paths import named_yaml, search_spaces_dir
 
 TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target")
 SEARCHED_ELSEWHERE = ("batch_size", "resolution")  # not structural knobs: the planner varies them
@@ -44,18 +44,7 @@ class SearchSpace:
 
 def space_path(name: str) -> Path:
     """`space=default` is search_spaces/default.yaml; a path to a YAML file is taken as is."""
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.exists():
-            raise ConfigError(f"space={name}: no such file")
-        return candidate
-    path = search_spaces_dir() / f"{name}.yaml"
-    if not path.exists():
-        valid = sorted(p.stem for p in search_spaces_dir().glob("*.yaml"))
-        raise ConfigError(
-            f"unknown space '{name}'; valid: {', '.join(valid)} (or a path to a .yaml file)"
-        )
-    return path
+    return named_yaml(name, search_spaces_dir(), "space", "space")
 
 
 def _display(path: Path) -> str:
