@@ -108,6 +108,14 @@ def run_config(cfg: Any) -> int:
         if key in done:
             continue
         target = load_gpu(case.target) if case.target else gpu
+        if measure == "cuda" and target.memory_mib * 2**20 > device_memory * (
+            1 + SAME_GPU_TOLERANCE
+        ):
+            # A cap can shrink a GPU, not grow it: the real run would not face the target's limit.
+            print(
+                f"[{number}/{len(cases)}] {key}: skipped, {target.name} is larger than the local {device}"
+            )
+            continue
         # On a GPU, a target is the local one when their memories agree; any other is emulated.
         emulated = measure == "cpu" or (
             abs(device_memory - target.memory_mib * 2**20) > SAME_GPU_TOLERANCE * device_memory
