@@ -162,6 +162,22 @@ def main() -> None:
         == exact_batches[(tuple((k, c.knobs[k]) for k in space.knobs), c.resolution)]
     )
     pruned = sum(1 for c in planned.combinations if c.status == "pruned")
+    # Where the grid's memory curve is not monotonic in batch size (the allocator's segments can
+    # pack a larger batch better than a smaller one), the largest fitting batch and the issue's
+    # rule (b* fits, b* + 1 does not) part: name those pairs and whether the planner met the rule.
+    non_monotonic = []
+    for c in planned.combinations:
+        key = (tuple((k, c.knobs[k]) for k in space.knobs), c.resolution)
+        fits = oracle[key]
+        first_failure = min((b for b, ok in fits.items() if not ok), default=None)
+        if first_failure is not None and exact_batches[key] and exact_batches[key] > first_failure:
+            b = c.best_batch
+            rule = b is not None and fits[b] and (b == space.max_batch or not fits[b + 1])
+            non_monotonic.append({
+                "pair": f"{c.label()}", "fits": sorted(k for k, ok in fits.items() if ok and k >= first_failure - 1),
+                "first_failure": first_failure, "largest_fitting": exact_batches[key],
+                "planner": b, "planner_meets_rule": rule,
+            })  # fmt: skip
     pairs = len(oracle)
     planner_probes = planned.new_probes + planned.reused_probes
     mean_probe = grid_timing["wall_s"] * grid_timing["jobs"] / max(1, grid_timing["probes"])
@@ -179,6 +195,7 @@ def main() -> None:
         "same_best": same(planned.best, grid_best),
         "batch_only": {name: {"probes": probes, "exact_pairs": exact} for name, (probes, exact) in rows.items()},
         "mean_probe_s_single_job": mean_probe,
+        "non_monotonic": non_monotonic,
     }  # fmt: skip
     (OUT / "search_cost.json").write_text(json.dumps(report, indent=2))
 
@@ -191,12 +208,18 @@ def main() -> None:
           f"(+{pruned} pruned) | "
           f"{'same as grid' if report['same_best'] else 'DIFFERENT'} |")  # fmt: skip
     print(f"| exhaustive grid | {len(points)} | 100% | {grid_timing['wall_s']:.0f} s | {pairs} / {pairs} | "
-          f"{grid_best.config if grid_best else 'none fits'} |")  # fmt: skip
+          f"{' '.join(f'{k}={grid_best.config[k]}' for k in ('batch_size', 'resolution', *space.knobs)) if grid_best else 'none fits'} |")  # fmt: skip
     for name, label in (("lightning", "doubling then bisection (Lightning)"), ("bisection", "bisection over [1, max]"),
                         ("accelerate", "x0.9 from the max (accelerate)")):  # fmt: skip
         probes, exact = rows[name]
         print(f"| {label}, batch only | {probes} | {probes / len(points):.1%} | ~{probes * mean_probe / options.jobs:.0f} s "
               f"(at the grid's mean probe time) | {exact} / {pairs} | - |")  # fmt: skip
+
+    for pair in non_monotonic:
+        print(f"\nnot monotonic: {pair['pair']}: fits up to {pair['first_failure'] - 1}, not at "
+              f"{pair['first_failure']}, fits again at {[b for b in pair['fits'] if b > pair['first_failure']]}; "
+              f"the planner's b* = {pair['planner']} "
+              f"{'meets' if pair['planner_meets_rule'] else 'does not meet'} the rule (b* fits, b* + 1 does not)")  # fmt: skip
 
 
 if __name__ == "__main__":
