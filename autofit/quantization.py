@@ -45,11 +45,10 @@ class _Matmul4bit(torch.autograd.Function):
 class Nf4LinearLayout(nn.Linear):
     """An `nn.Linear` whose weight is stored as bitsandbytes stores an NF4 weight."""
 
-    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype) -> None:
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype, device: torch.device) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
-        device = linear.weight.device
         n = linear.in_features * linear.out_features
         blocks = -(-n // BLOCKSIZE)
         self.weight = nn.Parameter(
@@ -63,7 +62,9 @@ class Nf4LinearLayout(nn.Linear):
         self.register_buffer("nested_code", torch.empty(256, device=device))
         self.register_buffer("offset", torch.empty((), device=device))
         self.bias = (
-            None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+            None
+            if linear.bias is None
+            else nn.Parameter(linear.bias.detach().to(device, copy=True), requires_grad=False)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,29 +82,39 @@ def quantized_tensors(module: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
-def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, fake: bool) -> list[nn.Module]:
-    """Replace every `nn.Linear` of `model` by a 4-bit NF4 one; return the new layers."""
+def quantize_linears(
+    model: nn.Module, compute_dtype: torch.dtype, fake: bool, device: torch.device
+) -> list[nn.Module]:
+    """Replace every `nn.Linear` of `model` by a 4-bit NF4 one on `device`; return the new layers.
+
+    As transformers' and diffusers' loaders do, each weight is quantized as it reaches the GPU
+    (the 16-bit model is never there whole), and a language model's output head stays 16-bit
+    (transformers leaves `lm_head` out of the conversion)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     targets = [
-        (name, module) for name, module in model.named_modules() if type(module) is nn.Linear
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and module is not head
     ]
     layers = []
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         layer = (
-            Nf4LinearLayout(linear, compute_dtype)
+            Nf4LinearLayout(linear, compute_dtype, device)
             if fake
-            else _bitsandbytes_layer(linear, compute_dtype)
+            else _bitsandbytes_layer(linear, compute_dtype, device)
         )
         setattr(parent, child, layer)
         layers.append(layer)
     return layers
 
 
-def _bitsandbytes_layer(linear: nn.Linear, compute_dtype: torch.dtype) -> nn.Module:
+def _bitsandbytes_layer(
+    linear: nn.Linear, compute_dtype: torch.dtype, device: torch.device
+) -> nn.Module:
     import bitsandbytes as bnb
 
-    device = linear.weight.device
     layer = bnb.nn.Linear4bit(
         linear.in_features, linear.out_features, bias=linear.bias is not None,
         compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True, device="meta",
@@ -112,5 +123,5 @@ def _bitsandbytes_layer(linear: nn.Linear, compute_dtype: torch.dtype) -> nn.Mod
         linear.weight.detach(), requires_grad=False, quant_type="nf4", compress_statistics=True
     )
     if linear.bias is not None:
-        layer.bias = nn.Parameter(linear.bias.detach(), requires_grad=False)
-    return layer.to(device)  # quantizes the weight where it lives
+        layer.bias = nn.Parameter(linear.bias.detach().to(device, copy=True), requires_grad=False)
+    return layer.to(device)  # quantizes the weight on its way to the device

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import spec
 
-from autofit.backends import simulate
+from autofit.backends import cpu, simulate
 from autofit.backends.base import model_gpu_memory
 from autofit.gpus import load_gpu
 from autofit.memory.allocator import required_memory
@@ -58,6 +58,22 @@ def test_qlora_keeps_4_bit_weights() -> None:
     saved = lora_tracker.live_bytes("parameters") - tracker.live_bytes("parameters")
     bf16_linears = sum(2 * m.in_features * m.out_features for m in linears)
     assert 0.70 * bf16_linears < saved < 0.75 * bf16_linears  # 16 bits down to 4.1-4.5
+    # Each weight is quantized on its way to the GPU: the 16-bit base is never there whole.
+    setup = tracker.peak_report().phase_peaks["setup"]
+    assert setup < lora_tracker.peak_report().phase_peaks["setup"] - 0.70 * bf16_linears
+    assert run.param_count == lora.param_count  # weights counted, not the bytes packing them
+
+
+def test_qlora_base_is_counted_alike_on_fake_and_real_tensors() -> None:
+    """bitsandbytes' real NF4 layers (cpu backend) and the stand-in keep the same bytes, and the
+    real loader path never holds the 16-bit base on the device either."""
+    probe = spec("tiny_sana", batch_size=2, train_mode="qlora")
+    fake_run, fake = simulate.trace(probe)
+    real_run, real = cpu.trace(probe)
+    assert fake.live_bytes("parameters") == real.live_bytes("parameters")
+    assert fake_run.param_count == real_run.param_count
+    full, _ = simulate.trace(spec("tiny_sana", batch_size=2, train_mode="lora"))
+    assert real_run.param_count == full.param_count
 
 
 def test_swap_blocks_removes_the_swapped_blocks_parameters_from_the_gpu() -> None:

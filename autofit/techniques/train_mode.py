@@ -39,6 +39,10 @@ class TrainMode(Technique):
         if value != "full":  # the frozen base is kept in 16-bit under mixed precision
             half = {"fp16": torch.float16, "bf16": torch.bfloat16, "bf16_pure": torch.bfloat16}
             run.param_dtype = half.get(run.knobs["precision"], torch.float32)
+        if value == "qlora":
+            # The 16-bit base is built in host memory and each weight quantized on its way to
+            # the GPU (after_build), as a quantizing loader does: it never sits there whole.
+            run.build_contexts += [torch.device(run.host_device), run.host()]
 
     def after_build(self, run: TrainingRun, value: Any) -> None:
         if value == "full":
@@ -55,8 +59,15 @@ class TrainMode(Technique):
             compute = run.autocast_dtype or run.param_dtype
             with run.device:
                 layers = quantize_linears(
-                    model, compute if compute != torch.float32 else torch.bfloat16, run.fake
+                    model,
+                    compute if compute != torch.float32 else torch.bfloat16,
+                    run.fake,
+                    run.device,
                 )
+            quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
+            for layer in layers:  # param_count counts weights, not the bytes packing them
+                run.full_numel[layer.weight] = layer.in_features * layer.out_features
+            _move_to_device(run, model, skip=quantized)
             if run.tracker:
                 for layer in layers:
                     for tensor in quantized_tensors(layer):
@@ -84,3 +95,19 @@ class LoraRank(Technique):
         "lora_rank", 16, "rank of the LoRA adapters (train_mode=lora or qlora)", kind=int, minimum=1
     )
     per_sample_memory = False
+
+
+def _move_to_device(run: TrainingRun, model: Any, skip: set[int]) -> None:
+    """The rest of a host-built model (embeddings, norms, the output head) copied to the device
+    as it loads; not host-link traffic of the step."""
+    for module in model.modules():
+        for _name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in skip:
+                param.data = param.data.to(run.device, copy=True)
+                if run.tracker:
+                    run.tracker.tag(param, "parameters")
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if id(buffer) not in skip:
+                module._buffers[name] = moved = buffer.to(run.device, copy=True)
+                if run.tracker:
+                    run.tracker.tag(moved, "parameters")
