@@ -10,9 +10,9 @@ names, but the list it encoded with (`text_encoders`, also bound in `compute_emb
 them alive; the VAE stays to encode latents every step.
 
 Its validation is the example's `log_validation` as diffusers issue #11225 ran it (before the fix
-of 2025-04-09, fd02aad): `StableDiffusion3ControlNetPipeline.from_pretrained(torch_dtype=
-weight_dtype).to(device)` puts a second copy of the transformer, all three text encoders and a
-VAE, in the weight dtype (fp32 unless mixed precision is on), onto the GPU beside the training
+of 2025-04-09, fd02aad): the example loads a fresh `StableDiffusion3ControlNetPipeline` in
+`weight_dtype` and moves it to the device, which puts a second copy of the transformer, all three
+text encoders and a VAE, in the weight dtype (fp32 unless mixed precision is on), onto the GPU beside the training
 state, steered by the ControlNet being trained; the prompt is encoded inside the pipeline call
 (T5 at the pipeline's 256 tokens), under `torch.autocast(device)`, whose cast cache keeps a
 16-bit copy of every fp32 weight it casts until the call returns. Together they run an A100
@@ -101,8 +101,8 @@ class SD3ControlNetWorkload(SD3Workload):
     @torch.no_grad()
     def validate(self, run: TrainingRun, vae: nn.Module) -> None:
         # `vae` is the training loop's own (the example encodes latents every step); the pipeline
-        # loads its own copy of everything. Weights keep requires_grad, as from_pretrained leaves
-        # them: autocast caches the cast copies of such weights.
+        # loads its own copy of everything. Weights keep requires_grad, as a freshly loaded
+        # pipeline leaves them: autocast caches the cast copies of such weights.
         from autofit.training import default_dtype
         from autofit.workloads.companions import build_companion
 
