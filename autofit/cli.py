@@ -48,7 +48,8 @@ def _command_help(command: str) -> str:
     choices where it takes them, and the knobs (probe) or search spaces (search)."""
     import re
 
-    from autofit.paths import conf_dir, group_options, search_spaces_dir
+    from autofit.config import command_groups
+    from autofit.paths import conf_dir, group_options, search_spaces_dir, yaml_names
 
     text = (conf_dir() / f"{command}.yaml").read_text()
     lines = [f"usage: autofit {command} [key=value ...]", "", COMMANDS[command], "", "settings:"]
@@ -56,8 +57,7 @@ def _command_help(command: str) -> str:
         key, default, comment = match.groups()
         if key != "defaults":
             lines.append(f"  {key:<18} {default or '':<10} {comment or ''}".rstrip())
-    groups = [g for g in ("model", "gpu") if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
-    for group in groups:
+    for group in command_groups(command):
         lines.append(f"  {group:<18} {' | '.join(group_options(group))}")
     if command == "probe":
         from autofit.knobs import registry
@@ -66,8 +66,12 @@ def _command_help(command: str) -> str:
         for knob in registry().values():
             default = "model's native" if knob.default is None else str(knob.default).lower()
             lines.append(f"  {knob.name:<18} {knob.describe()} (default {default}): {knob.help}")
+    if command == "export":
+        from autofit.export import TARGETS
+
+        lines += ["", "targets:"] + [f"  {n:<18} {t.summary}" for n, t in TARGETS.items()]
     if command == "search":
-        spaces = sorted(p.stem for p in search_spaces_dir().glob("*.yaml"))
+        spaces = yaml_names(search_spaces_dir())
         lines += ["", f"spaces: {', '.join(spaces)} (search_spaces/), or a path to a .yaml file"]
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ def _register_knob_defaults() -> None:
     )
 
 
-def _suggest(word: str, options: list[str]) -> str:
+def suggest(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
@@ -65,7 +65,7 @@ def _check_groups(parsed: list[Any]) -> None:
         for value in _values(override):
             if value not in options:
                 raise ConfigError(
-                    f"unknown {group} '{value}'{_suggest(str(value), options)}; valid: {', '.join(options)}"
+                    f"unknown {group} '{value}'{suggest(str(value), options)}; valid: {', '.join(options)}"
                 )
 
 
@@ -86,6 +86,14 @@ def _compose(command: str, overrides: list[str]) -> Any:
         ) from None
 
 
+def command_groups(command: str) -> list[str]:
+    """The config groups (model, gpu) that conf/<command>.yaml lists in its defaults."""
+    import re
+
+    text = (conf_dir() / f"{command}.yaml").read_text()
+    return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
+
+
 def validate_overrides(command: str, overrides: list[str]) -> None:
     """Check every override's key and every group choice (each value of a sweep) before Hydra
     sees them; knob values are checked once composed."""
@@ -93,29 +101,29 @@ def validate_overrides(command: str, overrides: list[str]) -> None:
 
     _register_knob_defaults()
     parsed = _parse(overrides)
-    plain = _compose(command, [])
-    groups = [g for g in GROUPS if g in plain]  # the groups this command's config has
-    settings = [k for k in plain if k not in groups]
+    groups = command_groups(command)
     for override in parsed:
         key = override.key_or_group
         if key in GROUPS and key not in groups:
+            settings = [k for k in _compose(command, []) if k not in groups]
             raise ConfigError(
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
-    _check_groups(parsed)
+    _check_groups(parsed)  # before any composition: a bad model or GPU name costs no Hydra run
     # Keys are checked against the config the group choices give (the first of a sweep's), so
     # nested model keys resolve.
     group_overrides = [
         f"{o.key_or_group}={_values(o)[0]}" for o in parsed if o.key_or_group in groups
     ]
-    base = _compose(command, group_overrides) if group_overrides else plain
+    base = _compose(command, group_overrides)
+    settings = [k for k in base if k not in groups]
     for override in parsed:
         key = override.key_or_group
         if key in groups or key.startswith(("hydra.", "hydra/")):
             continue
         if OmegaConf.select(base, key, default=_MISSING) is _MISSING:
             raise ConfigError(
-                f"unknown setting '{key}' for 'autofit {command}'{_suggest(key, settings)}; "
+                f"unknown setting '{key}' for 'autofit {command}'{suggest(key, settings)}; "
                 f"valid settings: {', '.join(settings)}"
             )
 

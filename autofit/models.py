@@ -114,11 +114,11 @@ class ModelPreset:
 def load_companion(name: str) -> dict[str, Any]:
     import yaml
 
-    from autofit.paths import conf_dir
+    from autofit.paths import conf_dir, group_options
 
     path = conf_dir() / "companions" / f"{name}.yaml"
     if not path.exists():
-        valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        valid = group_options("companions")
         raise ConfigError(f"unknown companion '{name}'; valid: {', '.join(valid)}")
     return dict(yaml.safe_load(path.read_text()))
 

@@ -30,7 +30,12 @@ def search_spaces_dir() -> Path:
 
 def group_options(group: str) -> list[str]:
     """The names a config group offers (`model`, `gpu`): its YAML files, sorted."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    return yaml_names(conf_dir() / group)
+
+
+def yaml_names(folder: Path) -> list[str]:
+    """The names of the YAML files in `folder`, sorted: what a setting naming one may be."""
+    return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
 def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
@@ -44,8 +49,32 @@ def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
         return candidate
     path = folder / f"{name}.yaml"
     if not path.exists():
-        valid = sorted(p.stem for p in folder.glob("*.yaml"))
+        valid = yaml_names(folder)
         raise ConfigError(
             f"unknown {kind} '{name}'; valid: {', '.join(valid)} (or a path to a .yaml file)"
         )
     return path
+
+
+def ensure_writable(path: Path, what: str = "result") -> None:
+    """Fail before the work, not after it: a result that cannot be written would be lost."""
+    import os
+
+    from autofit.errors import AutofitError
+
+    where = f"cannot write the {what} to {path}"
+    blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise AutofitError(f"{where}: {blocker} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AutofitError(f"{where}: {exc.strerror}") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise AutofitError(f"{where}: not a writable file path")
+
+
+def studies_under(results: Path) -> list[Path]:
+    """Every study's results folder under `results/` (one with a summary.json), newest first."""
+    found = [p.parent for p in results.glob("*/summary.json")]
+    return sorted(found, key=lambda p: (p / "summary.json").stat().st_mtime, reverse=True)

@@ -65,7 +65,6 @@ class TrainingRun:
         self.spec = spec
         self.knobs = spec.knobs
         self.preset = ModelPreset.from_dict(spec.model)
-        self.gpu = spec.gpu_spec
         self.workload = workload_for(self.preset)
         self.device = device
         self.host_device = torch.device("cpu")
@@ -182,8 +181,6 @@ class TrainingRun:
             for param in self.model.parameters():
                 if param.grad is not None:
                     tracker.tag(param.grad, "gradients")
-            for buffer in getattr(self.optimizer, "gradient_buffers", ()):
-                tracker.tag(buffer, "gradients")
         with self.in_phase("optimizer"):
             if self.engine:
                 self.engine.step()

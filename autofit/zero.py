@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from autofit.optimizers import LEARNING_RATE
 from autofit.streaming import ParameterStream
 
 if TYPE_CHECKING:
@@ -46,8 +47,6 @@ def share(numel: int, world_size: int) -> int:
 
 class ZeroEmulation:
     """One rank's view of a ZeRO optimizer over `run`'s trainable parameters."""
-
-    _step_supports_amp_scaling = False
 
     def __init__(
         self,
@@ -83,7 +82,7 @@ class ZeroEmulation:
         # The bucket gradients are gathered into before each reduction (`reduce_bucket_size`,
         # 5e8 elements by default): DeepSpeed allocates it whole, whatever the model's size.
         self.bucket = torch.empty(REDUCE_BUCKET_ELEMENTS, dtype=half, device=device)
-        self.param_groups = [{"params": self.params, "lr": 1e-4}]
+        self.param_groups = [{"params": self.params, "lr": LEARNING_RATE}]
         self.state = {
             "partition": {
                 "master": self.master,
@@ -92,10 +91,15 @@ class ZeroEmulation:
                 "step": self.step_count,
             }
         }
-        self.gradient_buffers = list({id(b): b for b in (self.grads, self.grads32)}.values())
+        if run.tracker:  # the reduced gradient shares are gradients, whatever else is tagged
+            for buffer in (self.grads, self.grads32):
+                run.tracker.tag(buffer, "gradients")
         self.shards: dict[nn.Parameter, torch.Tensor] = {}
         if stage == 3:
             self._partition_weights(offload_params)
+        # Per step each rank sends (N-1)/N of the 16-bit weights once per all-gather and of the
+        # 16-bit gradients once per reduce-scatter (ring collectives).
+        self.sixteen_bit_bytes = 2 * sum(run.full_numel.get(p, p.numel()) for p in self.params)
         for param in self.params:
             param.register_post_accumulate_grad_hook(self._reduce_scatter)
 
@@ -152,13 +156,11 @@ class ZeroEmulation:
     # -- the step ------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
-        # Per step each rank sends (N-1)/N of the 16-bit weights once per all-gather and of the
-        # 16-bit gradients once per reduce-scatter (ring collectives): one of each in stages 1
-        # and 2; stage 3 gathers the weights for forward and again for backward.
-        sixteen_bit = sum(self.run.full_numel.get(p, p.numel()) for p in self.params) * 2
+        # One all-gather and one reduce-scatter in stages 1 and 2; stage 3 gathers the weights
+        # for forward and again for backward.
         collectives = 4 if self.stage == 3 else 2
         self.run.traffic.peer_bytes += (
-            collectives * sixteen_bit * (self.world_size - 1) // self.world_size
+            collectives * self.sixteen_bit_bytes * (self.world_size - 1) // self.world_size
         )
         place = self.run.host if self.offload else nullcontext
         with place():
@@ -166,7 +168,7 @@ class ZeroEmulation:
                 self.grads32.copy_(self.grads)
             torch._fused_adamw_(
                 [self.master], [self.grads32], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
-                lr=1e-4, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+                lr=LEARNING_RATE, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
             )  # fmt: skip
         if self.offload:
             self.run.traffic.host_compute_bytes += self.master.numel() * (4 * 7 + 2)

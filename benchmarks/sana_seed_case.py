@@ -20,28 +20,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from autofit.commands.search import _launcher
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe import Outcome, run_probe
 from autofit.probe.build import make_spec
+from autofit.probe.launcher import launcher_for
 from autofit.search.planner import Observation, largest_fitting_batch
+from autofit.techniques.optimizer import CHOICES
 from autofit.units import size
 
 MODEL = "sana_1600m"
 SEED = {"resolution": 1024, "encoders": "online", "ema": "gpu", "batch_size": 1}
 PRECISIONS = ["bf16", "fp16", "bf16_pure"]
-OPTIMIZERS = [
-    "adamw",
-    "adamw8bit",
-    "paged_adamw8bit",
-    "adafactor",
-    "came",
-    "lion",
-    "lion8bit",
-    "adamw_bf16",
-    "sgd",
-]
+OPTIMIZERS = CHOICES  # every optimizer the knob offers, in its order
 CHANGES = [
     ("seed run (bf16, AdamW, encoders online, EMA on the GPU)", {}),
     ("encoders=cached", {"encoders": "cached"}),
@@ -62,7 +53,7 @@ def main() -> None:
     options = parser.parse_args()
     preset, gpu = load_preset(MODEL), load_gpu(options.gpu)
 
-    with _launcher("simulate", preset.family) as launcher:
+    with launcher_for("simulate", preset.family) as launcher:
 
         def probe(knobs: dict) -> object:
             return run_probe(
@@ -81,11 +72,7 @@ def main() -> None:
                     {"precision": "bf16", "optimizer": "adamw", **knobs, "batch_size": batch}
                 )
                 results[batch] = result
-                if result.outcome in (Outcome.OK, Outcome.OOM):
-                    return Observation(
-                        batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks
-                    )
-                return Observation(batch, None)
+                return Observation.of(batch, result)
 
             plan = largest_fitting_batch(observe, gpu.budget_bytes(0.05), max_batch=64)
             best = results.get(plan.best_batch) if plan.best_batch else None

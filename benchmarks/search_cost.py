@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autofit.backends import resolve
-from autofit.commands.search import _launcher
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
+from autofit.probe.launcher import launcher_for
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.engine import Search
 from autofit.search.pareto import best_config
@@ -106,7 +106,7 @@ def main() -> None:
 
     # 1. The planner, on a study of its own.
     planner_study = StudyRecorder(storage, f"planner-{tag}-{int(time.time())}", {})
-    with _launcher(backend, preset.family) as launcher:
+    with launcher_for(backend, preset.family) as launcher:
         prober = Prober(preset, gpu, backend, options.margin, 900, planner_study, launcher)
         started = time.perf_counter()
         planned = Search(space, prober, jobs=options.jobs).run()

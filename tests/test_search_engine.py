@@ -63,7 +63,7 @@ class CurveProber:
 
 def space(max_batch: int = 64) -> SearchSpace:
     return SearchSpace(
-        name="synthetic", path=None, min_batch=1, max_batch=max_batch, resolutions=(512, 1024),  # type: ignore[arg-type]
+        name="synthetic", min_batch=1, max_batch=max_batch, resolutions=(512, 1024),  # type: ignore[arg-type]
         knobs={"precision": ("bf16", "fp16", "bf16_pure"), "optimizer": ("adamw", "sgd"), "checkpointing": (False, True)},
         target_resolution=1024, target_min_batch=1,
     )  # fmt: skip

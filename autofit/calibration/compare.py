@@ -113,19 +113,20 @@ def figures(rows: list[dict[str, str]]) -> dict[str, Any]:
     """The calibration's verdict: peak and throughput errors, and how often the two backends
     disagree on fitting. A false fit (simulated ok, real oom) is the costly miss: the user's run
     crashes; a false oom only leaves a larger batch on the table."""
-    answered = [
-        r for r in rows if r["sim_outcome"] in ("ok", "oom") and r["real_outcome"] in ("ok", "oom")
-    ]
+
+    def answered(r: dict[str, str]) -> bool:  # both runs said fits or does not fit
+        return r["sim_outcome"] in ("ok", "oom") and r["real_outcome"] in ("ok", "oom")
+
     return {
         "cases": len(rows),
         "peak": _stats(_errors(rows, "peak_error")),
         "allocated": _stats(_errors(rows, "allocated_error")),
         "throughput": _stats(_errors(rows, "throughput_error")),
-        "false_fits": [r["case"] for r in answered if r["sim_outcome"] == "ok" and r["real_outcome"] == "oom"],
-        "false_ooms": [r["case"] for r in answered if r["sim_outcome"] == "oom" and r["real_outcome"] == "ok"],
+        "false_fits": [r["case"] for r in rows if r["sim_outcome"] == "ok" and r["real_outcome"] == "oom"],
+        "false_ooms": [r["case"] for r in rows if r["sim_outcome"] == "oom" and r["real_outcome"] == "ok"],
         "unanswered": [
             f"{r['case']}: simulated {r['sim_outcome']}, real {r['real_outcome']}"
-            for r in rows if r not in answered
+            for r in rows if not answered(r)
         ],
     }  # fmt: skip
 

@@ -3,6 +3,7 @@ the figures that say how far the simulator is from the real runs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -69,9 +70,9 @@ def run_config(cfg: Any) -> int:
 
     from autofit.calibration.compare import append_row, describe, figures, read_rows, row
     from autofit.calibration.sets import load_set
-    from autofit.commands.probe import ensure_writable
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
+    from autofit.paths import ensure_writable
     from autofit.probe.build import check_settings, gpu_from_config, make_spec
     from autofit.probe.runner import run_probe
     from autofit.units import size
@@ -96,9 +97,10 @@ def run_config(cfg: Any) -> int:
         print(f"{len(cases)} cases; the CSV would be {out}")
         return 0
 
-    device, device_memory = _local_device(measure, gpu.memory_mib * 2**20)
+    device, device_memory = _local_device(measure, gpu.memory_bytes)
     ensure_writable(out)
     env = environment(measure, device)
+    preset_of, gpu_of = functools.cache(load_preset), functools.cache(load_gpu)  # read each once
     done = {r["case"] for r in read_rows(out) if r.get("measure") == measure}
     print(f"calibrating {len(cases)} cases on {device} (measure={measure}) into {out}"
           + (f"; {len(done)} already there are kept" if done else ""), flush=True)  # fmt: skip
@@ -107,10 +109,8 @@ def run_config(cfg: Any) -> int:
         key = case.key(gpu.name)
         if key in done:
             continue
-        target = load_gpu(case.target) if case.target else gpu
-        if measure == "cuda" and target.memory_mib * 2**20 > device_memory * (
-            1 + SAME_GPU_TOLERANCE
-        ):
+        target = gpu_of(case.target) if case.target else gpu
+        if measure == "cuda" and target.memory_bytes > device_memory * (1 + SAME_GPU_TOLERANCE):
             # A cap can shrink a GPU, not grow it: the real run would not face the target's limit.
             print(
                 f"[{number}/{len(cases)}] {key}: skipped, {target.name} is larger than the local {device}"
@@ -118,9 +118,9 @@ def run_config(cfg: Any) -> int:
             continue
         # On a GPU, a target is the local one when their memories agree; any other is emulated.
         emulated = measure == "cpu" or (
-            abs(device_memory - target.memory_mib * 2**20) > SAME_GPU_TOLERANCE * device_memory
+            abs(device_memory - target.memory_bytes) > SAME_GPU_TOLERANCE * device_memory
         )
-        preset = load_preset(case.model)
+        preset = preset_of(case.model)
         results = {
             backend: run_probe(make_spec(preset, target, case.knobs, backend, data["margin"], data["timeout_s"]))
             for backend in ("simulate", measure)

@@ -25,13 +25,18 @@ def count_parameters() -> list[dict[str, Any]]:
         preset.name: workload_for(preset) for preset in presets
     }  # imports, outside fake mode
     rows = []
+    counted: dict[str, int] = {}  # presets share companions (T5, the CLIPs, VAEs): count each once
+
+    def companion_params(spec: dict[str, Any]) -> int:
+        key = json.dumps(spec, sort_keys=True)
+        if key not in counted:
+            counted[key] = sum(p.numel() for p in build_companion(spec).parameters())
+        return counted[key]
+
     with FakeTensorMode(allow_non_fake_inputs=True):
         for preset in presets:
             model = workloads[preset.name].build_model(torch.bfloat16)
-            companions = {
-                role: sum(p.numel() for p in build_companion(spec).parameters())
-                for role, spec in preset.companions.items()
-            }
+            companions = {role: companion_params(spec) for role, spec in preset.companions.items()}
             rows.append(
                 {
                     "model": preset.name,

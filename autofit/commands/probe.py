@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.errors import AutofitError
+from autofit.paths import ensure_writable
 from autofit.probe.build import spec_from_config
 from autofit.probe.runner import run_probe
 from autofit.probe.spec import Outcome, ProbeSpec
@@ -24,19 +23,6 @@ def default_output(spec: ProbeSpec) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{spec.model['name']}-{spec.gpu['name']}-b{knobs['batch_size']}-r{knobs['resolution']}-{stamp}"
     return Path("results") / "probes" / f"{name}.json"
-
-
-def ensure_writable(path: Path) -> None:
-    """Fail before the probe, not after it: a result that cannot be written would be lost."""
-    blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise AutofitError(f"cannot write the result to {path}: {blocker} is a file, not a folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise AutofitError(f"cannot write the result to {path}: {exc.strerror}") from None
-    if path.is_dir() or not os.access(path.parent, os.W_OK):
-        raise AutofitError(f"cannot write the result to {path}: not a writable file path")
 
 
 def run(overrides: list[str]) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
+from autofit.paths import ensure_writable
 
 RESULTS = Path("results")
 
@@ -25,17 +26,6 @@ def _threshold(value: Any) -> float:
     return float(value)
 
 
-def _writable(out: Path) -> Path:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise AutofitError(f"cannot write the report to {out}/: {exc.strerror or exc}") from None
-    return out
-
-
 def run_config(cfg: Any) -> int:
     """Report the study a composed `report` config names; compare it when asked."""
     from autofit.report import tables
@@ -50,7 +40,8 @@ def run_config(cfg: Any) -> int:
     threshold = _threshold(cfg.threshold)
     study = load_study(locate(name, folder, RESULTS))
     baseline = load_study(resolve_study(other, RESULTS, "compare")) if other else None
-    out = _writable(Path(out_dir) if out_dir else study.path / "report")
+    out = Path(out_dir) if out_dir else study.path / "report"
+    ensure_writable(out / "report.txt", what="report")
 
     from autofit.report.html import write_page
     from autofit.report.plots import write_pngs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -13,8 +14,9 @@ from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
 from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
+from autofit.search.display import config_words
 from autofit.search.engine import Combination, SearchListener
-from autofit.units import size, value
+from autofit.units import size
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
@@ -43,11 +45,9 @@ class Progress(SearchListener):
     def _best_words(self) -> str:
         if self.best is None:
             return "none yet"
-        config = self.best.config
         return (
-            f"b={config['batch_size']} "
-            + " ".join(f"{k}={value(config[k])}" for k in self.knob_names)
-            + f" {self.best.samples_per_s:.2f} samples/s"
+            f"b={self.best.config['batch_size']} {config_words(self.best, self.knob_names)} "
+            f"{self.best.samples_per_s:.2f} samples/s"
         )
 
     def on_probe(self, result: ProbeResult, reused: bool) -> None:
@@ -72,7 +72,7 @@ class Progress(SearchListener):
                 )
                 self.stream.write(line[:160].ljust(160))
             else:
-                knobs = " ".join(f"{k}={value(config[k])}" for k in self.knob_names)
+                knobs = config_words(result, self.knob_names)
                 peak = size(result.peak_bytes) if result.peak_bytes else "-"
                 speed = f"{result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
                 source = "reused" if reused else f"{result.wall_s or 0:.1f} s"
@@ -100,18 +100,6 @@ def _default_jobs(backend: str) -> int:
     return 1 if backend == "cuda" else max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
 
 
-def _launcher(backend: str, family: str) -> Any:
-    from autofit.probe.launcher import ForkServer, SpawnLauncher
-
-    if backend == "cuda":  # a forked CUDA context is unusable: spawn each probe
-        return SpawnLauncher()
-    from autofit.workloads import FAMILIES
-
-    return ForkServer(
-        preload=["autofit.probe.worker", f"autofit.backends.{backend}", FAMILIES[family]]
-    )
-
-
 def run(overrides: list[str]) -> int:
     return run_config(compose_config("search", overrides))
 
@@ -121,7 +109,8 @@ def run_config(cfg: Any) -> int:
     from omegaconf import OmegaConf
 
     from autofit.backends import resolve
-    from autofit.commands.probe import ensure_writable
+    from autofit.paths import ensure_writable
+    from autofit.probe.launcher import launcher_for
     from autofit.search import display
     from autofit.search.engine import Search
     from autofit.search.outputs import write_outputs
@@ -142,13 +131,13 @@ def run_config(cfg: Any) -> int:
                 f"target.resolution={target['resolution']} is not searched by space {space.name}; "
                 f"its resolutions: {', '.join(map(str, space.resolutions))}"
             )
-        space = _replace(space, target_resolution=target["resolution"])
+        space = dataclasses.replace(space, target_resolution=target["resolution"])
     if target.get("min_batch") is not None:
         if not isinstance(target["min_batch"], int) or target["min_batch"] < 1:
             raise ConfigError(
                 f"target.min_batch={target['min_batch']!r} is not valid; expected an integer >= 1"
             )
-        space = _replace(space, target_min_batch=target["min_batch"])
+        space = dataclasses.replace(space, target_min_batch=target["min_batch"])
     jobs = data.get("jobs")
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
@@ -174,7 +163,7 @@ def run_config(cfg: Any) -> int:
         flush=True,
     )
     try:
-        with _launcher(backend, preset.family) as launcher:
+        with launcher_for(backend, preset.family) as launcher:
             prober = Prober(
                 preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher
             )
@@ -203,9 +192,3 @@ def run_config(cfg: Any) -> int:
         )
     print("\n" + display.best_block(result.best, knob_names))
     return 0
-
-
-def _replace(space: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(space, **changes)

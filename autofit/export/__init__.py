@@ -6,8 +6,7 @@ target must do). `export` plans one export and writes it. Nothing here imports t
 
 from __future__ import annotations
 
-import difflib
-
+from autofit.config import suggest
 from autofit.errors import ConfigError
 from autofit.export.accelerate import TARGET as ACCELERATE
 from autofit.export.base import Plan, Target
@@ -31,8 +30,7 @@ def target(name: object) -> Target:
     if name is None:
         raise ConfigError(f"no target given: add target=<name>; valid targets: {valid}")
     if name not in TARGETS:
-        close = difflib.get_close_matches(str(name), list(TARGETS), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = suggest(str(name), list(TARGETS))
         raise ConfigError(f"unknown target '{name}'{hint}; valid targets: {valid}")
     return TARGETS[str(name)]
 

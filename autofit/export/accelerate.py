@@ -11,9 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.export.base import Plan, Target, mixed_precision, script_settings
-from autofit.export.deepspeed import zero_knobs
-
-GRADIENT_CLIPPING = 1.0
+from autofit.export.deepspeed import GRADIENT_CLIPPING, zero_knobs
 
 
 def accelerate_config(plan: Plan) -> dict[str, Any]:
@@ -66,7 +64,6 @@ def launch_prefix(plan: Plan, config_path: str) -> str:
 class Accelerate(Target):
     name = "accelerate"
     summary = "an accelerate config (processes, mixed precision, DeepSpeed block for ZeRO) for your own code"
-    families = None
 
     def build(self, plan: Plan) -> None:
         import yaml

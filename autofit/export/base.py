@@ -17,11 +17,7 @@ from typing import Any, NoReturn
 
 from autofit.errors import ConfigError
 from autofit.export.point import DEFAULTS, StudyPoint
-
-
-def knob_text(value: Any) -> str:
-    """A knob value as the command line writes it (`true`, not `True`)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+from autofit.units import value as knob_text  # a knob value as the command line writes it
 
 
 @dataclass

@@ -104,7 +104,6 @@ def ds_config(plan: Plan) -> dict[str, Any]:
 class DeepSpeed(Target):
     name = "deepspeed"
     summary = "a DeepSpeed JSON (batch, accumulation, ZeRO stage and offload, precision) for your own code"
-    families = None
 
     def build(self, plan: Plan) -> None:
         config = ds_config(plan)

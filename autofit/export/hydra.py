@@ -24,7 +24,6 @@ def overrides(plan: Plan) -> list[str]:
 class Hydra(Target):
     name = "hydra"
     summary = "Hydra overrides for `autofit probe`, to measure the run again (on the real GPU)"
-    families = None
 
     def build(self, plan: Plan) -> None:
         import yaml

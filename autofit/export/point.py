@@ -14,6 +14,7 @@ from typing import Any
 
 from autofit.errors import AutofitError, ConfigError
 from autofit.models import ModelPreset, load_preset
+from autofit.paths import studies_under
 
 # What a knob meant before it existed: a study made by an older autofit ran with these.
 DEFAULTS: dict[str, Any] = {
@@ -78,13 +79,13 @@ class StudyPoint:
 
 def latest_summary(results: Path) -> Path:
     """The most recently written `results/*/summary.json`: the study the user last ran."""
-    summaries = sorted(results.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
-    if not summaries:
+    found = studies_under(results)
+    if not found:
         raise AutofitError(
             f"no study found under {results}/ (no */summary.json): run `autofit search` first, "
             "or name one with study=NAME or from=DIR"
         )
-    return summaries[-1]
+    return found[0] / "summary.json"
 
 
 def find_summary(study: str | None, from_dir: str | None, results: Path) -> Path:
@@ -102,7 +103,7 @@ def find_summary(study: str | None, from_dir: str | None, results: Path) -> Path
     if study:
         path = results / study / "summary.json"
         if not path.is_file():
-            known = sorted(p.parent.name for p in results.glob("*/summary.json"))
+            known = sorted(p.name for p in studies_under(results))
             raise ConfigError(
                 f"unknown study '{study}': no {path}; studies here: {', '.join(known) or 'none'}"
             )

@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any
 
-from autofit.export.base import Plan, Target
+from autofit.export.base import Plan, Target, knob_text
 
 # The shipped train config each preset's architecture matches.
 BASE_CONFIGS = {
@@ -89,9 +89,7 @@ def overlay(plan: Plan) -> dict[str, Any]:
         },
         "model": {
             "image_size": resolution,
-            "mixed_precision": {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[
-                plan.point.config["precision"]
-            ],
+            "mixed_precision": plan.point.config["precision"],  # bf16_pure: _refuse_unsupported
             # One square size, as measured (multi-scale buckets hold about the same pixels).
             "multi_scale": False,
         },
@@ -110,12 +108,11 @@ def flags(data: dict[str, Any]) -> list[str]:
     out = []
     for section, values in data.items():
         for key, value in values.items():
-            if isinstance(value, dict):
-                text = json.dumps(value, separators=(",", ":"))
-            elif isinstance(value, bool):
-                text = str(value).lower()
-            else:
-                text = str(value)
+            text = (
+                json.dumps(value, separators=(",", ":"))
+                if isinstance(value, dict)
+                else knob_text(value)
+            )
             out.append(shlex.quote(f"--{section}.{key}={text}"))
     return out
 

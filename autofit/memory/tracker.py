@@ -172,9 +172,6 @@ class MemoryTracker(TorchDispatchMode):
         finally:
             self._host_depth -= 1
 
-    def is_host(self, tensor: torch.Tensor) -> bool:
-        return tensor.untyped_storage()._cdata in self._host
-
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         previous = self.phase

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 class HostSplitOptimizer:
     """Steps `on_device` on the GPU and `on_host` on the host, as one optimizer."""
 
-    _step_supports_amp_scaling = False  # GradScaler unscales, then calls step()
-
     def __init__(self, on_device: Any, on_host: Any, run: TrainingRun) -> None:
         self.on_device, self.on_host, self.run = on_device, on_host, run
 

@@ -78,8 +78,8 @@ class SpawnLauncher:
 
 
 class _Forked:
-    def __init__(self, server: ForkServer, request: int) -> None:
-        self._server = server
+    def __init__(self, server_proc: subprocess.Popen[bytes], request: int) -> None:
+        self._server_proc = server_proc  # the fork server this request was written to
         self._request = request
         self.pid: int | None = None
         self.returncode: int | None = None
@@ -130,15 +130,18 @@ class ForkServer:
         with self._lock:
             proc = self._ensure_running()
             self._next += 1
-            forked = _Forked(self, self._next)
+            forked = _Forked(proc, self._next)
             self._pending[self._next] = forked
             request = {"id": self._next, "module": module, "args": args, "log": str(log_path)}
             assert proc.stdin is not None
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
+                sent = True
             except BrokenPipeError:
-                self._finish(forked, None)
+                sent = False
+        if not sent:  # outside the lock: _finish takes it
+            self._finish(forked, None)
         return forked
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
@@ -154,9 +157,10 @@ class ForkServer:
                 forked.started.set()
             else:
                 self._finish(forked, message["returncode"])
-        # The server is gone: whatever it was running will never report.
+        # This server is gone: whatever it was running will never report (requests already sent
+        # to a newer server are not its).
         with self._lock:
-            orphans = [f for f in self._pending.values() if f._server is self]
+            orphans = [f for f in self._pending.values() if f._server_proc is proc]
         for forked in orphans:
             self._finish(forked, None)
 
@@ -184,3 +188,15 @@ class ForkServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def launcher_for(backend: str, family: str) -> SpawnLauncher | ForkServer:
+    """How a search starts its probes: forked from a server that has imported the backend and the
+    model family's library, or (for `cuda`, whose forked context is unusable) spawned fresh."""
+    if backend == "cuda":
+        return SpawnLauncher()
+    from autofit.workloads import FAMILIES
+
+    return ForkServer(
+        preload=["autofit.probe.worker", f"autofit.backends.{backend}", FAMILIES[family]]
+    )

@@ -20,6 +20,14 @@ PARETO_TITLE = "Pareto front: throughput against run size, memory as colour"
 MEMORY_TITLE = "Peak memory of the best run per resolution, against the budget"
 RUN_SIZE_AXIS = "run size: batch x pixels per step (megapixels)"
 THROUGHPUT_AXIS = "samples/s"
+NOTHING_FITS = "nothing fits the budget"
+
+
+def log_x(points: list[Point]) -> bool:
+    """Run sizes spread over more than a factor of 20 read better on a log axis."""
+    return bool(points) and max(p.megapixels for p in points) > 20 * min(
+        p.megapixels for p in points
+    )
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def _words(config: dict[str, Any]) -> str:
     return f"{batch}{knobs} @{config['resolution']}px"
 
 
-def _relative(before: float | None, after: float | None) -> float | None:
+def relative(before: float | None, after: float | None) -> float | None:
     if not before or after is None:
         return None
     return after / before - 1
@@ -66,7 +66,7 @@ class Change:
             return None
         if self.before.outcome != "ok" or self.after.outcome != "ok":
             return None
-        return _relative(self.before.samples_per_s, self.after.samples_per_s)
+        return relative(self.before.samples_per_s, self.after.samples_per_s)
 
     @property
     def peak_change_bytes(self) -> int | None:
@@ -188,7 +188,7 @@ def _best_regression(before: Study, after: Study, threshold: float) -> str:
         return ""
     if after.best is None:
         return f"nothing fits now; the best before was {_words(before.best['config'])}"
-    speed = _relative(before.best["samples_per_s"], after.best["samples_per_s"])
+    speed = relative(before.best["samples_per_s"], after.best["samples_per_s"])
     if speed is not None and speed < -threshold:
         return (
             f"the best configuration's throughput fell {-speed:.1%} "
@@ -212,10 +212,10 @@ def compare(before: Study, after: Study, threshold: float) -> Comparison:
         result.configurations.append(change)
 
     fit_lost = {
-        (c.config["resolution"], knobs_key({k: v for k, v in c.config.items() if k not in ("resolution", "batch_size")}))
+        (c.after.resolution, knobs_key(c.after.knobs))
         for c in result.configurations
         if c.regression and c.after is not None and c.after.outcome != "ok"
-    }  # fmt: skip
+    }
     old_combos = {(int(c["resolution"]), knobs_key(c["knobs"])): c for c in before.combinations}
     new_combos = {(int(c["resolution"]), knobs_key(c["knobs"])): c for c in after.combinations}
     for key in [*old_combos, *(k for k in new_combos if k not in old_combos)]:

@@ -58,9 +58,7 @@ def _pareto_figure(study: Study) -> Any:
             marker={"symbol": "star", "size": 20, "color": "orange", "line": {"width": 1}},
             text=[f"best: {best.label}"], hoverinfo="text",
         ))  # fmt: skip
-    wide = bool(points) and max(p.megapixels for p in points) > 20 * min(
-        p.megapixels for p in points
-    )
+    wide = charts.log_x(points)
     fig.update_layout(
         title=charts.PARETO_TITLE,
         xaxis={"title": {"text": charts.RUN_SIZE_AXIS}, "type": "log" if wide else "linear"},
@@ -68,7 +66,7 @@ def _pareto_figure(study: Study) -> Any:
         legend={"orientation": "h", "y": -0.2},
     )
     if not fitting:
-        fig.add_annotation(text="nothing fits the budget", showarrow=False, x=0.5, y=0.5,
+        fig.add_annotation(text=charts.NOTHING_FITS, showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")  # fmt: skip
     return fig
 
@@ -94,7 +92,7 @@ def _memory_figure(study: Study) -> Any:
         xaxis={"title": {"text": f"memory ({unit})"}, "range": [0, widest * 1.08]},
     )
     if not bars:
-        fig.add_annotation(text="nothing fits the budget", showarrow=False, x=0.5, y=0.5,
+        fig.add_annotation(text=charts.NOTHING_FITS, showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")  # fmt: skip
     return fig
 

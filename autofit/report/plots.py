@@ -42,8 +42,8 @@ def pareto_png(study: Study, path: Path) -> Path:
         ax.scatter([best.megapixels], [best.samples_per_s], marker="*", s=260, color="C1",
                    edgecolors="black", zorder=5, label=f"best: {best.label}")  # fmt: skip
     if not fitting:
-        ax.text(0.5, 0.5, "nothing fits the budget", transform=ax.transAxes, ha="center")
-    if points and max(p.megapixels for p in points) > 20 * min(p.megapixels for p in points):
+        ax.text(0.5, 0.5, charts.NOTHING_FITS, transform=ax.transAxes, ha="center")
+    if charts.log_x(points):
         ax.set_xscale("log")
     ax.set_xlabel(charts.RUN_SIZE_AXIS)
     ax.set_ylabel(charts.THROUGHPUT_AXIS)
@@ -70,7 +70,7 @@ def memory_png(study: Study, path: Path) -> Path:
     ax.axvline(study.budget_bytes / scale, color="black", linestyle="--", label="budget")
     ax.set_yticks(range(len(bars)), [("* " if b.best else "") + b.label for b in bars], fontsize=8)
     if not bars:
-        ax.text(0.5, 0.5, "nothing fits the budget", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, charts.NOTHING_FITS, transform=ax.transAxes, ha="center")
         ax.set_yticks([])
     ax.set_xlabel(f"memory ({unit})")
     ax.set_title(f"{study.name}: {charts.MEMORY_TITLE}", fontsize=10)

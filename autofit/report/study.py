@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError, ConfigError
+from autofit.paths import studies_under
 from autofit.units import value as show
-
-# trials.csv columns that are not searched knobs; the knobs sit between batch_size and peak_gib.
-_NOT_KNOBS = {"outcome", "resolution", "batch_size", "peak_gib", "peak_bytes", "budget_bytes",
-              "samples_per_s", "step_time_s", "phase", "backend", "reason"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,9 @@ def _knob_value(text: str) -> Any:
 def _read_trials(path: Path) -> tuple[list[Probe], list[str]]:
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        knob_names = [c for c in reader.fieldnames or [] if c not in _NOT_KNOBS]
+        # The searched knobs sit between batch_size and peak_gib (search/outputs.py writes them).
+        fields = list(reader.fieldnames or [])
+        knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
         probes = [
             Probe(
                 outcome=row["outcome"],
@@ -158,12 +157,6 @@ def load_study(folder: Path) -> Study:
     if not knob_names and summary.get("combinations"):
         knob_names = list(summary["combinations"][0]["knobs"])
     return Study(folder, summary, probes, knob_names)
-
-
-def studies_under(results: Path) -> list[Path]:
-    """Every results folder under `results/`, most recently written first."""
-    found = [p.parent for p in results.glob("*/summary.json")]
-    return sorted(found, key=lambda p: (p / "summary.json").stat().st_mtime, reverse=True)
 
 
 def _names(results: Path) -> str:

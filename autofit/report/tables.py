@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.report.compare import Comparison
+from autofit.report.compare import Comparison, relative
 from autofit.report.study import Probe, Study
 from autofit.units import size
 from autofit.units import value as show
@@ -327,7 +327,9 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
             ]  # fmt: skip
         )
     if comparison.before.best and comparison.after.best:
-        speed = comparison.after.best["samples_per_s"] / comparison.before.best["samples_per_s"] - 1
+        speed = relative(
+            comparison.before.best["samples_per_s"], comparison.after.best["samples_per_s"]
+        )
         same = comparison.before.best["config"] == comparison.after.best["config"]
         best.note = f"{'same configuration' if same else 'a different configuration'}, throughput {speed:+.1%}"
     return [configurations, largest, best]

@@ -11,6 +11,7 @@ the memory per sample are shared between combinations whose per-sample memory is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.probe.spec import ProbeResult
 from autofit.probe.validity import invalid_reason
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.planner import Observation, largest_fitting_batch
@@ -47,14 +48,7 @@ class Combination:
         return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{self.resolution}px"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "knobs": self.knobs,
-            "resolution": self.resolution,
-            "status": self.status,
-            "best_batch": self.best_batch,
-            "probes": self.probes,
-            "reason": self.reason,
-        }
+        return dataclasses.asdict(self)
 
 
 class SearchListener:
@@ -129,11 +123,7 @@ class Search:
                     self._new += 1
             combination.probes += 1
             self.listener.on_probe(result, reused)
-            if result.outcome in (Outcome.OK, Outcome.OOM):
-                return Observation(
-                    batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks
-                )
-            return Observation(batch, None)
+            return Observation.of(batch, result)
 
         return probe
 

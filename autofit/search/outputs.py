@@ -11,7 +11,7 @@ from typing import Any
 from autofit.probe.spec import ProbeResult
 from autofit.search.engine import SearchResult
 from autofit.search.pareto import run_size
-from autofit.units import size
+from autofit.units import size, value
 
 GIB = 1 << 30
 
@@ -127,9 +127,7 @@ def _write_best(path: Path, best: ProbeResult | None, meta: dict[str, Any]) -> N
         f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget, "
         f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}).\n"
         f"# Re-measure it with: autofit probe model={meta['model']} gpu={meta['gpu']} "
-        + " ".join(
-            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in best.config.items()
-        )
+        + " ".join(f"{k}={value(v)}" for k, v in best.config.items())
         + "\n"
     )
     body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}

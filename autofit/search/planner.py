@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from autofit.probe.spec import Outcome, ProbeResult
+
 Slopes = dict[str, float]  # curve name -> bytes per extra sample
 
 
@@ -31,6 +33,13 @@ class Observation:
     fits: bool | None  # None: the probe failed (crash or timeout) and says nothing about memory
     peak_bytes: int | None = None
     phase_peaks: Mapping[str, int] | None = None
+
+    @classmethod
+    def of(cls, batch: int, result: ProbeResult) -> Observation:
+        """What a probe's result tells the planner: fits or not (ok or oom), or nothing."""
+        if result.outcome in (Outcome.OK, Outcome.OOM):
+            return cls(batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks)
+        return cls(batch, None)
 
     def curves(self) -> dict[str, int]:
         """What could be the peak: each phase's allocated peak plus the overhead the probe saw on

@@ -32,21 +32,15 @@ class Prober:
         self.margin, self.timeout_s = margin, timeout_s
         self.recorder, self.launcher = recorder, launcher
         self.budget = gpu.budget_bytes(margin)
+        self.fingerprints = (preset.fingerprint(), gpu.fingerprint())  # the same for every probe
+        # every knob's default: the engine checks combinations with them filled in
         self.defaults = {name: knob.default for name, knob in registry().items()}
 
     def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
         """The result for these knob values, and whether it was reused from the study."""
-        spec = make_spec(
-            self.preset,
-            self.gpu,
-            {**self.defaults, **knobs},
-            self.backend,
-            self.margin,
-            self.timeout_s,
-        )
-        key = probe_key(
-            spec.knobs, self.backend, self.budget, self.preset.fingerprint(), self.gpu.fingerprint()
-        )
+        # make_spec fills every knob left out with its default
+        spec = make_spec(self.preset, self.gpu, knobs, self.backend, self.margin, self.timeout_s)
+        key = probe_key(spec.knobs, self.backend, self.budget, *self.fingerprints)
         result = self.recorder.finished(key)
         if result is not None:
             return result, True

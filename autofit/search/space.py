@@ -27,7 +27,6 @@ class SearchSpace:
     """A validated space, with resolutions resolved for one model."""
 
     name: str
-    path: Path
     min_batch: int
     max_batch: int
     resolutions: tuple[int, ...]
@@ -149,7 +148,6 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     )
     return SearchSpace(
         name=file.stem,
-        path=file,
         min_batch=min_batch,
         max_batch=max_batch,
         resolutions=resolutions,

@@ -17,22 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs import Knob
+from autofit.optimizers import BUILDERS
 from autofit.techniques.base import ProbeContext, Technique
 
 if TYPE_CHECKING:
     from autofit.training import TrainingRun
 
-CHOICES = (
-    "adamw",
-    "adamw8bit",
-    "paged_adamw8bit",
-    "adafactor",
-    "came",
-    "lion",
-    "lion8bit",
-    "adamw_bf16",
-    "sgd",
-)
+CHOICES = tuple(BUILDERS)  # every optimizer autofit can build, in the knob's order
 
 
 class Optimizer(Technique):

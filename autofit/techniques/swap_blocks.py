@@ -60,7 +60,6 @@ class SwapBlocks(Technique):
                 if param.requires_grad:
                     run.host_parameters.append(param)
                     param.register_post_accumulate_grad_hook(to_host_gradient)
-        run.traffic.link_bytes = 0  # moving them there once is set-up, not part of a step
         stream_parameters(
             blocks, materialize=lambda p: run.to_device(resident[p]), release=lambda p: resident[p]
         )

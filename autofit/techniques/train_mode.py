@@ -34,15 +34,13 @@ class TrainMode(Technique):
         return None
 
     def before_build(self, run: TrainingRun, value: Any) -> None:
-        import torch
 
         if value != "full":  # the frozen base is kept in 16-bit under mixed precision
-            half = {"fp16": torch.float16, "bf16": torch.bfloat16, "bf16_pure": torch.bfloat16}
-            run.param_dtype = half.get(run.knobs["precision"], torch.float32)
+            run.param_dtype = run.frozen_dtype
         if value == "qlora":
             # The 16-bit base is built in host memory and each weight quantized on its way to
             # the GPU (after_build), as a quantizing loader does: it never sits there whole.
-            run.build_contexts += [torch.device(run.host_device), run.host()]
+            run.build_contexts += [run.host_device, run.host()]
 
     def after_build(self, run: TrainingRun, value: Any) -> None:
         if value == "full":
@@ -57,13 +55,9 @@ class TrainMode(Technique):
             from autofit.quantization import quantize_linears, quantized_tensors
 
             compute = run.autocast_dtype or run.param_dtype
-            with run.device:
-                layers = quantize_linears(
-                    model,
-                    compute if compute != torch.float32 else torch.bfloat16,
-                    run.fake,
-                    run.device,
-                )
+            layers = quantize_linears(
+                model, compute if compute != torch.float32 else torch.bfloat16, run.fake, run.device
+            )
             quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
             for layer in layers:  # param_count counts weights, not the bytes packing them
                 run.full_numel[layer.weight] = layer.in_features * layer.out_features

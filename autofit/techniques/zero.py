@@ -57,10 +57,9 @@ class ZeroStage(Technique):
         return None
 
     def before_build(self, run: TrainingRun, value: Any) -> None:
-        import torch
 
-        if value:  # DeepSpeed keeps the model itself in 16-bit
-            run.param_dtype = torch.float16 if run.knobs["precision"] == "fp16" else torch.bfloat16
+        if value:  # DeepSpeed keeps the model itself in 16-bit (bf16 or fp16: invalid_reason)
+            run.param_dtype = run.frozen_dtype
         if value == 3:
             # ZeRO-3 partitions weights as the model is constructed (zero.Init): no GPU ever
             # holds the whole model. The emulation builds it in host memory, then shards it.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from diffusers import FluxTransformer2DModel
 
-from autofit.workloads.base import Batch, CheckpointFn
+from autofit.workloads.base import Batch
 from autofit.workloads.diffusion import token_ids, vocab
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
@@ -70,9 +70,6 @@ class FluxWorkload(LatentDiffusion):
             .permute(0, 3, 1, 4, 2, 5)
             .reshape(b, c, h, w)
         )
-
-    def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
-        model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
 
 WORKLOAD = FluxWorkload

@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from autofit.workloads.base import Batch, CheckpointFn, Workload
+from autofit.workloads.diffusion import token_ids
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -26,7 +27,7 @@ class CausalLMWorkload(Workload):
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
     ) -> Batch:
         vocab = self.preset.architecture["config"]["vocab_size"]
-        return {"input_ids": torch.randint(0, vocab, (batch_size, resolution), device=device)}
+        return {"input_ids": token_ids(batch_size, resolution, vocab, device)}
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         # The labels are the inputs: the model shifts them and upcasts the logits for the loss,

@@ -25,12 +25,14 @@ class SD3Workload(LatentDiffusion):
         tokens = self.preset.inputs["clip_tokens"] + self.preset.inputs["t5_tokens"]
         return self.text_and_pooled(batch_size, tokens, device, dtype)
 
-    def tokens(self, batch_size: int, device: torch.device) -> Batch:
+    def tokens(self, batch_size: int, device: torch.device, t5_tokens: int | None = None) -> Batch:
+        """Token ids for each text encoder; `t5_tokens` overrides the preset's T5 length."""
         inputs, companions = self.preset.inputs, self.preset.companions
+        lengths = {"text_encoder_3": t5_tokens or inputs["t5_tokens"]}
         return {
             name: token_ids(
                 batch_size,
-                inputs["t5_tokens" if name == "text_encoder_3" else "clip_tokens"],
+                lengths.get(name, inputs["clip_tokens"]),
                 vocab(companions[name]),
                 device,
             )

@@ -28,7 +28,6 @@ from diffusers import SD3ControlNetModel, SD3Transformer2DModel
 from torch import nn
 
 from autofit.workloads.base import Batch, CheckpointFn
-from autofit.workloads.diffusion import token_ids, vocab
 from autofit.workloads.latent import Conditions, vae_decode, vae_encode
 from autofit.workloads.sd3 import SD3Workload
 
@@ -118,17 +117,7 @@ class SD3ControlNetWorkload(SD3Workload):
         height, width = self.preset.shape(resolution)
         with torch.autocast(device.type, dtype=torch.float16):  # the example's inference_ctx
             # the prompt and the negative prompt, encoded by the pipeline
-            tokens = {
-                name: token_ids(
-                    2,
-                    PIPELINE_T5_TOKENS
-                    if name == "text_encoder_3"
-                    else self.preset.inputs["clip_tokens"],
-                    vocab(companions[name]),
-                    device,
-                )
-                for name in self.text_encoders
-            }
+            tokens = self.tokens(2, device, t5_tokens=PIPELINE_T5_TOKENS)
             conditions = self.encode_text(tokens, encoders)
             control_image = torch.randn(1, 3, height, width, device=device, dtype=dtype)
             control = vae_encode(pipeline_vae, control_image)
