@@ -18,8 +18,8 @@ from autofit.techniques import TECHNIQUES
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
-    from autofit.memory.tracker import MemoryTracker
     from autofit.probe.spec import ProbeSpec
+    from autofit.simulator.tracker import MemoryTracker
 
 
 @contextmanager

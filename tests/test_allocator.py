@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.memory.allocator import CachingAllocatorModel, replay, required_memory, segment_size
+from autofit.simulator.allocator import CachingAllocatorModel, replay, required_memory, segment_size
 
 MIB = 1 << 20
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autofit.backends import cuda_autocast
+from autofit.simulator import cuda_autocast
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autofit.backends.roofline import (
+from autofit.simulator.roofline import (
     HOST_SECONDS_PER_OP,
     KERNEL_FLOOR_S,
     MATMUL_EFFICIENCY,

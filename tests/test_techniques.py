@@ -13,12 +13,12 @@ from helpers import spec
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_gpu_memory
 from autofit.gpus import load_gpu
-from autofit.memory.allocator import required_memory
-from autofit.memory.tracker import round_allocation
+from autofit.simulator.allocator import required_memory
+from autofit.simulator.tracker import round_allocation
 from autofit.models import load_preset
 from autofit.probe.validity import invalid_reason
 from autofit.probe.worker import execute
-from autofit.zero import REDUCE_BUCKET_ELEMENTS, share
+from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 
 
 def _bytes(tensors) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.gpus import GpuSpec
-from autofit.memory.allocator import required_memory
-from autofit.memory.tracker import MemoryTracker
+from autofit.simulator.allocator import required_memory
+from autofit.simulator.tracker import MemoryTracker
 
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
 # to show the steady-state peak (state, then activations and gradients on top of it).

@@ -14,11 +14,11 @@ from contextlib import nullcontext
 
 import torch
 
-from autofit.backends import cuda_autocast
 from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
-from autofit.backends.roofline import RooflineCounter
-from autofit.memory.tracker import MemoryTracker
 from autofit.probe.spec import ProbeSpec
+from autofit.simulator import cuda_autocast
+from autofit.simulator.roofline import RooflineCounter
+from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
 TIMED_STEPS = 3

@@ -14,9 +14,9 @@ import time
 import torch
 
 from autofit.backends.base import TRACKED_STEPS, Measurement, OutOfMemory
-from autofit.backends.roofline import RooflineCounter
-from autofit.memory.tracker import MemoryTracker
 from autofit.probe.spec import ProbeSpec
+from autofit.simulator.roofline import RooflineCounter
+from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
 WARMUP_STEPS = 2  # untracked steps before timing: the first ones include allocator growth

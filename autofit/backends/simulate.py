@@ -5,16 +5,16 @@ CUDA-less builds, and fake `meta` tensors send attention down the math path), so
 allocated and no math is done, yet every op sees real shapes and dtypes. What a GPU would do is
 mimicked on purpose, in three places:
 
-- autocast: CUDA's cast policy replaces the CPU's (cuda_autocast.py);
+- autocast: CUDA's cast policy replaces the CPU's (simulator/cuda_autocast.py);
 - kernels: where a meta function allocates differently from the real kernel, the real layout is
-  used (kernel_outputs.py);
+  used (simulator/kernel_outputs.py);
 - attention: the CPU's flash kernel is what SDPA dispatches to here; it keeps the output and a
   float32 log-sum-exp per query, as the GPU's flash and memory-efficient kernels do, never the
   full attention matrix;
 - memory: allocations are rounded as the CUDA allocator rounds them, replayed through a model of
-  its caching (allocator.py), and the CUDA context and cuBLAS workspace of the GPU's entry added.
+  its caching (simulator/allocator.py), and the CUDA context and cuBLAS workspace of the GPU's entry added.
 
-Throughput is a roofline estimate over the ops of one steady-state step (roofline.py).
+Throughput is a roofline estimate over the ops of one steady-state step (simulator/roofline.py).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from contextlib import nullcontext
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autofit.backends import cuda_autocast
 from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
-from autofit.backends.fake_modules import module_moves_are_noops
-from autofit.backends.kernel_outputs import RealKernelOutputs
-from autofit.backends.roofline import RooflineCounter
-from autofit.memory.tracker import MemoryTracker
 from autofit.probe.spec import ProbeSpec
+from autofit.simulator import cuda_autocast
+from autofit.simulator.fake_modules import module_moves_are_noops
+from autofit.simulator.kernel_outputs import RealKernelOutputs
+from autofit.simulator.roofline import RooflineCounter
+from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
 

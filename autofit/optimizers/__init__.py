@@ -2,7 +2,7 @@
 
 Each entry builds the optimizer a trainer would use under that name. On fake tensors
 (`run.fake`) the bitsandbytes optimizers are replaced by a stand-in with the same memory layout
-(bnb_layout.py); everything else runs as is.
+(autofit/simulator/bnb_layout.py); everything else runs as is.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _adamw_bf16(params: list[Any], run: TrainingRun) -> Any:
 def _bnb(name: str, states: int, paged: bool) -> Callable[[list[Any], TrainingRun], Any]:
     def build(params: list[Any], run: TrainingRun) -> Any:
         if run.fake:
-            from autofit.optimizers.bnb_layout import Blockwise8bitLayout
+            from autofit.simulator.bnb_layout import Blockwise8bitLayout
 
             return Blockwise8bitLayout(
                 params, states=states, lr=LEARNING_RATE, paged=paged, host=run.host

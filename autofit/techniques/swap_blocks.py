@@ -43,7 +43,7 @@ class SwapBlocks(Technique):
     def after_build(self, run: TrainingRun, value: Any) -> None:
         if not value:
             return
-        from autofit.streaming import stream_parameters
+        from autofit.simulator.streaming import stream_parameters
 
         every = [block for path in run.preset.blocks for block in run.model.get_submodule(path)]
         blocks = every[-value:]

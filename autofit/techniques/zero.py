@@ -82,7 +82,7 @@ class ZeroStage(Technique):
         offload_optimizer = knobs["offload_optimizer"] == "cpu"
         offload_params = knobs["offload_params"] == "cpu"
         if run.fake or knobs["world_size"] > 1:
-            from autofit.zero import ZeroEmulation
+            from autofit.simulator.zero import ZeroEmulation
 
             run.optimizer = ZeroEmulation(
                 run, value, knobs["world_size"], offload_optimizer, offload_params

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from autofit.optimizers import LEARNING_RATE
-from autofit.streaming import ParameterStream
+from autofit.simulator.streaming import ParameterStream
 
 if TYPE_CHECKING:
     from autofit.training import TrainingRun

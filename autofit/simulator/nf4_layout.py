@@ -1,0 +1,72 @@
+"""bitsandbytes' NF4 4-bit weight, as its memory looks, for fake tensors.
+
+bitsandbytes quantizes a weight by reading its values, which a fake tensor cannot answer, so the
+`simulate` backend replaces each `nn.Linear` of a QLoRA base with `Nf4LinearLayout`, which holds
+exactly the buffers bitsandbytes 0.50 keeps for an NF4 weight with double quantization (the
+default QLoRA setting): the packed weight (two 4-bit values per byte), one uint8 scale per block
+of 64 values, one fp32 scale per 256 of those, the 16-entry NF4 code and the 256-entry code of the
+nested scales, and an offset. Like bitsandbytes' matmul, its forward dequantizes the weight into a
+temporary in the compute dtype, multiplies and drops it, and its backward dequantizes again for
+the input's gradient; nothing but the packed weight is kept for backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+BLOCKSIZE = 64  # NF4 values per absmax scale
+NESTED_BLOCKSIZE = 256  # absmax scales per nested fp32 scale
+
+
+def _dequantized(layer: Nf4LinearLayout) -> torch.Tensor:
+    return torch.empty(
+        layer.out_features, layer.in_features, dtype=layer.compute_dtype, device=layer.weight.device
+    )
+
+
+class _Matmul4bit(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, layer: Nf4LinearLayout, bias: torch.Tensor | None
+    ) -> torch.Tensor:  # type: ignore[override]
+        ctx.layer = layer
+        weight = _dequantized(layer)
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        weight = _dequantized(ctx.layer)
+        return grad @ weight, None, None
+
+
+class Nf4LinearLayout(nn.Linear):
+    """An `nn.Linear` whose weight is stored as bitsandbytes stores an NF4 weight."""
+
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype, device: torch.device) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = compute_dtype
+        n = linear.in_features * linear.out_features
+        blocks = -(-n // BLOCKSIZE)
+        self.weight = nn.Parameter(
+            torch.empty((n + 1) // 2, 1, dtype=torch.uint8, device=device), requires_grad=False
+        )
+        self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
+        self.register_buffer(
+            "nested_absmax", torch.empty(-(-blocks // NESTED_BLOCKSIZE), device=device)
+        )
+        self.register_buffer("code", torch.empty(16, device=device))
+        self.register_buffer("nested_code", torch.empty(256, device=device))
+        self.register_buffer("offset", torch.empty((), device=device))
+        self.bias = (
+            None
+            if linear.bias is None
+            else nn.Parameter(linear.bias.detach().to(device, copy=True), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _Matmul4bit.apply(x.to(self.compute_dtype), self, self.bias)
+        return out.to(x.dtype)
