@@ -21,18 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autofit.gpus import load_gpu
+from autofit.knobs import REGISTRY
 from autofit.models import load_preset
 from autofit.probe import Outcome, run_probe
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import launcher_for
 from autofit.search.planner import Observation, largest_fitting_batch
-from autofit.techniques.optimizer import CHOICES
 from autofit.units import size
 
 MODEL = "sana_1600m"
 SEED = {"resolution": 1024, "encoders": "online", "ema": "gpu", "batch_size": 1}
 PRECISIONS = ["bf16", "fp16", "bf16_pure"]
-OPTIMIZERS = CHOICES  # every optimizer the knob offers, in its order
+OPTIMIZERS = REGISTRY["optimizer"].choices  # every optimizer the knob offers, in its order
 CHANGES = [
     ("seed run (bf16, AdamW, encoders online, EMA on the GPU)", {}),
     ("encoders=cached", {"encoders": "cached"}),

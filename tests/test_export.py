@@ -25,8 +25,8 @@ import yaml
 from autofit.cli import main
 from autofit.errors import AutofitError, ConfigError
 from autofit.export import TARGETS, load_point, write_export
-from autofit.export.kohya import max_blocks_to_swap
 from autofit.models import ModelPreset, load_preset
+from autofit.trainers import kohya_max_blocks_to_swap
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -314,11 +314,9 @@ def test_kohya_refuses_more_blocks_than_sd_scripts_swaps(workdir: Path) -> None:
 
 def test_kohya_block_swap_limits_follow_its_formula(workdir: Path) -> None:
     point = load_point(Path("results") / FLUX / "summary.json", 3)
-    plan = TARGETS["kohya"].run(point, workdir / "out")
-    assert max_blocks_to_swap(plan) == 35
-    sd35_large = ModelPreset("sd35_large", "sd3", "SD3.5 Large", 1024, {"num_layers": 38})
-    plan.point = dataclasses.replace(point, preset=sd35_large)
-    assert max_blocks_to_swap(plan) == 36
+    assert kohya_max_blocks_to_swap(point.family, point.preset.architecture) == 35
+    assert kohya_max_blocks_to_swap("sd3", {"num_layers": 38}) == 36  # SD3.5 Large
+    assert kohya_max_blocks_to_swap("sdxl", {}) is None
 
 
 # --- Sana: its config layout -----------------------------------------------------------------

@@ -9,9 +9,9 @@ from helpers import spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.backends import cpu, simulate
-from autofit.simulator.tracker import MemoryTracker, round_allocation
 from autofit.optimizers.adamw_bf16 import AdamWBF16, stochastic_round_to_bf16
 from autofit.simulator.bnb_layout import Blockwise8bitLayout
+from autofit.simulator.tracker import MemoryTracker, round_allocation
 
 REAL_ON_CPU = ["adamw", "adamw8bit", "adafactor", "came", "lion", "lion8bit", "adamw_bf16", "sgd"]
 
@@ -96,8 +96,8 @@ def test_adamw_bf16_rounds_stochastically_and_keeps_bf16_states() -> None:
 
 def test_invalid_combinations_say_why() -> None:
     from autofit.gpus import load_gpu
+    from autofit.knobs import invalid_reason
     from autofit.models import load_preset
-    from autofit.probe.validity import invalid_reason
 
     knobs = spec("tiny_sana", optimizer="adamw_bf16").knobs
     reason = invalid_reason(knobs, load_gpu("a40"), load_preset("tiny_sana"), "simulate")

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from autofit.gpus import load_gpu
 from autofit.simulator.roofline import (
     HOST_SECONDS_PER_OP,
     KERNEL_FLOOR_S,
@@ -13,7 +14,6 @@ from autofit.simulator.roofline import (
     MEMORY_EFFICIENCY,
     RooflineCounter,
 )
-from autofit.gpus import load_gpu
 
 A40 = load_gpu("a40")
 

@@ -13,11 +13,12 @@ from helpers import spec
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_gpu_memory
 from autofit.gpus import load_gpu
+from autofit.knobs import invalid_reason
+from autofit.models import load_preset
+from autofit.probe.worker import execute
+from autofit.run_state import logical_numel
 from autofit.simulator.allocator import required_memory
 from autofit.simulator.tracker import round_allocation
-from autofit.models import load_preset
-from autofit.probe.validity import invalid_reason
-from autofit.probe.worker import execute
 from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 
 
@@ -140,7 +141,7 @@ def _zero(stage: int, world_size: int, **knobs):
 
 def test_zero2_across_four_gpus_divides_gradients_and_optimizer_state_by_four() -> None:
     run, tracker = _zero(2, 4)
-    shares = sum(share(run._numel(p), 4) for p in run.trainable_parameters())
+    shares = sum(share(logical_numel(p), 4) for p in run.trainable_parameters())
     assert tracker.live_bytes("gradients") == round_allocation(2 * shares) + round_allocation(
         4 * shares
     )
@@ -186,7 +187,7 @@ def test_zero_model_states_agree_with_deepspeeds_estimates(
         )
     else:
         largest = max(
-            sum(run._numel(p) for p in m.parameters(recurse=False)) for m in run.model.modules()
+            sum(logical_numel(p) for p in m.parameters(recurse=False)) for m in run.model.modules()
         )
         _, gpu_mem, largest_layer = estimate_zero3_model_states_mem_needs(
             total,

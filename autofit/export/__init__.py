@@ -9,7 +9,7 @@ from __future__ import annotations
 from autofit.config import suggest
 from autofit.errors import ConfigError
 from autofit.export.accelerate import TARGET as ACCELERATE
-from autofit.export.base import Plan, Target
+from autofit.export.base import ExportPlan, Target
 from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
@@ -37,7 +37,7 @@ def target(name: object) -> Target:
 
 __all__ = [
     "TARGETS",
-    "Plan",
+    "ExportPlan",
     "StudyPoint",
     "Target",
     "find_summary",

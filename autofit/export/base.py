@@ -1,31 +1,53 @@
-"""What every exporter shares: the contract of a target, and the plan it fills in.
+"""What every exporter shares: the contract of a target, and the plan of one export.
 
-An export never drops a knob silently. A target reads each knob through its `Plan`:
-`plan.value(knob)` when the trainer expresses it, `plan.warn(knob, why)` when the trainer cannot
-but the run it launches trains the same weights the same way in no more memory than was measured
-(the attention kernel the trainer picks, say), `plan.refuse(knob, why)` when the run would differ
-from the measured one (ZeRO without DeepSpeed, a weight dtype the trainer does not have, more
-memory). After `build`, any knob of the configuration the target did not read is an error: a knob
-newer than the exporter must not vanish from the export.
+A target is a layout: the files its trainer reads, and the command that launches it. What each
+knob's value becomes in those files is the knob's own declaration (its `trainers` words,
+autofit/knobs/base.py), read through the plan:
+
+- `plan.say(knob)` returns the knob's settings in the target's vocabulary (and records the
+  note, the warning and any file that come with them), or stops the export with one line naming
+  the target, the knob, the value and what the trainer offers instead, when the trainer would not
+  run what was measured (ZeRO without DeepSpeed, a weight dtype it does not have, more memory);
+- `plan.say_rest()` says every knob the layout has not read yet, in the registry's order;
+- `plan.value(knob)` is for the few values a layout writes itself (the batch into a dataset file).
+
+A knob at its default that asks nothing of a trainer passes through silently; a knob the plan's
+configuration has but autofit does not know (from a newer autofit) stops the export.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from autofit.errors import ConfigError
-from autofit.export.point import DEFAULTS, StudyPoint
+from autofit.export.point import StudyPoint
+from autofit.knobs import REGISTRY, Refuse, Subject
+from autofit.trainers import WEIGHTS
 from autofit.units import value as knob_text  # a knob value as the command line writes it
 
 
+class Refused(ConfigError):
+    """A trainer cannot run one of the configuration's values as measured."""
+
+    def __init__(self, message: str, target: str, knob: str, value: Any, why: str, offers: str):
+        super().__init__(message)
+        self.target, self.knob, self.value, self.why, self.offers = target, knob, value, why, offers
+
+    @property
+    def short(self) -> str:
+        """The refusal without the study's name: for a search's list of invalid combinations."""
+        return f"{self.target} cannot run {self.knob}={knob_text(self.value)}: {self.why}; {self.target} offers {self.offers}"
+
+
 @dataclass
-class Plan:
+class ExportPlan:
     """What one export writes: files, the launch command, warnings, and the settings the user's own
     code must apply. `out` is the folder the files go to, as the user will type it."""
 
-    target: str
+    target: Target
     point: StudyPoint
     out: Path
     files: dict[str, str] = field(default_factory=dict)
@@ -35,23 +57,65 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
 
+    @property
+    def subject(self) -> Subject:
+        return Subject(self.point.config, self.point.preset, self.point.accumulation, self.out)
+
     def value(self, knob: str) -> Any:
-        """The knob's value, which the target now expresses."""
+        """The knob's value, which the layout expresses itself."""
         self.read.add(knob)
         return self.point.config[knob]
 
-    def warn(self, knob: str, why: str) -> None:
-        """The trainer cannot express this value, and the run is the measured one all the same."""
-        self.read.add(knob)
-        self.warnings.append(f"{knob}={knob_text(self.point.config[knob])}: {why}")
+    def say(self, knob: str, vocabulary: str | None = None, record: bool = True) -> dict[str, Any]:
+        """The knob's settings in `vocabulary` (the target's own by default); the knob is then
+        read, and its note, warning and files go into the export. With `record` false (a second
+        file in another trainer's words), nothing is recorded: the knob is still to be said in
+        the target's own words. A refusal stops the export either way."""
+        declared, value = REGISTRY[knob], self.point.config[knob]
+        language = vocabulary or self.target.vocabulary
+        own_code = self.target.own_code and language == self.target.vocabulary
+        words = declared.express(language, value, self.subject, own_code)
+        if isinstance(words, Refuse):
+            offers = words.offers or declared.offers(language, self.subject, own_code)
+            self.refuse(knob, words.why, offers)
+        if record:
+            self.read.add(knob)
+            if words.note:
+                self.notes.append(words.note)
+            if words.warning:
+                self.warnings.append(f"{knob}={knob_text(value)}: {words.warning}")
+            for name, (text, description) in words.files.items():
+                self.add(name, text, description)
+        return dict(words.settings)
 
-    def refuse(self, knob: str, why: str) -> NoReturn:
+    def say_rest(self) -> dict[str, Any]:
+        """Say every knob not read yet, in the registry's order; their settings merged."""
+        settings: dict[str, Any] = {}
+        for knob in REGISTRY:
+            if knob not in self.read:
+                settings.update(self.say(knob))
+        return settings
+
+    def settings_in(self, vocabulary: str, knobs: list[str] | None = None) -> dict[str, Any]:
+        """The settings of every knob that has words in another trainer's vocabulary (or of
+        `knobs`), for a file in that trainer's format: SimpleTuner's DeepSpeed config, the
+        accelerate config a diffusers script is launched with. Nothing is recorded."""
+        names = knobs or [k for k, knob in REGISTRY.items() if vocabulary in knob.trainers]
+        settings: dict[str, Any] = {}
+        for knob in names:
+            settings.update(self.say(knob, vocabulary, record=False))
+        return settings
+
+    def refuse(self, knob: str, why: str, offers: str) -> NoReturn:
         """The trainer cannot express this value, and the run would not be the measured one."""
-        value = knob_text(self.point.config[knob])
-        raise ConfigError(
-            f"target={self.target} cannot express {knob}={value} of {self.point.model} "
-            f"({self.point.label} of {self.point.study}): {why}"
-        )
+        value = self.point.config[knob]
+        target = self.target.name
+        offered = offers or f"no other {knob}"
+        raise Refused(
+            f"target={target} cannot express {knob}={knob_text(value)} of {self.point.model} "
+            f"({self.point.label} of {self.point.study}): {why}; {target} offers {offered}",
+            target, knob, value, why, offered,
+        )  # fmt: skip
 
     def note(self, text: str) -> None:
         """A setting the user's own code or command applies (the target has no file for it)."""
@@ -67,16 +131,23 @@ class Plan:
 class Target:
     """One trainer autofit exports to.
 
-    Subclasses set `name`, `summary` (one line for --help and the README) and `families`: the
-    model families the trainer can train, each mapped to what the trainer calls it (None: any
-    family, for targets that configure the user's own code). `build` reads every knob of
-    `plan.point.config` through `plan` (see the module docstring), adds the files with
-    `plan.add`, and sets `plan.command` to the shell line that launches training with them.
+    Subclasses set `name`, `summary` (one line for --help and the README), `families`: the model
+    families the trainer can train, each mapped to what the trainer calls it (None: any family,
+    for targets that configure one's own training code), and `own_code` when the knobs the
+    target's files cannot hold become notes of what one's training code must do. `build` writes
+    the layout through the plan (module docstring), adds the files with `plan.add`, and sets
+    `plan.command` to the shell line that launches training with them.
     """
 
     name: str = ""
     summary: str = ""
-    families: dict[str, str] | None = None
+    families: Mapping[str, str] | None = None
+    own_code: bool = False
+
+    @property
+    def vocabulary(self) -> str:
+        """Whose words the knobs speak for this target: its own."""
+        return self.name
 
     def check_family(self, point: StudyPoint) -> None:
         if self.families is None or point.family in self.families:
@@ -87,43 +158,28 @@ class Target:
             f"{point.family}): {self.name} supports the families {supported}"
         )
 
-    def build(self, plan: Plan) -> None:
+    def build(self, plan: ExportPlan) -> None:
         raise NotImplementedError
 
-    def run(self, point: StudyPoint, out: Path) -> Plan:
+    def run(self, point: StudyPoint, out: Path) -> ExportPlan:
         """Plan the export of `point` into `out`; nothing is written yet."""
-        self.check_family(point)
-        plan = Plan(self.name, point, out)
-        self.build(plan)
-        unread = [k for k in point.config if k not in plan.read]
-        if unread:
-            knobs = ", ".join(f"{k}={knob_text(point.config[k])}" for k in unread)
+        unknown = [k for k in point.config if k not in REGISTRY]
+        if unknown:
+            knobs = ", ".join(f"{k}={knob_text(point.config[k])}" for k in unknown)
             raise ConfigError(
                 f"target={self.name} does not know the knob(s) {knobs} of {point.model}: "
-                "this exporter predates them, and dropping them would export a different run"
+                "this autofit predates them, and dropping them would export a different run"
             )
+        self.check_family(point)
+        plan = ExportPlan(self, point, out)
+        self.build(plan)
+        missed = [k for k in REGISTRY if k not in plan.read]
+        assert not missed, f"target {self.name} left knobs unsaid: {', '.join(missed)}"
         assert plan.command, f"target {self.name} set no launch command"
         return plan
 
 
-# --- facts several targets share --------------------------------------------------------------
-
-# The published weights each shipped preset's architecture comes from (autofit trains random
-# weights of the same shape; a trainer needs the real ones).
-WEIGHTS = {
-    "sana_1600m": "Efficient-Large-Model/Sana_1600M_1024px_diffusers",
-    "sana_600m": "Efficient-Large-Model/Sana_600M_1024px_diffusers",
-    "sd35_medium": "stabilityai/stable-diffusion-3.5-medium",
-    "sd35_large": "stabilityai/stable-diffusion-3.5-large",
-    "flux_dev": "black-forest-labs/FLUX.1-dev",
-    "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
-    "llama3_8b": "meta-llama/Meta-Llama-3-8B",
-    "qwen2_5_7b": "Qwen/Qwen2.5-7B",
-}
-DATA_DIR = "path/to/images"  # placeholder: autofit never sees the user's data
-
-
-def weights(plan: Plan) -> str:
+def weights(plan: ExportPlan) -> str:
     """The weights to train: the preset's published ones, or a placeholder and a note."""
     known = WEIGHTS.get(plan.point.model)
     if known:
@@ -134,96 +190,3 @@ def weights(plan: Plan) -> str:
         f"'{placeholder}' with their path or hub id"
     )
     return placeholder
-
-
-def mixed_precision(plan: Plan) -> str:
-    """accelerate's `mixed_precision` for the run: the autocast dtype, or `no`.
-
-    Under ZeRO, DeepSpeed runs the model in 16-bit with fp32 master weights; that is what the
-    probe measured for precision bf16 or fp16 with zero_stage >= 1, and what accelerate sets up
-    from the same value. `bf16_pure` runs no autocast: the weights themselves are bf16, which the
-    training code decides (a note says so).
-    """
-    precision = plan.value("precision")
-    if precision == "bf16_pure":
-        plan.note(
-            "precision=bf16_pure: create the model in bf16 (weights, gradients and optimizer "
-            "states in bf16, no autocast); the launcher's mixed_precision stays 'no'"
-        )
-        return "no"
-    return {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
-
-
-# What the user's own training code must do for each knob, for targets that configure only the
-# launcher (accelerate, DeepSpeed): the probe measured exactly these.
-OPTIMIZER_CLASSES = {
-    "adamw": "torch.optim.AdamW(fused=True)",
-    "adamw8bit": "bitsandbytes.optim.AdamW8bit",
-    "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit",
-    "adafactor": "transformers.optimization.Adafactor(relative_step=False, scale_parameter=False, warmup_init=False)",
-    "came": "came_pytorch.CAME",
-    "lion": "lion_pytorch.Lion",
-    "lion8bit": "bitsandbytes.optim.Lion8bit",
-    "adamw_bf16": "an AdamW keeping bf16 states with stochastic rounding (SimpleTuner's adamw_bf16)",
-    "sgd": "torch.optim.SGD(momentum=0.9)",
-}
-
-
-def script_settings(plan: Plan, knobs: list[str]) -> None:
-    """Note, for each knob, what the training script must do to run what the probe measured."""
-    config = plan.point.config
-    language = plan.point.family == "llm"
-    say = {
-        "batch_size": lambda v: f"batch_size={v}: {v} samples per GPU per step (the micro-batch)",
-        "resolution": lambda v: (
-            f"resolution={v}: sequences of {v} tokens"
-            if language
-            else f"resolution={v}: {v}x{v} pixel images (or buckets of at most {v}x{v} pixels)"
-        ),
-        "optimizer": lambda v: f"optimizer={v}: {OPTIMIZER_CLASSES.get(v, v)}",
-        "checkpointing": lambda v: (
-            f"checkpointing={knob_text(v)}: gradient checkpointing "
-            + ("on every transformer block" if v else "off")
-        ),
-        "train_mode": lambda v: {
-            "full": "train_mode=full: every weight of the model trains",
-            "lora": "train_mode=lora: LoRA adapters on the frozen 16-bit model (fp32 adapters under mixed precision)",
-            "qlora": "train_mode=qlora: LoRA adapters on a 4-bit NF4 base (bitsandbytes, double quantization)",
-        }[v],
-        "lora_rank": lambda v: f"lora_rank={v}: the rank of the LoRA adapters",
-        "encoders": lambda v: {
-            "cached": "encoders=cached: latents and text embeddings computed beforehand; only the trained model on the GPU",
-            "online": "encoders=online: the text encoders and VAE on the GPU, encoding every batch",
-        }[v],
-        "ema": lambda v: {
-            "off": "ema=off: no EMA copy of the weights",
-            "gpu": "ema=gpu: an EMA copy of the trained weights on the GPU",
-            "cpu": "ema=cpu: an EMA copy of the trained weights in host memory, updated there",
-        }[v],
-        "validation": lambda v: (
-            f"validation={v}: "
-            + ("render validation images during training" if v == "on" else "no validation images")
-        ),
-        "attention": lambda v: {
-            "sdpa": "attention=sdpa: torch's fused scaled_dot_product_attention",
-            "math": "attention=math: the unfused attention path (the full attention matrix)",
-        }[v],
-        "swap_blocks": lambda v: (
-            f"swap_blocks={v}: "
-            + (
-                f"keep the last {v} transformer blocks in host memory and stream them in"
-                if v
-                else "no block swap"
-            )
-        ),
-    }
-    for knob in knobs:
-        value = plan.value(knob)
-        # A knob at its default asks nothing of the script (no EMA, no block swap, ...).
-        if DEFAULTS.get(knob, object()) == value and knob != "encoders":
-            continue
-        if knob == "lora_rank" and config["train_mode"] == "full":
-            continue
-        if knob == "encoders" and not getattr(plan.point.preset, "companions", None):
-            continue  # the model has no frozen encoders to cache
-        plan.note(say[knob](value))

@@ -2,17 +2,18 @@
 
 `overrides.yaml` is a YAML list of `key=value` strings, the format Hydra itself records a run's
 overrides in (`.hydra/overrides.yaml`): model, GPU, margin and every knob of the run. Re-measuring
-on the target GPU (backend=auto picks `cuda` there) checks the simulated figures for real.
+on the target GPU (backend=auto picks `cuda` there) checks the simulated figures for real. Every
+value of every knob is autofit's own, so this target expresses them all.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from autofit.export.base import Plan, Target, knob_text
+from autofit.export.base import ExportPlan, Target, knob_text
 
 
-def overrides(plan: Plan) -> list[str]:
+def overrides(plan: ExportPlan) -> list[str]:
     point = plan.point
     head = [f"model={point.model}", f"gpu={point.gpu}"]
     margin = point.summary.get("margin")
@@ -25,7 +26,7 @@ class Hydra(Target):
     name = "hydra"
     summary = "Hydra overrides for `autofit probe`, to measure the run again (on the real GPU)"
 
-    def build(self, plan: Plan) -> None:
+    def build(self, plan: ExportPlan) -> None:
         import yaml
 
         lines = overrides(plan)

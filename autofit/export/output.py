@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
-from autofit.export.base import Plan, knob_text
+from autofit.export.base import ExportPlan, knob_text
 from autofit.units import size
 
 log = logging.getLogger(__name__)
 
 
-def _readme(plan: Plan) -> str:
+def _readme(plan: ExportPlan) -> str:
     point = plan.point
     gpus = f"{point.world_size} GPU{'s' if point.world_size > 1 else ''}"
     lines = [
-        f"autofit export: {point.label} of study {point.study}, for {plan.target}",
+        f"autofit export: {point.label} of study {point.study}, for {plan.target.name}",
         "",
         f"{point.preset.display} ({point.model}) on {point.gpu}, {point.backend} probe: peak "
         f"{size(point.peak_bytes)} of a {size(point.budget_bytes)} budget, "
@@ -45,10 +45,10 @@ def _readme(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(plan: Plan) -> dict[str, Any]:
+def summary(plan: ExportPlan) -> dict[str, Any]:
     point = plan.point
     return {
-        "target": plan.target,
+        "target": plan.target.name,
         "study": point.study,
         "source": str(point.summary_path),
         "point": point.label,
@@ -64,7 +64,7 @@ def summary(plan: Plan) -> dict[str, Any]:
     }
 
 
-def write_export(plan: Plan) -> Path:
+def write_export(plan: ExportPlan) -> Path:
     """Write every file of `plan` into its folder, with README.txt and export.json."""
     out = plan.out
     try:
@@ -75,5 +75,5 @@ def write_export(plan: Plan) -> Path:
         (out / "export.json").write_text(json.dumps(summary(plan), indent=2) + "\n")
     except OSError as exc:
         raise AutofitError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
-    log.info("wrote %s export to %s", plan.target, out)
+    log.info("wrote %s export to %s", plan.target.name, out)
     return out

@@ -2,7 +2,8 @@
 
 A study leaves `results/<study>/summary.json` (autofit/search/outputs.py): its `best` run and its
 Pareto front, each with `config` holding every knob as applied. Knobs added after a study was
-made are absent from its config; they get the value they had before they existed (DEFAULTS).
+made are absent from its config; they take their registry default, which is what autofit did
+before the knob existed (autofit/knobs/base.py).
 """
 
 from __future__ import annotations
@@ -13,25 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError, ConfigError
+from autofit.knobs import WORKLOAD_KNOBS, defaults
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import studies_under
 
-# What a knob meant before it existed: a study made by an older autofit ran with these.
-DEFAULTS: dict[str, Any] = {
-    "zero_stage": 0,
-    "offload_optimizer": "none",
-    "offload_params": "none",
-    "world_size": 1,
-    "swap_blocks": 0,
-    "train_mode": "full",
-    "lora_rank": 16,
-    "encoders": "cached",
-    "ema": "off",
-    "validation": "off",
-    "attention": "sdpa",
-}
-# Knobs every study has recorded from the start: a config without one is not a study's.
-REQUIRED = ("batch_size", "resolution", "precision", "optimizer", "checkpointing")
+# What every run is trained on: a config without one is not a study's.
+REQUIRED = WORKLOAD_KNOBS
 
 
 @dataclass(frozen=True)
@@ -161,7 +149,7 @@ def load_point(path: Path, point: int | None = None, global_batch: int | None = 
     if missing:
         raise AutofitError(f"{path}: the {label} run has no {', '.join(missing)} in its config")
     # The study's own order first, then knobs it predates.
-    config = {**config, **{k: v for k, v in DEFAULTS.items() if k not in config}}
+    config = {**config, **{k: v for k, v in defaults().items() if k not in config}}
     preset = load_preset(summary["model"])
     accumulation = gradient_accumulation(
         int(config["batch_size"]), int(config["world_size"]), global_batch

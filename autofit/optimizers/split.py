@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from autofit.training import TrainingRun
+    from autofit.run_state import RunState
 
 
 class HostSplitOptimizer:
     """Steps `on_device` on the GPU and `on_host` on the host, as one optimizer."""
 
-    def __init__(self, on_device: Any, on_host: Any, run: TrainingRun) -> None:
+    def __init__(self, on_device: Any, on_host: Any, run: RunState) -> None:
         self.on_device, self.on_host, self.run = on_device, on_host, run
 
     @property

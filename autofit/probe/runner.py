@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from autofit.knobs import invalid_reason
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, SpawnLauncher
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
-from autofit.probe.validity import invalid_reason
 
 log = logging.getLogger(__name__)
 

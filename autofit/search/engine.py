@@ -21,13 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.knobs import REGISTRY, invalid_reason
 from autofit.probe.spec import ProbeResult
-from autofit.probe.validity import invalid_reason
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.planner import Observation, largest_fitting_batch
 from autofit.search.prober import Prober
 from autofit.search.space import SearchSpace
-from autofit.techniques import TECHNIQUES
 from autofit.units import value as show
 
 log = logging.getLogger(__name__)
@@ -76,17 +75,16 @@ class SearchResult:
 def _savings(knobs: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
     """The knobs set to a memory-saving value, each with the faster value it saves over."""
     found = {}
-    for technique in TECHNIQUES:
-        if technique.name in knobs:
-            searched = space.knobs.get(technique.name, ())
-            baseline = technique.saves_memory_over(knobs[technique.name], searched)
+    for name, knob in REGISTRY.items():
+        if name in knobs:
+            baseline = knob.saves_memory_over(knobs[name], space.knobs.get(name, ()))
             if baseline is not None:
-                found[technique.name] = baseline
+                found[name] = baseline
     return found
 
 
 def _hint_key(knobs: dict[str, Any], resolution: int) -> tuple[Any, ...]:
-    per_sample = {t.name for t in TECHNIQUES if t.per_sample_memory}
+    per_sample = {name for name, knob in REGISTRY.items() if knob.per_sample_memory}
     return (resolution, tuple(sorted((k, v) for k, v in knobs.items() if k in per_sample)))
 
 

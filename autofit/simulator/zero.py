@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from autofit.optimizers import LEARNING_RATE
+from autofit.run_state import logical_numel, set_logical_numel
 from autofit.simulator.streaming import ParameterStream
 
 if TYPE_CHECKING:
-    from autofit.training import TrainingRun
+    from autofit.run_state import RunState
 
 
 REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
@@ -50,7 +51,7 @@ class ZeroEmulation:
 
     def __init__(
         self,
-        run: TrainingRun,
+        run: RunState,
         stage: int,
         world_size: int,
         offload_optimizer: bool,
@@ -99,7 +100,7 @@ class ZeroEmulation:
             self._partition_weights(offload_params)
         # Per step each rank sends (N-1)/N of the 16-bit weights once per all-gather and of the
         # 16-bit gradients once per reduce-scatter (ring collectives).
-        self.sixteen_bit_bytes = 2 * sum(run.full_numel.get(p, p.numel()) for p in self.params)
+        self.sixteen_bit_bytes = 2 * sum(logical_numel(p) for p in self.params)
         for param in self.params:
             param.register_post_accumulate_grad_hook(self._reduce_scatter)
 
@@ -110,7 +111,7 @@ class ZeroEmulation:
         place = run.host if offload_params else nullcontext
         self.full_shapes = {param: param.shape for param in run.model.parameters()}
         for param in run.model.parameters():
-            run.full_numel[param] = param.numel()
+            set_logical_numel(param, param.numel())
             with place():
                 device = run.host_device if offload_params else run.device
                 self.shards[param] = torch.empty(

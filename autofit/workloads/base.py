@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     import torch
 
     from autofit.models import ModelPreset
-    from autofit.training import TrainingRun
+    from autofit.run_state import RunState
 
 CheckpointFn = Callable[..., Any]
 Batch = dict[str, Any]
@@ -67,6 +67,6 @@ class Workload:
         """Run the frozen encoders on a raw batch, as a trainer that does not cache does."""
         raise NotImplementedError
 
-    def validate(self, run: TrainingRun, vae: torch.nn.Module) -> None:
+    def validate(self, run: RunState, vae: torch.nn.Module) -> None:
         """One validation image: the inference pipeline's denoiser step and the VAE decode."""
         raise NotImplementedError

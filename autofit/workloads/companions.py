@@ -68,7 +68,7 @@ def companion_dtype(spec: dict[str, Any]) -> torch.dtype:
 
 def build_companion(spec: dict[str, Any], dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Build one companion under the caller's device, in its own dtype unless `dtype` says."""
-    from autofit.training import default_dtype
+    from autofit.run_state import default_dtype
 
     with default_dtype(dtype or companion_dtype(spec)):
         return KINDS[spec["kind"]](spec["architecture"])

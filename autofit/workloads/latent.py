@@ -19,7 +19,7 @@ from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import flow_matching
 
 if TYPE_CHECKING:
-    from autofit.training import TrainingRun
+    from autofit.run_state import RunState
 
 Conditions = dict[str, torch.Tensor]
 
@@ -109,14 +109,14 @@ class LatentDiffusion(Workload):
         model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(self, run: TrainingRun, vae: torch.nn.Module) -> None:
+    def validate(self, run: RunState, vae: torch.nn.Module) -> None:
         # The pipeline's denoiser step at the training resolution (with its guidance batch; the
         # prompt's embeddings cached, or encoded when the text encoders are resident), one Euler
         # step, and the VAE decode.
         g, device, dtype, resolution = (
             self.guidance_batch,
             run.device,
-            run.param_dtype,
+            run.dtypes.weights,
             run.knobs["resolution"],
         )
         latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)

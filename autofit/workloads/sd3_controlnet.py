@@ -32,7 +32,7 @@ from autofit.workloads.latent import Conditions, vae_decode, vae_encode
 from autofit.workloads.sd3 import SD3Workload
 
 if TYPE_CHECKING:
-    from autofit.training import TrainingRun
+    from autofit.run_state import RunState
 
 
 class ControlNetTraining(nn.Module):
@@ -54,7 +54,7 @@ class SD3ControlNetWorkload(SD3Workload):
     resident_when_cached = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
     def build_model(self, frozen_dtype: torch.dtype) -> nn.Module:
-        from autofit.training import default_dtype
+        from autofit.run_state import default_dtype
 
         transformer_config = self.preset.architecture["transformer"]
         with default_dtype(frozen_dtype):  # the frozen base in the 16-bit weight dtype
@@ -98,14 +98,14 @@ class SD3ControlNetWorkload(SD3Workload):
         model.controlnet.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(self, run: TrainingRun, vae: nn.Module) -> None:
+    def validate(self, run: RunState, vae: nn.Module) -> None:
         # `vae` is the training loop's own (the example encodes latents every step); the pipeline
         # loads its own copy of everything. Weights keep requires_grad, as a freshly loaded
         # pipeline leaves them: autocast caches the cast copies of such weights.
-        from autofit.training import default_dtype
+        from autofit.run_state import default_dtype
         from autofit.workloads.companions import build_companion
 
-        dtype, device, resolution = run.frozen_dtype, run.device, run.knobs["resolution"]
+        dtype, device, resolution = run.dtypes.frozen, run.device, run.knobs["resolution"]
         companions = self.preset.companions
         with default_dtype(dtype), device:
             transformer = SD3Transformer2DModel(**self.preset.architecture["transformer"]).eval()

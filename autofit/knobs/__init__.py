@@ -1,0 +1,147 @@
+"""Every knob, declared once (autofit/knobs/base.py says what a knob declares).
+
+`REGISTRY` lists the knobs in the order the CLI, spaces and tables show them: what a workload is
+trained on first, then the techniques. Their hooks run in `application_order()`: owners of a run
+field before the knobs that read it, and each knob after the ones it names in `after`; knobs no
+constraint orders keep the registry's order. Nothing here imports torch.
+
+Adding a knob: a module here with its `Knob` subclass, and its line in `REGISTRY`. Its tests come
+with it: the contract tests (tests/test_knob_contract.py) run every value of every knob through
+the rules, every export target and stored studies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autofit.errors import ConfigError
+from autofit.gpus import GpuSpec
+from autofit.knobs.attention import Attention
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
+from autofit.knobs.batch_size import BatchSize
+from autofit.knobs.checkpointing import Checkpointing
+from autofit.knobs.ema import Ema
+from autofit.knobs.encoders import Encoders
+from autofit.knobs.lora_rank import LoraRank
+from autofit.knobs.offload_optimizer import OffloadOptimizer
+from autofit.knobs.offload_params import OffloadParams
+from autofit.knobs.optimizer import Optimizer
+from autofit.knobs.precision import Precision
+from autofit.knobs.resolution import Resolution
+from autofit.knobs.swap_blocks import SwapBlocks
+from autofit.knobs.train_mode import TrainMode
+from autofit.knobs.validation import Validation
+from autofit.knobs.world_size import WorldSize
+from autofit.knobs.zero_stage import ZeroStage
+from autofit.models import ModelPreset
+
+REGISTRY: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        BatchSize(),
+        Resolution(),
+        Precision(),
+        TrainMode(),
+        LoraRank(),
+        Checkpointing(),
+        Attention(),
+        Encoders(),
+        SwapBlocks(),
+        Optimizer(),
+        ZeroStage(),
+        OffloadOptimizer(),
+        OffloadParams(),
+        WorldSize(),
+        Ema(),
+        Validation(),
+    )
+}
+WORKLOAD_KNOBS = ("batch_size", "resolution")  # what is trained on; the others are techniques
+
+
+def registry() -> dict[str, Knob]:
+    """Every knob by name, in the registry's order."""
+    return REGISTRY
+
+
+def defaults() -> dict[str, Any]:
+    """Every knob's default: what a run is when told nothing, and what a study predating a knob
+    ran with."""
+    return {name: knob.default for name, knob in REGISTRY.items()}
+
+
+def parse_all(values: Mapping[str, Any], knobs: Sequence[Knob] | None = None) -> dict[str, Any]:
+    """Validate every knob's value, filling defaults; the first bad value raises ConfigError."""
+    table = {k.name: k for k in knobs} if knobs is not None else REGISTRY
+    unknown = sorted(set(values) - set(table))
+    if unknown:
+        raise ConfigError(f"unknown knob '{unknown[0]}'; valid knobs: {', '.join(table)}")
+    return {name: knob.parse(values.get(name, knob.default)) for name, knob in table.items()}
+
+
+def owners(knobs: Mapping[str, Knob] | None = None) -> dict[str, str]:
+    """Each run field a knob owns, with its owner. Two owners of one field is a bug."""
+    found: dict[str, str] = {}
+    for knob in (knobs or REGISTRY).values():
+        for field in knob.writes:
+            assert field not in found, f"run.{field} has two owners: {found[field]}, {knob.name}"
+            found[field] = knob.name
+    return found
+
+
+def application_order(knobs: Mapping[str, Knob] | None = None) -> list[Knob]:
+    """The knobs in the order their hooks run: every field's owner before its readers, every
+    knob after those it names in `after`, otherwise the registry's order."""
+    table = knobs or REGISTRY
+    owner = owners(table)
+    before: dict[str, set[str]] = {name: set() for name in table}
+    for knob in table.values():
+        for field in knob.reads:
+            assert field in owner, f"knob {knob.name} reads run.{field}, which no knob writes"
+            if owner[field] != knob.name:
+                before[knob.name].add(owner[field])
+        for name in knob.after:
+            assert name in table, f"knob {knob.name} comes after {name}, which is no knob"
+            before[knob.name].add(name)
+    order: list[Knob] = []
+    placed: set[str] = set()
+    while len(order) < len(table):
+        ready = [n for n in table if n not in placed and before[n] <= placed]
+        if not ready:
+            waiting = sorted(n for n in table if n not in placed)
+            raise AssertionError(
+                f"the knobs' order constraints form a cycle among {', '.join(waiting)}"
+            )
+        order.append(table[ready[0]])
+        placed.add(ready[0])
+    return order
+
+
+def invalid_reason(
+    knobs: Mapping[str, Any], gpu: GpuSpec, model: ModelPreset, backend: str
+) -> str | None:
+    """The first knob's reason this configuration cannot run, or None (no torch needed)."""
+    context = ProbeContext(dict(knobs), gpu, model, backend)
+    for name, knob in REGISTRY.items():
+        reason = knob.invalid_reason(knobs[name], context)
+        if reason:
+            return reason
+    return None
+
+
+__all__ = [
+    "REGISTRY",
+    "WORKLOAD_KNOBS",
+    "Knob",
+    "ProbeContext",
+    "Refuse",
+    "Say",
+    "Subject",
+    "application_order",
+    "defaults",
+    "invalid_reason",
+    "owners",
+    "parse_all",
+    "registry",
+]

@@ -1,0 +1,68 @@
+"""attention: which scaled-dot-product-attention kernel runs.
+
+- `sdpa`: PyTorch picks a fused kernel (flash or memory-efficient on a GPU; the CPU flash kernel
+  on the CPU backends), which keeps the output and a log-sum-exp per query, never the matrix.
+- `math`: the unfused path, which materialises the full attention matrix (and keeps it for
+  backward): what a model falls back to when no fused kernel supports its inputs.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, Say, Subject, say
+
+if TYPE_CHECKING:
+    from autofit.run_state import RunState
+
+
+def _kohya(value: Any, s: Subject) -> Say:
+    if value == "sdpa":
+        return say(sdpa=True)
+    if s.family == "sdxl":
+        return Say()  # SDXL without sdpa/xformers runs its plain attention: the math path
+    return Say(
+        warning=f"sd-scripts' {s.family} model always runs torch's fused attention, which holds "
+        "less than the measured math path"
+    )
+
+
+class Attention(Knob):
+    name = "attention"
+    default = "sdpa"
+    help = "attention kernel: sdpa (fused) | math (full attention matrix)"
+    values = {
+        "sdpa": "torch's fused scaled_dot_product_attention",
+        "math": "the unfused attention path (the full attention matrix)",
+    }
+
+    def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        if value != "math":
+            return None
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(SDPBackend.MATH)
+
+    trainers = {
+        # diffusers' processors call torch's scaled_dot_product_attention: the fused kernels.
+        "simpletuner": {
+            "sdpa": say(attention_mechanism="diffusers"),
+            "math": say(attention_mechanism="native-math"),
+        },
+        "kohya": _kohya,
+        "sana": {
+            "sdpa": Say(),
+            "math": Say(
+                warning="Sana's attention runs its own kernels (linear self-attention, fused "
+                "cross-attention), which hold less than the measured math path"
+            ),
+        },
+        "diffusers": {
+            "sdpa": Say(),
+            "math": Say(
+                warning="the script runs diffusers' default attention processor (torch's fused "
+                "SDPA), which holds less than the measured math path"
+            ),
+        },
+    }

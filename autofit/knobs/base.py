@@ -1,0 +1,263 @@
+"""The contract of a knob: everything that belongs to one setting, declared once.
+
+A knob is a subclass of `Knob` in its own module of autofit/knobs/, listed in `REGISTRY`
+(autofit/knobs/__init__.py). Everything else (the CLI, search spaces, the search, stored studies,
+exporters, reports) reads the declaration and keeps no table of its own. A knob declares:
+
+- what it is: `name`, `default`, `help`, `kind`, and either `values` (a closed set, each value
+  with what it means in one's own training code) or `minimum` (an open integer);
+- its rules: `invalid_reason(value, context)`, why a value cannot run with the other knobs' values
+  on a GPU for a model (decided without torch, before any probe);
+- what it saves, for the search: `saves_memory_over` and `per_sample_memory`;
+- how it is applied to a training run: the hooks `prepare` (before the model exists),
+  `build_context` (around the model's construction), `apply` (once it exists),
+  `forward_context` (around every forward pass) and `after_training`, with the run fields it
+  `writes` (it owns them: no other knob may write them) and `reads`, and the knobs it must come
+  `after` for reasons the fields do not show (autofit/run_state.py);
+- how each trainer says each value: `trainers` maps an export target's vocabulary to the knob's
+  words there, a table `value -> Say | Refuse` or a function `(value, subject) -> Say | Refuse |
+  None`. A value missing from a table is refused, never a KeyError.
+
+A knob's default must be what autofit did before the knob existed: a study written by an older
+autofit ran with it, and resumes and exports take the default for every knob the study predates.
+Knob modules import torch inside their hooks only: the CLI imports them to validate values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from autofit.errors import ConfigError
+from autofit.units import value as text
+
+if TYPE_CHECKING:
+    from autofit.gpus import GpuSpec
+    from autofit.models import ModelPreset
+    from autofit.run_state import RunState
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """What a configuration is checked against before anything runs."""
+
+    knobs: dict[str, Any]
+    gpu: GpuSpec
+    model: ModelPreset
+    backend: str  # simulate | cpu | cuda (auto is resolved by then, or left as auto)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The run a trainer's words describe: every knob's value, the model, and how the run is
+    launched (gradient accumulation, the folder its files go to)."""
+
+    config: Mapping[str, Any]
+    preset: ModelPreset
+    accumulation: int = 1
+    out: Path = Path(".")
+
+    @property
+    def family(self) -> str:
+        return self.preset.family
+
+    @property
+    def model(self) -> str:
+        return self.preset.name
+
+    @property
+    def world_size(self) -> int:
+        return int(self.config["world_size"])
+
+    def with_value(self, knob: str, value: Any) -> Subject:
+        return dataclasses.replace(self, config={**self.config, knob: value})
+
+
+@dataclass(frozen=True)
+class Say:
+    """A trainer's words for a value: `settings` in the trainer's own names (what a key means is
+    the target's layout: a config file's key, a command-line flag, `section.key` in a nested
+    file), `note` for what the user must do, `warning` where the trainer cannot say it and the run
+    is the measured one all the same (it picks its own fused attention kernel, say), and `files`
+    to write beside the config (name -> (text, description))."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+    warning: str = ""
+    files: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def say(note: str = "", warning: str = "", **settings: Any) -> Say:
+    """`Say` with the settings as keyword arguments: say(optimizer_type="AdamW8bit")."""
+    return Say(settings=settings, note=note, warning=warning)
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The trainer cannot run this value as measured (the run would differ, or use more memory).
+    `offers` says what the trainer can run instead; for a knob with a closed set of values it is
+    worked out from the knob's own words when left empty."""
+
+    why: str
+    offers: str = ""
+
+
+# A table per value, or a function of the value and the run.
+Words = Mapping[Any, Say | Refuse] | Callable[[Any, Subject], Say | Refuse | None]
+
+
+class Knob:
+    """One setting. Subclasses set the class attributes and override the hooks they need."""
+
+    name: ClassVar[str]
+    default: ClassVar[Any]
+    help: ClassVar[str]
+    kind: ClassVar[type] = str
+    values: ClassVar[Mapping[Any, str] | None] = None  # closed set: value -> what it means
+    minimum: ClassVar[int | None] = None
+    # Whether the default is also what a trainer does when told nothing: then a trainer without
+    # words for this knob runs the default as measured (a batch size is never such a default).
+    default_asks_nothing: ClassVar[bool] = True
+    # Whether the knob changes the memory each extra sample adds (the search shares its estimate
+    # of that slope between configurations that differ only in knobs that do not).
+    per_sample_memory: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = ()
+    writes: ClassVar[tuple[str, ...]] = ()
+    after: ClassVar[tuple[str, ...]] = ()
+    trainers: ClassVar[Mapping[str, Words]] = {}
+
+    # -- what it is ------------------------------------------------------------------------------
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        return tuple(self.values) if self.values is not None else None
+
+    def parse(self, value: Any) -> Any:
+        """The value as this knob holds it, or a ConfigError naming the value and the valid ones."""
+        if value is None and self.default is None:
+            return None
+        choices = self.choices
+        if self.kind is bool:
+            if isinstance(value, bool):
+                return value
+            raise ConfigError(f"{self.name}={value!r} is not valid; valid values: true, false")
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{self.name}={value!r} is not valid; expected {self.describe()}")
+            if self.minimum is not None and value < self.minimum:
+                raise ConfigError(f"{self.name}={value} is not valid; expected {self.describe()}")
+            if choices is not None and value not in choices:
+                raise ConfigError(
+                    f"{self.name}={value} is not valid; valid values: {self.describe()}"
+                )
+            return value
+        if choices is not None and value not in choices:
+            raise ConfigError(
+                f"{self.name}={value!r} is not valid; valid values: {', '.join(map(str, choices))}"
+            )
+        return value
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return " | ".join(text(c) for c in self.choices)
+        if self.kind is int:
+            return f"an integer >= {self.minimum}" if self.minimum is not None else "an integer"
+        if self.kind is bool:
+            return "true | false"
+        return self.kind.__name__
+
+    def means(self, value: Any, subject: Subject) -> str:
+        """What the value asks of one's own training code, in a phrase."""
+        assert self.values is not None, f"knob {self.name} must say what its values mean"
+        return self.values[value]
+
+    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
+        """Whether the value matters in this configuration (a LoRA rank without LoRA does not)."""
+        return True
+
+    # -- what it saves (the search) --------------------------------------------------------------
+
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        """If `value` only saves memory, at a speed cost, the value it saves over (one of
+        `searched`, the values the search tries, where that matters); else None. The search
+        needs such a value only at batches the faster one cannot fit."""
+        return None
+
+    # -- its rules -------------------------------------------------------------------------------
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        """Why this value cannot run in this context, or None. Decided without torch."""
+        return None
+
+    # -- how it is applied -----------------------------------------------------------------------
+
+    def prepare(self, run: RunState, value: Any) -> None:
+        """Before the model exists (decide the dtypes it is built in)."""
+
+    def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        """Entered while the model is constructed (build it on the host, partitioned, ...)."""
+        return None
+
+    def apply(self, run: RunState, value: Any) -> None:
+        """Once the model exists (wrap it, build the optimizer, add companions, ...)."""
+
+    def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        """Entered around every forward pass (autocast, an attention kernel)."""
+        return None
+
+    def after_training(self, run: RunState, value: Any) -> None:
+        """After the training steps, with the training state still resident (a validation)."""
+
+    # -- how trainers say it ---------------------------------------------------------------------
+
+    def words(self, vocabulary: str, value: Any, subject: Subject) -> Say | Refuse | None:
+        """The knob's own words for `value` in `vocabulary`, or None where it declares none."""
+        entry = self.trainers.get(vocabulary)
+        if entry is None:
+            return None
+        if callable(entry):
+            return entry(value, subject)
+        if value in entry:
+            return entry[value]
+        return Refuse(f"autofit knows no {vocabulary} setting for {self.name}={text(value)}")
+
+    def express(
+        self, vocabulary: str, value: Any, subject: Subject, own_code: bool = False
+    ) -> Say | Refuse:
+        """How a trainer expresses `value`: its words where the knob declares them; nothing to
+        say where the value does not matter here or is a default that asks nothing; for a target
+        that configures one's own training code (`own_code`), a note of what that code must do;
+        otherwise a refusal: the trainer has no setting for it."""
+        if not self.applies(subject.config, subject.preset):
+            return Say()
+        words = self.words(vocabulary, value, subject)
+        if words is not None:
+            return words
+        if value == self.default and self.default_asks_nothing:
+            return Say()
+        if own_code:
+            return Say(note=f"{self.name}={text(value)}: {self.means(value, subject)}")
+        return Refuse(
+            f"{vocabulary} has no setting for {self.name}",
+            offers="" if self.choices else f"{self.name}={text(self.default)}",
+        )
+
+    def offers(self, vocabulary: str, subject: Subject, own_code: bool = False) -> str:
+        """What a trainer can run of this knob, given the rest of `subject`: its values, or where
+        the set is open, '' (the refusal says)."""
+        if self.choices is None:
+            return ""
+        fine = [
+            v
+            for v in self.choices
+            if isinstance(
+                self.express(vocabulary, v, subject.with_value(self.name, v), own_code), Say
+            )
+        ]
+        if not fine:
+            return f"no value of {self.name} with the rest of this run"
+        return f"{self.name}=" + ", ".join(text(v) for v in fine)

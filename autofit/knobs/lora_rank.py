@@ -1,0 +1,31 @@
+"""lora_rank: the rank of the LoRA adapters (train_mode lora or qlora; meaningless otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.knobs.base import Knob, Subject, say
+from autofit.models import ModelPreset
+
+
+class LoraRank(Knob):
+    name = "lora_rank"
+    default = 16
+    help = "rank of the LoRA adapters (train_mode=lora or qlora)"
+    kind = int
+    minimum = 1
+    per_sample_memory = False
+    # train_mode's apply reads it (the adapters are built there).
+
+    def means(self, value: Any, subject: Subject) -> str:
+        return "the rank of the LoRA adapters"
+
+    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
+        return config.get("train_mode", "full") != "full"
+
+    trainers = {
+        "simpletuner": lambda v, s: say(lora_rank=v),
+        "kohya": lambda v, s: say(network_dim=v, network_alpha=v),
+        "diffusers": lambda v, s: say(**{"--rank": v}),
+    }

@@ -1,0 +1,253 @@
+"""optimizer: which update rule runs, and so how many bytes of state each parameter carries.
+
+- `adamw`: torch AdamW, fused; two states like the parameter.
+- `adamw8bit`, `paged_adamw8bit`, `lion8bit`: bitsandbytes' block-wise 8-bit states (one byte per
+  element per state, plus an fp32 scale per 256 elements); the paged one keeps large states in
+  CUDA unified memory, paged to the host under pressure.
+- `adafactor`: transformers' Adafactor, factored second moments (a row and a column vector per
+  matrix), no first moment.
+- `came`: CAME, factored second moments and factored confidence, plus a first moment.
+- `lion`: Lion, one state like the parameter.
+- `adamw_bf16`: bf16 states on bf16 weights, updates rounded stochastically (SimpleTuner's).
+- `sgd`: momentum 0.9, one state like the parameter.
+
+Each value is built here as the trainer builds it under that name; on fake tensors the
+bitsandbytes optimizers are their memory layout (autofit/simulator/bnb_layout.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.optimizers import LEARNING_RATE
+from autofit.trainers import diffusers_script
+
+if TYPE_CHECKING:
+    from autofit.run_state import RunState
+
+Build = Callable[[list[Any], "RunState"], Any]
+
+
+def _adamw(params: list[Any], run: RunState) -> Any:
+    import torch
+
+    # Fused: one kernel for all parameters and no temporaries, on CUDA and on the CPU.
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01, fused=True)
+
+
+def _sgd(params: list[Any], run: RunState) -> Any:
+    import torch
+
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
+
+
+def _adafactor(params: list[Any], run: RunState) -> Any:
+    from transformers.optimization import Adafactor
+
+    # The settings kohya's and SimpleTuner's guides give for fine-tuning with Adafactor.
+    return Adafactor(
+        params, lr=LEARNING_RATE, relative_step=False, scale_parameter=False, warmup_init=False
+    )
+
+
+def _came(params: list[Any], run: RunState) -> Any:
+    from came_pytorch import CAME
+
+    return CAME(params, lr=LEARNING_RATE, weight_decay=0.01)
+
+
+def _lion(params: list[Any], run: RunState) -> Any:
+    from lion_pytorch import Lion
+
+    return Lion(params, lr=LEARNING_RATE, weight_decay=0.01)
+
+
+def _adamw_bf16(params: list[Any], run: RunState) -> Any:
+    from autofit.optimizers.adamw_bf16 import AdamWBF16
+
+    return AdamWBF16(params, lr=LEARNING_RATE)
+
+
+def _bnb(name: str, states: int, paged: bool) -> Build:
+    def build(params: list[Any], run: RunState) -> Any:
+        if run.fake:
+            from autofit.simulator.bnb_layout import Blockwise8bitLayout
+
+            return Blockwise8bitLayout(
+                params, states=states, lr=LEARNING_RATE, paged=paged, host=run.host
+            )
+        import bitsandbytes as bnb
+
+        return getattr(bnb.optim, name)(params, lr=LEARNING_RATE)
+
+    return build
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """One value of the knob: how autofit builds it, and what one's own code builds for it."""
+
+    build: Build
+    code: str
+
+
+RULES = {
+    "adamw": UpdateRule(_adamw, "torch.optim.AdamW(fused=True)"),
+    "adamw8bit": UpdateRule(_bnb("AdamW8bit", states=2, paged=False), "bitsandbytes.optim.AdamW8bit"),
+    "paged_adamw8bit": UpdateRule(_bnb("PagedAdamW8bit", states=2, paged=True), "bitsandbytes.optim.PagedAdamW8bit"),
+    "adafactor": UpdateRule(_adafactor, "transformers.optimization.Adafactor(relative_step=False, scale_parameter=False, warmup_init=False)"),
+    "came": UpdateRule(_came, "came_pytorch.CAME"),
+    "lion": UpdateRule(_lion, "lion_pytorch.Lion"),
+    "lion8bit": UpdateRule(_bnb("Lion8bit", states=1, paged=False), "bitsandbytes.optim.Lion8bit"),
+    "adamw_bf16": UpdateRule(_adamw_bf16, "an AdamW keeping bf16 states with stochastic rounding (SimpleTuner's adamw_bf16)"),
+    "sgd": UpdateRule(_sgd, "torch.optim.SGD(momentum=0.9)"),
+}  # fmt: skip
+
+
+def build_optimizer(name: str, params: list[Any], run: RunState) -> Any:
+    return RULES[name].build(params, run)
+
+
+# -- trainers ---------------------------------------------------------------------------------
+
+# SimpleTuner's name, and the --optimizer_config that makes it the optimizer the probe ran
+# (torch's SGD has no momentum by default; optimi's Lion adds a Kahan-summation buffer; SDNQ's
+# CAME quantizes its buffers unless told not to).
+SIMPLETUNER = {
+    "adamw": ("torch-adamw", "fused=true"),
+    "adamw8bit": ("bnb-adamw8bit", None),
+    "paged_adamw8bit": ("bnb-adamw8bit-paged", None),
+    "adafactor": ("torch-adafactor", None),
+    "came": ("sdnq-came", "use_quantized_buffers=false,use_stochastic_buffers=false"),
+    "lion": ("optimi-lion", "kahan_sum=false"),
+    "lion8bit": ("bnb-lion8bit", None),
+    "adamw_bf16": ("adamw_bf16", None),
+    "sgd": ("torch-sgd", "momentum=0.9"),
+}
+# sd-scripts' optimizer_type and optimizer_args (a dotted name is imported as module.Class; a
+# bare unknown name comes from torch.optim).
+KOHYA = {
+    "adamw": ("AdamW", ["fused=True"]),
+    "adamw8bit": ("AdamW8bit", []),
+    "paged_adamw8bit": ("PagedAdamW8bit", []),
+    "adafactor": (
+        "Adafactor",
+        ["relative_step=False", "scale_parameter=False", "warmup_init=False"],
+    ),
+    "came": ("came_pytorch.CAME", ["weight_decay=0.01"]),
+    "lion": ("Lion", ["weight_decay=0.01"]),
+    "lion8bit": ("Lion8bit", []),
+    "adamw_bf16": ("AdamW", ["fused=True"]),
+    "sgd": ("SGD", ["momentum=0.9"]),
+}
+# Sana's optimizer `type` (an mmcv registry name: torch.optim's classes and Sana's wrappers in
+# diffusion/utils/optimizer.py) and the settings that make it the optimizer the probe ran.
+SANA: dict[str, dict[str, Any]] = {
+    "adamw": {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.01, "fused": True},
+    "adamw8bit": {"type": "AdamW8bitWrapper", "lr": 1e-4, "weight_decay": 0.01},
+    "adafactor": {"type": "Adafactor", "lr": 1e-4, "weight_decay": 0.0},
+    "came": {"type": "CAMEWrapper", "lr": 1e-4, "weight_decay": 0.01},
+    "lion": {"type": "Lion", "lr": 1e-4, "weight_decay": 0.01},
+    "sgd": {"type": "SGD", "lr": 1e-4, "momentum": 0.9},
+}
+
+
+def _simpletuner(value: Any, s: Subject) -> Say:
+    name, options = SIMPLETUNER[value]
+    return say(optimizer=name, **({"optimizer_config": options} if options else {}))
+
+
+def _kohya(value: Any, s: Subject) -> Say:
+    name, options = KOHYA[value]
+    settings: dict[str, Any] = {"optimizer_type": name}
+    if options:
+        settings["optimizer_args"] = options
+    if value != "adamw_bf16":
+        return Say(settings=settings)
+    return Say(
+        settings=settings,
+        warning="sd-scripts has no stochastic-rounding AdamW; AdamW under full_bf16 keeps the "
+        "same bf16 states (the same memory) but rounds its updates to nearest",
+    )
+
+
+def _sana(value: Any, s: Subject) -> Say | Refuse:
+    if value in SANA:
+        return say(**{"train.optimizer": SANA[value]})
+    return Refuse(f"Sana's optimizer registry has no {value}")
+
+
+def _diffusers(value: Any, s: Subject) -> Say | Refuse:
+    if value not in ("adamw", "adamw8bit"):
+        return Refuse(
+            "the diffusers example scripts offer AdamW, 8-bit AdamW (--use_8bit_adam) and Prodigy"
+        )
+    script = diffusers_script(s.family, s.config["train_mode"])
+    settings: dict[str, Any] = {}
+    if script is not None and script.kind == "dreambooth":
+        settings["--optimizer"] = "AdamW"
+    if value == "adamw8bit":
+        return Say(settings={**settings, "--use_8bit_adam": True})
+    return Say(
+        settings=settings,
+        warning="the script builds torch.optim.AdamW without fused=True; on a GPU torch then "
+        "steps with its foreach kernels, which hold temporary copies of the states the measured "
+        "fused step did not (headroom up to one state's size: small for LoRA)",
+    )
+
+
+def _deepspeed(value: Any, s: Subject) -> Say | Refuse | None:
+    """An optimizer in the config only where DeepSpeed must build it itself: ZeRO-Offload steps
+    on the CPU with DeepSpeed's CPU Adam. Otherwise the training code passes its own."""
+    if s.config["offload_optimizer"] != "cpu":
+        return None
+    if value != "adamw":
+        return Refuse(
+            "ZeRO-Offload runs DeepSpeed's CPU AdamW; autofit measured offload only with optimizer=adamw"
+        )
+    return say(
+        note="optimizer=adamw: DeepSpeed builds its CPU AdamW from the config (ZeRO-Offload); "
+        "pass no optimizer of your own",
+        optimizer={"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
+    )
+
+
+class Optimizer(Knob):
+    name = "optimizer"
+    default = "adamw"
+    help = "the update rule, which sets the optimizer state per parameter"
+    values = {name: rule.code for name, rule in RULES.items()}
+    default_asks_nothing = False  # trainers' default optimizers differ
+    per_sample_memory = False  # optimizer state is per parameter, not per sample
+    reads = ("host_parameters", "host_gradients")
+    writes = ("optimizer",)
+    after = ("train_mode",)  # it updates the parameters that train
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value == "paged_adamw8bit" and context.backend == "cpu":
+            return "optimizer=paged_adamw8bit pages its state through CUDA unified memory: it needs the cuda or simulate backend"
+        if value == "adamw_bf16" and context.knobs.get("precision") != "bf16_pure":
+            return "optimizer=adamw_bf16 trains bf16 weights: it needs precision=bf16_pure"
+        return None
+
+    def apply(self, run: RunState, value: Any) -> None:
+        on_device = build_optimizer(value, run.device_trainable_parameters(), run)
+        if not run.host_parameters:
+            run.optimizer = on_device
+            return
+        from autofit.optimizers.split import HostSplitOptimizer
+
+        run.optimizer = HostSplitOptimizer(
+            on_device, build_optimizer(value, run.host_parameters, run), run
+        )
+
+    trainers = {
+        "deepspeed": _deepspeed,
+        "simpletuner": _simpletuner,
+        "kohya": _kohya,
+        "sana": _sana,
+        "diffusers": _diffusers,
+    }

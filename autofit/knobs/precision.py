@@ -1,0 +1,199 @@
+"""precision: which dtype the weights are kept in and which dtype the math runs in.
+
+- `fp32`: fp32 weights, fp32 math.
+- `fp16`: fp32 master weights, autocast to fp16, dynamic loss scaling (fp16 gradients underflow).
+- `bf16`: fp32 master weights, autocast to bf16; no loss scaling (bf16 has fp32's range).
+- `bf16_pure`: bf16 weights, gradients and optimizer states, no autocast.
+
+This knob owns the run's dtype policy, decided once before the model exists, from its own value
+and the two other knobs that change what the weights are kept in: a LoRA or QLoRA base is frozen
+in the 16-bit dtype, and DeepSpeed ZeRO runs the whole model in 16-bit with fp32 master weights
+inside its optimizer (its own loss scaling, no autocast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.zero_stage import sixteen_bit_block
+
+if TYPE_CHECKING:
+    from autofit.run_state import DtypePolicy, RunState
+
+BF16_PURE_NOTE = (
+    "precision=bf16_pure: create the model in bf16 (weights, gradients and optimizer states in "
+    "bf16, no autocast); the launcher's mixed_precision stays 'no'"
+)
+
+
+def dtype_policy(knobs: Mapping[str, Any]) -> DtypePolicy:
+    """The run's dtypes from its knobs: the one place they are decided."""
+    import torch
+
+    from autofit.run_state import DtypePolicy
+
+    precision = knobs["precision"]
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16, "bf16_pure": torch.bfloat16}
+    frozen = half.get(precision, torch.float32)
+    sixteen_bit_model = bool(knobs.get("zero_stage"))  # DeepSpeed keeps the model in 16-bit
+    frozen_base = knobs.get("train_mode", "full") != "full"  # LoRA trains adapters on it
+    if precision == "bf16_pure" or sixteen_bit_model or frozen_base:
+        weights = frozen
+    else:
+        weights = torch.float32
+    autocast = (
+        None
+        if sixteen_bit_model
+        else {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    )
+    return DtypePolicy(
+        weights=weights,
+        frozen=frozen,
+        autocast=autocast,
+        loss_scaling=autocast is torch.float16,
+    )
+
+
+def _loss_scaler(device_type: str) -> Any:
+    import torch
+
+    class LossScaler(torch.amp.GradScaler):
+        """GradScaler that always applies the update.
+
+        A probe measures the step of a long run, whose gradients are finite almost always. Stock
+        GradScaler skips the update while it calibrates its scale in the first steps (fp16
+        overflows at the initial scale of 2**16), which would leave the optimizer state
+        unallocated and the step short; and a fake tensor cannot say whether it overflowed.
+        Fused optimizers take the scale themselves and never reach this method.
+        """
+
+        def _maybe_opt_step(
+            self, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            return optimizer.step(*args, **kwargs)
+
+    return LossScaler(device_type)
+
+
+# -- trainers ---------------------------------------------------------------------------------
+
+ACCELERATE = {
+    "fp32": say(mixed_precision="no"),
+    "fp16": say(mixed_precision="fp16"),
+    "bf16": say(mixed_precision="bf16"),
+    "bf16_pure": say(note=BF16_PURE_NOTE, mixed_precision="no"),
+}
+
+
+def _deepspeed(value: Any, s: Subject) -> Say | Refuse:
+    """With ZeRO the probe ran DeepSpeed's own mixed precision: a 16-bit model with fp32 master
+    weights in the optimizer (`bf16` / `fp16` blocks). Without ZeRO it ran fp32 weights under
+    torch autocast, which DeepSpeed writes as `torch_autocast` (with a GradScaler for fp16); a
+    bf16_pure model is bf16 itself, so no block at all."""
+    if s.config["zero_stage"]:
+        if value not in ("bf16", "fp16"):
+            return Refuse(
+                "ZeRO runs a 16-bit model with fp32 master weights (precision bf16 or fp16); "
+                "autofit measured no other precision with zero_stage >= 1"
+            )
+        return Say(settings=sixteen_bit_block(value))
+    if value in ("bf16", "fp16"):
+        dtype = "bfloat16" if value == "bf16" else "float16"
+        return say(torch_autocast={"enabled": True, "dtype": dtype})
+    if value == "bf16_pure":
+        return say(
+            note="precision=bf16_pure: create the model in bf16; the config has no precision block"
+        )
+    return Say()
+
+
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
+    """SimpleTuner's `mixed_precision` is also the dtype the trained weights are kept in
+    (mixed_precision=bf16 trains bf16 weights); fp32 master weights under autocast exist only
+    through DeepSpeed."""
+    if s.config["zero_stage"] and value in ("bf16", "fp16"):
+        return say(mixed_precision=value)  # DeepSpeed's 16-bit model, fp32 master weights
+    if value == "bf16_pure":
+        return say(mixed_precision="bf16")
+    if value == "fp32":
+        return say(mixed_precision="no")
+    return Refuse(
+        "SimpleTuner keeps the trained weights in its mixed_precision dtype (mixed_precision=bf16 "
+        "trains bf16 weights: precision=bf16_pure); it has no fp32-master-weight mode without "
+        "DeepSpeed"
+    )
+
+
+KEEPS_FP32_WEIGHTS = (
+    "keeps fp32 weights under accelerate's mixed precision; it has no bf16-weight mode"
+)
+
+
+class Precision(Knob):
+    name = "precision"
+    default = "bf16"
+    help = "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights)"
+    values = {
+        "fp32": "fp32 weights and fp32 math",
+        "fp16": "fp32 master weights under fp16 autocast, with dynamic loss scaling",
+        "bf16": "fp32 master weights under bf16 autocast",
+        "bf16_pure": "bf16 weights, gradients and optimizer states, no autocast",
+    }
+    writes = ("dtypes", "scaler")
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        gpu = context.gpu
+        if value.startswith("bf16") and not gpu.bf16:
+            return (
+                f"precision={value} needs bf16, which {gpu.display} (compute capability "
+                f"{gpu.compute_capability}) does not have; use fp16 or fp32"
+            )
+        return None
+
+    def prepare(self, run: RunState, value: Any) -> None:
+        run.dtypes = dtype_policy(run.knobs)
+
+    def apply(self, run: RunState, value: Any) -> None:
+        if run.dtypes.loss_scaling:
+            run.scaler = _loss_scaler(run.device.type)
+
+    def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        import torch
+
+        if run.dtypes.autocast is None:
+            return None
+        # On the CPU backends the CPU autocast runs with CUDA's cast policy installed
+        # (autofit/simulator/cuda_autocast.py), so activations get the dtypes a GPU would give.
+        return torch.autocast(run.device.type, dtype=run.dtypes.autocast)
+
+    trainers = {
+        "accelerate": ACCELERATE,
+        "deepspeed": _deepspeed,
+        "simpletuner": _simpletuner,
+        "kohya": {
+            "fp32": say(mixed_precision="no", save_precision="float"),
+            "fp16": say(mixed_precision="fp16", save_precision="fp16"),
+            "bf16": say(mixed_precision="bf16", save_precision="bf16"),
+            # bf16 weights, gradients and optimizer states
+            "bf16_pure": say(mixed_precision="bf16", full_bf16=True, save_precision="bf16"),
+        },
+        "sana": {
+            "fp32": say(**{"model.mixed_precision": "fp32"}),
+            "fp16": say(**{"model.mixed_precision": "fp16"}),
+            "bf16": say(**{"model.mixed_precision": "bf16"}),
+            "bf16_pure": Refuse(f"Sana's train.py {KEEPS_FP32_WEIGHTS} (model.mixed_precision)"),
+        },
+        "diffusers": {
+            **{
+                value: say(**{"--mixed_precision": ACCELERATE[value].settings["mixed_precision"]})
+                for value in ("fp32", "fp16", "bf16")
+            },
+            "bf16_pure": Refuse(
+                "the diffusers example scripts keep the trained weights in fp32 (LoRA adapters "
+                "too) under --mixed_precision; they have no bf16-weight mode"
+            ),
+        },
+    }

@@ -1,0 +1,40 @@
+"""resolution: the square image side in pixels, or the sequence length in tokens of a language
+model. Unset, it is the model's native size; the search varies it over the space's list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.knobs.base import Knob, Subject, say
+from autofit.trainers import diffusers_script
+
+
+def _diffusers(value: Any, s: Subject) -> Any:
+    script = diffusers_script(s.family, s.config["train_mode"])
+    if script is not None and script.kind == "controlnet":
+        return say(**{"--resolution": value})  # it resizes and center-crops to the square always
+    return say(**{"--resolution": value, "--center_crop": True})
+
+
+class Resolution(Knob):
+    name = "resolution"
+    default = None
+    help = (
+        "square image side in pixels, or sequence length in tokens for language models "
+        "(null: the model's native size)"
+    )
+    kind = int
+    minimum = 1
+    default_asks_nothing = False
+
+    def means(self, value: Any, subject: Subject) -> str:
+        if subject.family == "llm":
+            return f"sequences of {value} tokens"
+        return f"{value}x{value} pixel images (or buckets of at most {value}x{value} pixels)"
+
+    # kohya's resolution is its dataset's (the layout writes dataset.toml and its buckets).
+    trainers = {
+        "simpletuner": lambda v, s: say(resolution=v, resolution_type="pixel_area"),
+        "sana": lambda v, s: say(**{"data.image_size": v, "model.image_size": v}),
+        "diffusers": _diffusers,
+    }

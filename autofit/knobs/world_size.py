@@ -1,0 +1,42 @@
+"""world_size: GPUs per run. Memory figures are per GPU, throughput is the whole run's; ZeRO
+partitions across them (only the simulate backend models more than one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+
+
+def _sana(value: Any, s: Subject) -> Say | Refuse:
+    if value == 1:
+        return Say()
+    return Refuse(
+        "autofit measured several GPUs only with ZeRO, which Sana has not", offers="world_size=1"
+    )
+
+
+class WorldSize(Knob):
+    name = "world_size"
+    default = 1
+    help = "GPUs per run (ZeRO partitions across them)"
+    kind = int
+    minimum = 1
+
+    def means(self, value: Any, subject: Subject) -> str:
+        return f"{value} GPU{'s' if value > 1 else ''} per run"
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value > 1 and context.backend in ("cpu", "cuda"):
+            return f"world_size={value}: a probe runs one process, so only the simulate backend models {value} GPUs"
+        if value > 1 and not context.knobs.get("zero_stage"):
+            return f"world_size={value} without ZeRO runs the same memory on each GPU as world_size=1: use zero_stage 1-3"
+        return None
+
+    # deepspeed and kohya launch it (--num_gpus, --num_processes): their layouts write it.
+    trainers = {
+        "accelerate": lambda v, s: say(num_processes=v),
+        "simpletuner": lambda v, s: say(num_processes=v),
+        "sana": _sana,
+        "diffusers": lambda v, s: Say(),  # the accelerate config's num_processes
+    }

@@ -1,0 +1,265 @@
+"""What a training run holds while it is built and stepped, and who may change what.
+
+Knobs talk to each other only through the fields of `RunState` listed in `KNOB_FIELDS`. Each such
+field has exactly one owner, the knob that declares it in its `writes`; a knob that needs a field
+declares it in its `reads`, and the run applies knobs in an order where every owner comes before
+its readers (autofit/knobs/__init__.py computes it and the tests check it). While a knob's hook
+runs, writing any field it does not own is an error: a second writer is a bug, not a feature.
+
+The run's own fields (its model, device, tracker, traffic meter) belong to the run; hooks may use
+them and count into the meter, but not replace them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autofit.models import ModelPreset
+
+if TYPE_CHECKING:
+    from autofit.probe.spec import ProbeSpec
+    from autofit.simulator.tracker import MemoryTracker
+
+# The fields knobs own (each by exactly one knob) and what each holds.
+KNOB_FIELDS = {
+    "dtypes": "the dtype policy: what the weights, the frozen parts and the math run in",
+    "scaler": "the loss scaler of fp16 under autocast, or None",
+    "companions": "frozen models on the GPU beside the trained one (text encoders, VAE)",
+    "batch_source": "makes each step's batch (cached embeddings, or encoded online)",
+    "host_parameters": "trained parameters that live in host memory (swapped blocks)",
+    "host_gradients": "their gradients, moved to the host as backward makes them",
+    "optimizer": "the update rule over the trainable parameters",
+    "stepper": "drives backward and the update when something other than the plain loop does "
+    "(DeepSpeed, its emulation); None: the plain loop",
+    "after_step": "work after each optimizer step (an EMA update), or None",
+}
+# Bookkeeping the run changes while a hook runs (in_phase), not state a knob decides.
+_RUN_BOOKKEEPING = ("phase",)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    # Modules are built in their final dtype: under fake tensors `module.to(dtype)` cannot swap
+    # parameters, and building in place also avoids a transient second copy on a real GPU.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@dataclass(frozen=True)
+class DtypePolicy:
+    """The dtypes of a run, decided once (by the precision knob) before the model exists."""
+
+    weights: torch.dtype  # what the model is built in (the trained weights, unless they are cast)
+    frozen: torch.dtype  # frozen parts: the 16-bit dtype under mixed precision
+    autocast: torch.dtype | None  # the math dtype under torch autocast, or None (no autocast)
+    loss_scaling: bool  # fp16 under autocast: a GradScaler scales the loss
+
+
+@dataclass
+class HostTraffic:
+    """Work a step does off the GPU, which a roofline over GPU kernels cannot see (bytes)."""
+
+    link_bytes: int = 0  # copied between host and GPU (block swap, offload, EMA on the CPU)
+    peer_bytes: int = 0  # sent to other GPUs of the run by collectives (ZeRO across GPUs)
+    host_compute_bytes: int = 0  # read and written by updates the host CPU runs
+
+
+def set_logical_numel(param: torch.Tensor, numel: int) -> None:
+    """Say how many weights `param` stands for when its data holds fewer elements (a packed 4-bit
+    weight, one GPU's shard of a ZeRO-3 weight): parameter counts count weights, not bytes."""
+    param.autofit_numel = numel  # type: ignore[attr-defined]
+
+
+def logical_numel(param: torch.Tensor) -> int:
+    return int(getattr(param, "autofit_numel", param.numel()))
+
+
+class PlainStep:
+    """Backward and update as a plain training loop writes them: the loss (scaled under fp16)
+    backward, the optimizer's step (through the scaler), gradients cleared."""
+
+    def __init__(self, optimizer: Any, scaler: Any, grads_set_to_none: bool) -> None:
+        self.optimizer, self.scaler, self.set_to_none = optimizer, scaler, grads_set_to_none
+        self.module = None  # the model itself runs forward
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return self.optimizer.state
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+
+
+class RunState:
+    """One configuration's training state on `device`.
+
+    With a tracker, every allocation is attributed (autofit/simulator/tracker.py). `fake` says the
+    tensors are fake (the `simulate` backend): techniques whose library cannot run on fake tensors
+    use a stand-in with the same memory layout.
+    """
+
+    def __init__(
+        self,
+        spec: ProbeSpec,
+        workload: Any,  # the family's Workload (which reads this state: no import either way)
+        device: torch.device,
+        tracker: MemoryTracker | None = None,
+        fake: bool = False,
+        owners: dict[str, str] | None = None,
+    ) -> None:
+        self._owners = owners or {}
+        self._applying: str | None = None
+        self.spec = spec
+        self.knobs = spec.knobs
+        self.preset = ModelPreset.from_dict(spec.model)
+        self.workload = workload
+        self.device = device
+        self.host_device = torch.device("cpu")
+        self.tracker = tracker
+        self.fake = fake
+        self.traffic = HostTraffic()
+        self.model: Any = None
+        self.phase = "setup"  # kept without a tracker too, to say where a real run ran out
+        self._forward_makers: list[Callable[[], AbstractContextManager[Any] | None]] = []
+        # The knobs' fields, at what they are until their owner says otherwise.
+        self.dtypes = DtypePolicy(torch.float32, torch.float32, None, False)
+        self.scaler: Any = None
+        self.companions: dict[str, torch.nn.Module] = {}
+        self.batch_source: Callable[[], dict[str, Any]] = self._cached_batch
+        self.host_parameters: list[torch.nn.Parameter] = []
+        self.host_gradients: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self.optimizer: Any = None
+        self.stepper: Any = None
+        self.after_step: Callable[[], None] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        applying = self.__dict__.get("_applying")
+        if applying is not None and name not in _RUN_BOOKKEEPING:
+            owner = self._owners.get(name)
+            if owner != applying:
+                held = f"knob {owner}" if owner else "the run itself"
+                raise AssertionError(f"knob {applying} wrote run.{name}, which {held} owns")
+        object.__setattr__(self, name, value)
+
+    @contextmanager
+    def applying(self, knob: str) -> Iterator[None]:
+        """While `knob`'s hook runs: it may write only the fields it owns."""
+        object.__setattr__(self, "_applying", knob)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_applying", None)
+
+    # -- where memory lives --------------------------------------------------------------------
+
+    @contextmanager
+    def in_phase(self, name: str) -> Iterator[None]:
+        self.phase = name
+        with self.tracker.in_phase(name) if self.tracker else nullcontext():
+            yield
+
+    def host(self) -> Any:
+        """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host)."""
+        return self.tracker.host() if self.tracker else nullcontext()
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of a GPU tensor, counted as traffic over the host link."""
+        with self.host():
+            copy = tensor.detach().to(self.host_device, copy=True)
+        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        return copy
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A GPU copy of a host tensor, counted as traffic over the host link."""
+        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        return tensor.detach().to(self.device, copy=True)
+
+    def tag(self, tensors: Any, category: str) -> None:
+        """Attribute tensors to a breakdown category (no-op without a tracker)."""
+        if self.tracker:
+            for tensor in tensors:
+                self.tracker.tag(tensor, category)
+
+    # -- what trains -----------------------------------------------------------------------------
+
+    def add_companion(self, name: str, module: torch.nn.Module) -> None:
+        """A frozen model that sits on the GPU and runs every step without gradients."""
+        module.eval().requires_grad_(False)
+        self.companions[name] = module
+        self.tag([*module.parameters(), *module.buffers()], "parameters")
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def device_trainable_parameters(self) -> list[torch.nn.Parameter]:
+        host = set(self.host_parameters)
+        return [p for p in self.trainable_parameters() if p not in host]
+
+    @property
+    def param_count(self) -> int:
+        return sum(logical_numel(p) for p in self.model.parameters())
+
+    @property
+    def trainable_param_count(self) -> int:
+        return sum(logical_numel(p) for p in self.trainable_parameters())
+
+    @property
+    def forward_module(self) -> Any:
+        """What the forward pass calls: the model, or the engine that wraps it (DeepSpeed)."""
+        module = getattr(self.stepper, "module", None)
+        return module if module is not None else self.model
+
+    # -- stepping helpers ------------------------------------------------------------------------
+
+    def forward_contexts(self) -> ExitStack:
+        """The contexts every forward pass runs in (autocast, the attention kernel)."""
+        stack = ExitStack()
+        for make in self._forward_makers:
+            context = make()
+            if context is not None:
+                stack.enter_context(context)
+        return stack
+
+    def _cached_batch(self) -> dict[str, Any]:
+        return self.workload.make_batch(
+            self.knobs["batch_size"], self.knobs["resolution"], self.device, self.dtypes.weights
+        )
+
+    def checkpoint(self, block: Any, *args: Any, **kwargs: Any) -> Any:
+        """The gradient-checkpointing function handed to the model (non-reentrant, as diffusers
+        and transformers use). Under a tracker, a block's recomputed activations count as
+        activations, not temporaries."""
+        return torch.utils.checkpoint.checkpoint(
+            self._recomputable(block), *args, use_reentrant=False, **kwargs
+        )
+
+    def _recomputable(self, block: Any) -> Any:
+        tracker = self.tracker
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if tracker is None or tracker.phase != "backward":
+                return block(*args, **kwargs)
+            mark = tracker.mark()
+            try:
+                return block(*args, **kwargs)
+            finally:  # recomputation may stop early once it has what backward needs
+                tracker.tag_live_since(mark, "activations")
+
+        return call
