@@ -8,12 +8,13 @@ knob owns (autofit/run_state.py).
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autofit.knobs import application_order, owners
+from autofit.knobs import application_order, defaults, owners
 from autofit.models import ModelPreset
 from autofit.run_state import PlainStep, RunState, default_dtype
 from autofit.workloads import workload_for
@@ -38,6 +39,8 @@ class TrainingRun(RunState):
         tracker: MemoryTracker | None = None,
         fake: bool = False,
     ) -> None:
+        # Knobs a spec predates (written by an older autofit) run at their defaults.
+        spec = dataclasses.replace(spec, knobs={**defaults(), **spec.knobs})
         preset = ModelPreset.from_dict(spec.model)
         super().__init__(spec, workload_for(preset), device, tracker, fake, owners=owners())
         self._order = application_order()

@@ -29,9 +29,13 @@ def run_config(cfg: Any) -> int:
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    chosen = target(data["target"]["name"])
+    named = data["target"]["name"]
+    if named is not None:
+        target(named)  # a bad name is told before any study is read
     source = find_summary(data.get("study"), data.get("from"), Path("results"))
     point = load_point(source, data.get("point"), data["target"].get("global_batch"))
+    # A search for one trainer's runs (trainer=) exports to that trainer unless told otherwise.
+    chosen = target(named or point.summary.get("trainer"))
     out = Path(data["out"]) if data.get("out") else source.parent / "export" / chosen.name
     # Absolute: the files point at each other and the command runs from the trainer's folder.
     plan = chosen.run(point, out.resolve())

@@ -142,7 +142,25 @@ def run_config(cfg: Any) -> int:
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
 
-    study_name = data.get("study") or f"{preset.label}-{gpu.name}-{space.name}"
+    trainer = data.get("trainer")
+    unlaunchable = None
+    if trainer is not None:
+        from autofit.export import target
+        from autofit.export import unlaunchable as refusal
+
+        chosen = target(trainer, setting="trainer")
+        if chosen.families is not None and preset.family not in chosen.families:
+            supported = ", ".join(sorted(chosen.families))
+            raise ConfigError(
+                f"trainer={trainer} cannot train {preset.name} ({preset.display}, family "
+                f"{preset.family}): {trainer} supports the families {supported}"
+            )
+
+        def unlaunchable(knobs: dict[str, Any]) -> str | None:
+            return refusal(chosen, preset, knobs)
+
+    default_name = f"{preset.label}-{gpu.name}-{space.name}" + (f"-{trainer}" if trainer else "")
+    study_name = data.get("study") or default_name
     out = Path(data["out"]) if data.get("out") else Path("results") / study_name
     ensure_writable(out / "summary.json")
     storage = data.get("storage") or default_storage(Path("results"))
@@ -154,12 +172,15 @@ def run_config(cfg: Any) -> int:
     knob_names = list(space.knobs)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
             "margin": data["margin"], "storage": storage}  # fmt: skip
+    if trainer:
+        meta["trainer"] = trainer
     recorder = StudyRecorder(storage, study_name, {k: v for k, v in meta.items() if k != "storage"})
     progress = Progress(sys.stderr, space.target_resolution, space.target_min_batch, knob_names)
     print(
         f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
         f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
-        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}; study {study_name}",
+        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}; study {study_name}"
+        + (f"; only runs {trainer} can launch" if trainer else ""),
         flush=True,
     )
     try:
@@ -168,8 +189,9 @@ def run_config(cfg: Any) -> int:
                 preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher
             )
             result = Search(
-                space, prober, jobs=jobs or _default_jobs(backend), listener=progress
-            ).run()
+                space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
+                unlaunchable=unlaunchable,
+            ).run()  # fmt: skip
     finally:
         progress.close()
     summary = write_outputs(out, result, meta, knob_names)

@@ -6,10 +6,13 @@ target must do). `export` plans one export and writes it. Nothing here imports t
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from autofit.config import suggest
 from autofit.errors import ConfigError
 from autofit.export.accelerate import TARGET as ACCELERATE
-from autofit.export.base import ExportPlan, Target
+from autofit.export.base import ExportPlan, Refused, Target
 from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
@@ -18,21 +21,38 @@ from autofit.export.output import write_export
 from autofit.export.point import StudyPoint, find_summary, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
+from autofit.knobs import defaults
+from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
     t.name: t for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, SANA, DIFFUSERS, HYDRA)
 }
 
 
-def target(name: object) -> Target:
+def target(name: object, setting: str = "target") -> Target:
     """The target called `name`, or a ConfigError listing the valid ones."""
     valid = ", ".join(TARGETS)
     if name is None:
-        raise ConfigError(f"no target given: add target=<name>; valid targets: {valid}")
+        raise ConfigError(f"no target given: add {setting}=<name>; valid targets: {valid}")
     if name not in TARGETS:
         hint = suggest(str(name), list(TARGETS))
-        raise ConfigError(f"unknown target '{name}'{hint}; valid targets: {valid}")
+        raise ConfigError(f"unknown {setting} '{name}'{hint}; valid targets: {valid}")
     return TARGETS[str(name)]
+
+
+def unlaunchable(chosen: Target, preset: ModelPreset, config: dict[str, Any]) -> str | None:
+    """Why `chosen` cannot launch this configuration as it would be measured (one line: the
+    knob, the value, why, what the trainer offers), or None. Knobs left out are at default."""
+    point = StudyPoint(
+        study="", summary_path=Path("summary.json"), preset=preset, gpu="", backend="",
+        label="a candidate", config={**defaults(), **config}, peak_bytes=0, budget_bytes=0,
+        samples_per_s=0.0,
+    )  # fmt: skip
+    try:
+        chosen.run(point, Path("."))
+    except Refused as refusal:
+        return refusal.short
+    return None
 
 
 __all__ = [
@@ -43,5 +63,6 @@ __all__ = [
     "find_summary",
     "load_point",
     "target",
+    "unlaunchable",
     "write_export",
 ]

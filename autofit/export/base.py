@@ -56,6 +56,7 @@ class ExportPlan:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
+    written_by_layout: set[str] = field(default_factory=set)  # knobs read through value()
 
     @property
     def subject(self) -> Subject:
@@ -64,6 +65,7 @@ class ExportPlan:
     def value(self, knob: str) -> Any:
         """The knob's value, which the layout expresses itself."""
         self.read.add(knob)
+        self.written_by_layout.add(knob)
         return self.point.config[knob]
 
     def say(self, knob: str, vocabulary: str | None = None, record: bool = True) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError, ConfigError
-from autofit.knobs import WORKLOAD_KNOBS, defaults
+from autofit.knobs import WORKLOAD_KNOBS, completed
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import studies_under
 
@@ -148,8 +148,7 @@ def load_point(path: Path, point: int | None = None, global_batch: int | None = 
     missing = [k for k in REQUIRED if k not in config]
     if missing:
         raise AutofitError(f"{path}: the {label} run has no {', '.join(missing)} in its config")
-    # The study's own order first, then knobs it predates.
-    config = {**config, **{k: v for k, v in defaults().items() if k not in config}}
+    config = completed(config)
     preset = load_preset(summary["model"])
     accumulation = gradient_accumulation(
         int(config["batch_size"]), int(config["world_size"]), global_batch

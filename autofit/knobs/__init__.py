@@ -71,6 +71,13 @@ def defaults() -> dict[str, Any]:
     return {name: knob.default for name, knob in REGISTRY.items()}
 
 
+def completed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored configuration with every knob: those it predates at their defaults (what it ran
+    with), in its own order first; knobs this autofit does not know are kept, for the caller to
+    judge."""
+    return {**config, **{k: v for k, v in defaults().items() if k not in config}}
+
+
 def parse_all(values: Mapping[str, Any], knobs: Sequence[Knob] | None = None) -> dict[str, Any]:
     """Validate every knob's value, filling defaults; the first bad value raises ConfigError."""
     table = {k.name: k for k in knobs} if knobs is not None else REGISTRY
@@ -139,6 +146,7 @@ __all__ = [
     "Say",
     "Subject",
     "application_order",
+    "completed",
     "defaults",
     "invalid_reason",
     "owners",

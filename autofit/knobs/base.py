@@ -155,6 +155,10 @@ class Knob:
                     f"{self.name}={value} is not valid; valid values: {self.describe()}"
                 )
             return value
+        if isinstance(value, bool) and choices is not None:
+            # YAML 1.1 reads on/off as booleans (`ema: [off, gpu]`): take the word back.
+            word = "on" if value else "off"
+            value = word if word in choices else value
         if choices is not None and value not in choices:
             raise ConfigError(
                 f"{self.name}={value!r} is not valid; valid values: {', '.join(map(str, choices))}"

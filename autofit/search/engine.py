@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
 from autofit.probe.spec import ProbeResult
 from autofit.search.pareto import best_config, pareto_front
@@ -95,8 +96,13 @@ class Search:
         prober: Prober,
         jobs: int = 1,
         listener: SearchListener | None = None,
+        unlaunchable: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
+        """`unlaunchable`, when given, says why the trainer the user asked for cannot launch a
+        configuration (every knob's value, the resolution included); such combinations are
+        invalid, as those that cannot run at all."""
         self.space, self.prober = space, prober
+        self.unlaunchable = unlaunchable or (lambda knobs: None)
         self.preset, self.gpu, self.budget = prober.preset, prober.gpu, prober.budget
         self.jobs = max(1, jobs)
         self.listener = listener or SearchListener()
@@ -201,7 +207,9 @@ class Search:
                 **combination.knobs,
                 "resolution": combination.resolution,
             }
-            reason = invalid_reason(knobs, self.gpu, self.preset, self.prober.backend)
+            reason = invalid_reason(
+                knobs, self.gpu, self.preset, self.prober.backend
+            ) or self.unlaunchable(knobs)
             if reason:
                 combination.status, combination.reason = "invalid", reason
                 self.prober.recorder.record_pruned(
@@ -211,6 +219,8 @@ class Search:
                 self.listener.on_combination(combination)
             else:
                 runnable.append(combination)
+        if not runnable:
+            raise AutofitError(_nothing_to_search(combinations, self.space.name))
         waves: dict[int, list[Combination]] = defaultdict(list)
         for combination in runnable:
             waves[len(_savings(combination.knobs, self.space))].append(combination)
@@ -245,6 +255,21 @@ class Search:
         with ThreadPoolExecutor(self.jobs) as pool:
             for future in [pool.submit(self._search, c) for c in ordered]:
                 future.result()
+
+
+def _nothing_to_search(combinations: list[Combination], space: str) -> str:
+    """Every combination is invalid: say the commonest reason, and how many others there are."""
+    reasons: dict[str, int] = defaultdict(int)
+    for combination in combinations:
+        reasons[combination.reason] += 1
+    ranked = sorted(reasons.items(), key=lambda item: -item[1])
+    first, count = ranked[0]
+    others = f" (and {len(ranked) - 1} other reasons)" if len(ranked) > 1 else ""
+    return (
+        f"nothing to search: all {len(combinations)} combinations of space {space} are invalid; "
+        f"{count} because {first}{others}; add values that can run to the space (a copy of it, "
+        "given as space=path/to/space.yaml)"
+    )
 
 
 def _setting(knobs: dict[str, Any], names: dict[str, Any]) -> str:
