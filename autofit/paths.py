@@ -72,9 +72,3 @@ def ensure_writable(path: Path, what: str = "result") -> None:
         raise AutofitError(f"{where}: {exc.strerror}") from None
     if path.is_dir() or not os.access(path.parent, os.W_OK):
         raise AutofitError(f"{where}: not a writable file path")
-
-
-def studies_under(results: Path) -> list[Path]:
-    """Every study's results folder under `results/` (one with a summary.json), newest first."""
-    found = [p.parent for p in results.glob("*/summary.json")]
-    return sorted(found, key=lambda p: (p / "summary.json").stat().st_mtime, reverse=True)

@@ -37,8 +37,8 @@ from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.engine import Search
 from autofit.search.pareto import best_config
 from autofit.search.prober import Prober
+from autofit.search.recorder import StudyRecorder
 from autofit.search.space import load_space
-from autofit.search.study import StudyRecorder
 
 OUT = Path("results/benchmarks")
 

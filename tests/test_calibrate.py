@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import autofit
 
-from autofit.calibration.compare import figures
+from autofit.calibration.rows import figures
 from autofit.calibration.sets import load_set
 
 TWO_CASES = """cases:

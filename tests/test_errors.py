@@ -101,7 +101,7 @@ def test_a_knob_value_it_cannot_take(tmp_path: Path) -> None:
 
 def test_report_with_no_study_yet(tmp_path: Path) -> None:
     line = only_line(autofit("report", cwd=tmp_path), 1)
-    assert "no study to report" in line and "autofit search" in line
+    assert "no study found under results/" in line and "autofit search" in line
 
 
 def test_report_of_a_study_that_does_not_exist(tmp_path: Path) -> None:

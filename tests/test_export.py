@@ -519,9 +519,9 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=accelerate", "study=nope"],
             2,
-            "unknown study 'nope': no results/nope/summary.json; studies here: flux_dev-rtx4090-default, sana_1600m-a40-default",
+            "study=nope: no such study (no results/nope/summary.json); studies: flux_dev-rtx4090-default, sana_1600m-a40-default",
         ),
-        (["target=accelerate", "from=elsewhere"], 2, "from=elsewhere holds no summary.json"),
+        (["target=accelerate", "from=elsewhere"], 2, "from=elsewhere: no such folder"),
         (["target=kohya", f"study={SANA}"], 2, "target=kohya cannot train sana_1600m"),
         (["target=accelerate", "pointt=1"], 2, "unknown setting 'pointt'"),
     ],

@@ -18,8 +18,8 @@ import pytest
 from chromium import find_chromium, open_page
 from helpers import autofit
 
-from autofit.report.compare import compare
-from autofit.report.study import load_study
+from autofit.report.changes import compare
+from autofit.results import load_study
 
 # Two resolutions: at 64 px every batch fits (so checkpointing is pruned), at 256 px the budget
 # stops the batch (oom); bf16 cannot run on a T4 (invalid). A 96.3% margin leaves a T4 ~568 MiB.

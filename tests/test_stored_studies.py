@@ -14,7 +14,7 @@ from autofit.cli import main
 from autofit.knobs import REGISTRY
 from autofit.knobs.optimizer import Optimizer
 from autofit.probe.spec import Outcome, ProbeResult
-from autofit.search.study import StudyRecorder, probe_key
+from autofit.search.recorder import StudyRecorder, probe_key
 
 OLD_SPACE = """
 batch_size: {min: 1, max: 1}

@@ -68,7 +68,7 @@ def default_output(gpu: str, measure: str, set_name: str) -> Path:
 def run_config(cfg: Any) -> int:
     from omegaconf import OmegaConf
 
-    from autofit.calibration.compare import append_row, describe, figures, read_rows, row
+    from autofit.calibration.rows import append_row, describe, figures, read_rows, row
     from autofit.calibration.sets import load_set
     from autofit.gpus import load_gpu
     from autofit.models import load_preset

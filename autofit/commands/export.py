@@ -25,14 +25,17 @@ def run_config(cfg: Any) -> int:
     """Export what a composed `export` config asks for; print the launch command."""
     from omegaconf import OmegaConf
 
-    from autofit.export import find_summary, load_point, target, write_export
+    from autofit.export import load_point, target, write_export
+    from autofit.results import SUMMARY, locate
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     named = data["target"]["name"]
     if named is not None:
         target(named)  # a bad name is told before any study is read
-    source = find_summary(data.get("study"), data.get("from"), Path("results"))
+    # Hydra reads `study=2024` as a number: every name and path is taken as text.
+    name, folder = (None if data.get(k) is None else str(data[k]) for k in ("study", "from"))
+    source = locate(name, folder) / SUMMARY
     point = load_point(source, data.get("point"), data["target"].get("global_batch"))
     # A search for one trainer's runs (trainer=) exports to that trainer unless told otherwise.
     chosen = target(named or point.summary.get("trainer"))

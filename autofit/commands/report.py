@@ -11,8 +11,6 @@ from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
 from autofit.paths import ensure_writable
 
-RESULTS = Path("results")
-
 
 def run(overrides: list[str]) -> int:
     return run_config(compose_config("report", overrides))
@@ -29,17 +27,15 @@ def _threshold(value: Any) -> float:
 def run_config(cfg: Any) -> int:
     """Report the study a composed `report` config names; compare it when asked."""
     from autofit.report import tables
-    from autofit.report.study import load_study, locate, resolve_study
+    from autofit.results import load_study, locate
 
     # Hydra reads `study=2024` as a number: every name and path is taken as text.
     name, folder, other, out_dir = (
         None if cfg[k] is None else str(cfg[k]) for k in ("study", "from", "compare", "out")
     )
-    if name and folder:
-        raise ConfigError("study= and from= both name the study to report; give one of them")
     threshold = _threshold(cfg.threshold)
-    study = load_study(locate(name, folder, RESULTS))
-    baseline = load_study(resolve_study(other, RESULTS, "compare")) if other else None
+    study = load_study(locate(name, folder))
+    baseline = load_study(locate(other, None, setting="compare")) if other else None
     out = Path(out_dir) if out_dir else study.path / "report"
     ensure_writable(out / "report.txt", what="report")
 
@@ -56,7 +52,7 @@ def run_config(cfg: Any) -> int:
     if baseline is None:
         return 0
 
-    from autofit.report.compare import compare
+    from autofit.report.changes import compare
 
     comparison = compare(baseline, study, threshold)
     (out / "compare.json").write_text(json.dumps(comparison.to_dict(), indent=2))

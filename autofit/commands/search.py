@@ -14,6 +14,7 @@ from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
 from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
+from autofit.results import Status
 from autofit.search.display import config_words
 from autofit.search.engine import Combination, SearchListener
 from autofit.units import size
@@ -83,10 +84,10 @@ class Progress(SearchListener):
             self.stream.flush()
 
     def on_combination(self, combination: Combination) -> None:
-        if combination.status in ("pruned", "invalid") and not self.live:
+        if combination.status in (Status.PRUNED, Status.INVALID) and not self.live:
             with self._lock:
                 self.stream.write(
-                    f"[{self._elapsed()}] {combination.status}: {combination.label()}: {combination.reason}\n"
+                    f"[{self._elapsed()}] {combination.status.value}: {combination.label()}: {combination.reason}\n"
                 )
                 self.stream.flush()
 
@@ -111,12 +112,13 @@ def run_config(cfg: Any) -> int:
     from autofit.backends import resolve
     from autofit.paths import ensure_writable
     from autofit.probe.launcher import launcher_for
+    from autofit.report.tables import pareto_table
+    from autofit.results import load_study, study_folder, write_results
     from autofit.search import display
     from autofit.search.engine import Search
-    from autofit.search.outputs import write_outputs
     from autofit.search.prober import Prober
+    from autofit.search.recorder import StudyRecorder, default_storage
     from autofit.search.space import load_space
-    from autofit.search.study import StudyRecorder, default_storage
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
@@ -161,7 +163,7 @@ def run_config(cfg: Any) -> int:
 
     default_name = f"{preset.label}-{gpu.name}-{space.name}" + (f"-{trainer}" if trainer else "")
     study_name = data.get("study") or default_name
-    out = Path(data["out"]) if data.get("out") else Path("results") / study_name
+    out = Path(data["out"]) if data.get("out") else study_folder(study_name)
     ensure_writable(out / "summary.json")
     storage = data.get("storage") or default_storage(Path("results"))
     if storage.startswith("sqlite:///"):
@@ -194,11 +196,15 @@ def run_config(cfg: Any) -> int:
             ).run()  # fmt: skip
     finally:
         progress.close()
-    summary = write_outputs(out, result, meta, knob_names)
-
-    print(
-        f"\nPareto front (throughput against batch x pixels), per resolution:\n{display.pareto_table(result, knob_names)}"
+    counts = {"budget_bytes": result.budget_bytes, "n_probes": result.new_probes + result.reused_probes,
+              "new_probes": result.new_probes, "reused_probes": result.reused_probes,
+              "wall_s": round(result.wall_s, 2)}  # fmt: skip
+    front = [r for runs in result.pareto.values() for r in runs]
+    summary = write_results(
+        out, meta, result.results, result.combinations, front, result.best, counts, knob_names
     )
+    # The same table `autofit report` prints, from the files just written.
+    print("\n" + pareto_table(load_study(out)).text())
     lost = display.losers(result.combinations)
     if lost:
         print(f"\nnot on the front:\n{lost}")

@@ -18,7 +18,7 @@ from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
 from autofit.export.output import write_export
-from autofit.export.point import StudyPoint, find_summary, load_point
+from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
 from autofit.knobs import defaults
@@ -60,7 +60,6 @@ __all__ = [
     "ExportPlan",
     "StudyPoint",
     "Target",
-    "find_summary",
     "load_point",
     "target",
     "unlaunchable",

@@ -1,6 +1,6 @@
 """The configuration an export starts from: one point of a study's results, every knob filled in.
 
-A study leaves `results/<study>/summary.json` (autofit/search/outputs.py): its `best` run and its
+A study leaves `results/<study>/summary.json` (autofit/results.py): its `best` run and its
 Pareto front, each with `config` holding every knob as applied. Knobs added after a study was
 made are absent from its config; they take their registry default, which is what autofit did
 before the knob existed (autofit/knobs/base.py).
@@ -8,7 +8,6 @@ before the knob existed (autofit/knobs/base.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from autofit.errors import AutofitError, ConfigError
 from autofit.knobs import WORKLOAD_KNOBS, completed
 from autofit.models import ModelPreset, load_preset
-from autofit.paths import studies_under
+from autofit.results import read_summary
 
 # What every run is trained on: a config without one is not a study's.
 REQUIRED = WORKLOAD_KNOBS
@@ -65,40 +64,6 @@ class StudyPoint:
         return self.micro_batch * self.world_size * self.accumulation
 
 
-def latest_summary(results: Path) -> Path:
-    """The most recently written `results/*/summary.json`: the study the user last ran."""
-    found = studies_under(results)
-    if not found:
-        raise AutofitError(
-            f"no study found under {results}/ (no */summary.json): run `autofit search` first, "
-            "or name one with study=NAME or from=DIR"
-        )
-    return found[0] / "summary.json"
-
-
-def find_summary(study: str | None, from_dir: str | None, results: Path) -> Path:
-    """The summary.json that `study=` or `from=` names, else the latest one under `results`."""
-    if study and from_dir:
-        raise ConfigError(f"study={study} and from={from_dir} both name a study: give one of them")
-    if from_dir:
-        path = Path(from_dir)
-        path = path if path.name == "summary.json" else path / "summary.json"
-        if not path.is_file():
-            raise ConfigError(
-                f"from={from_dir} holds no summary.json: give a study's results folder"
-            )
-        return path
-    if study:
-        path = results / study / "summary.json"
-        if not path.is_file():
-            known = sorted(p.name for p in studies_under(results))
-            raise ConfigError(
-                f"unknown study '{study}': no {path}; studies here: {', '.join(known) or 'none'}"
-            )
-        return path
-    return latest_summary(results)
-
-
 def gradient_accumulation(micro_batch: int, world_size: int, global_batch: int | None) -> int:
     """Accumulation steps that make `global_batch` from the micro-batch that fits on each GPU."""
     if global_batch is None:
@@ -139,10 +104,7 @@ def _entry(summary: dict[str, Any], point: int | None, path: Path) -> tuple[str,
 
 def load_point(path: Path, point: int | None = None, global_batch: int | None = None) -> StudyPoint:
     """The best run of the study at `path` (or row `point` of its Pareto front, from 1)."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise AutofitError(f"cannot read the study summary {path}: {exc}") from None
+    summary = read_summary(path)
     label, entry = _entry(summary, point, path)
     config = dict(entry.get("config") or {})
     missing = [k for k in REQUIRED if k not in config]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.report.study import Study
+from autofit.probe.spec import Outcome
 from autofit.report.tables import PARTS
+from autofit.results import Study
 from autofit.units import value as show
 
 PARETO_TITLE = "Pareto front: throughput against run size, memory as colour"
@@ -57,7 +58,7 @@ def points(study: Study) -> list[Point]:
     found = []
     for probe in study.probes:
         if (
-            probe.outcome not in ("ok", "oom")
+            probe.outcome not in (Outcome.OK, Outcome.OOM)
             or probe.samples_per_s is None
             or not probe.batch_size
         ):
@@ -69,7 +70,7 @@ def points(study: Study) -> list[Point]:
                 megapixels=probe.batch_size * probe.resolution**2 / 1e6,
                 samples_per_s=probe.samples_per_s,
                 peak_gib=(probe.peak_bytes or 0) / (1 << 30),
-                fits=probe.outcome == "ok",
+                fits=probe.outcome is Outcome.OK,
                 label=_label(probe.resolution, probe.batch_size, probe.knobs),
             )
         )

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from autofit.report import charts
-from autofit.report.study import Study
 from autofit.report.tables import Table, headline
+from autofit.results import Study
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 1100px;

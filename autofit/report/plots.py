@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autofit.report import charts
-from autofit.report.study import Study
+from autofit.results import Study
 
 MARKERS = "osD^vP<>"
 

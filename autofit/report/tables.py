@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.report.compare import Comparison, relative
-from autofit.report.study import Probe, Study
+from autofit.probe.spec import Outcome
+from autofit.report.changes import Comparison, relative
+from autofit.results import Probe, Status, Study
 from autofit.units import size
 from autofit.units import value as show
 
@@ -153,10 +154,10 @@ def breakdown_table(study: Study) -> Table:
 
 
 def _oom_words(probe: Probe, budget: int) -> str:
-    if probe.outcome == "oom":
+    if probe.outcome is Outcome.OOM:
         where = f" in {probe.phase}" if probe.phase else ""
         return f"batch {probe.batch_size}: oom{where} ({size(probe.peak_bytes)} of {size(budget)})"
-    return f"batch {probe.batch_size}: {probe.outcome}" + (
+    return f"batch {probe.batch_size}: {probe.outcome.value}" + (
         f" ({probe.reason})" if probe.reason else ""
     )
 
@@ -195,29 +196,33 @@ def losers_table(study: Study) -> Table:
     table = Table("why the others lost", ["res", *names, "result", "why"])
     best_at = study.best_per_resolution()
     for combination in study.combinations:
-        resolution, status = int(combination["resolution"]), combination["status"]
+        resolution, status = int(combination["resolution"]), Status(combination["status"])
         best = best_at.get(resolution)
-        if best is not None and status == "exact":
+        if best is not None and status is Status.EXACT:
             same = all(
                 show(best["config"].get(k)) == show(v) for k, v in combination["knobs"].items()
             )
             if same and best["config"]["batch_size"] == combination["best_batch"]:
                 continue
-        if status == "exact":
+        if status is Status.EXACT:
             result, why = (
                 f"fits up to {combination['best_batch']}",
                 _why_exact(study, combination, best),
             )
-        elif status == "none_fit":
+        elif status is Status.NONE_FIT:
             probes = study.probes_of(combination)
             result = "none fit"
             why = _oom_words(probes[0], study.budget_bytes) if probes else combination["reason"]
-        elif status == "failed":  # a probe crashed or timed out: its own message says why
-            broken = [p for p in study.probes_of(combination) if p.outcome in ("crash", "timeout")]
-            result = "failed"
+        elif status is Status.FAILED:  # a probe crashed or timed out: its own message says why
+            broken = [
+                p
+                for p in study.probes_of(combination)
+                if p.outcome in (Outcome.CRASH, Outcome.TIMEOUT)
+            ]
+            result = status.value
             why = _oom_words(broken[0], study.budget_bytes) if broken else combination["reason"]
         else:  # pruned or invalid: the search said why
-            result, why = status, combination["reason"].removeprefix("invalid: ")
+            result, why = status.value, combination["reason"].removeprefix("invalid: ")
         table.rows.append([str(resolution), *_knobs(combination["knobs"], names), result, why])
     if not table.rows:
         table.note = "none: every combination's best run is the best at its resolution"
@@ -234,9 +239,9 @@ def report_tables(study: Study) -> list[Table]:
 def _fit(probe: Probe | None) -> str:
     if probe is None:
         return "not probed"
-    if probe.outcome == "oom":
+    if probe.outcome is Outcome.OOM:
         return f"no (oom{' in ' + probe.phase if probe.phase else ''})"
-    return "yes" if probe.outcome == "ok" else probe.outcome
+    return "yes" if probe.outcome is Outcome.OK else probe.outcome.value
 
 
 def _percent(change: float | None) -> str:

@@ -1,37 +1,16 @@
-"""The text a search shows: its Pareto table, its best configuration, why others lost."""
+"""The text a search shows besides its Pareto table (the report's, autofit/report/tables.py): its
+best configuration, and why the other combinations lost."""
 
 from __future__ import annotations
 
 from autofit.probe.spec import ProbeResult
-from autofit.search.engine import Combination, SearchResult
+from autofit.results import Status
+from autofit.search.engine import Combination
 from autofit.units import size, value
 
 
 def config_words(result: ProbeResult, knob_names: list[str]) -> str:
     return " ".join(f"{k}={value(result.config[k])}" for k in knob_names)
-
-
-def pareto_table(search: SearchResult, knob_names: list[str]) -> str:
-    header = ["res", "batch", *knob_names, "samples/s", "peak", "of budget"]
-    rows = []
-    for resolution, front in search.pareto.items():
-        for result in front:
-            rows.append(
-                [
-                    str(resolution),
-                    str(result.config["batch_size"]),
-                    *(value(result.config[k]) for k in knob_names),
-                    f"{result.samples_per_s:.3f}",
-                    size(result.peak_bytes),
-                    f"{(result.peak_bytes or 0) / search.budget_bytes:.0%}",
-                ]
-            )
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
 
 
 def best_block(best: ProbeResult, knob_names: list[str]) -> str:
@@ -55,11 +34,11 @@ def losers(combinations: list[Combination]) -> str:
     lines = []
     invalid: dict[str, list[Combination]] = {}
     for c in combinations:
-        if c.status == "invalid":
+        if c.status is Status.INVALID:
             invalid.setdefault(c.reason, []).append(c)
-        elif c.status in ("pruned", "none_fit", "failed"):
-            lines.append(f"  {c.status:<9} {c.label()}: {c.reason}")
+        elif c.status in (Status.PRUNED, Status.NONE_FIT, Status.FAILED):
+            lines.append(f"  {c.status.value:<9} {c.label()}: {c.reason}")
     for reason, group in invalid.items():
         what = group[0].label() if len(group) == 1 else f"{len(group)} combinations"
-        lines.append(f"  {'invalid':<9} {what}: {reason}")
+        lines.append(f"  {Status.INVALID.value:<9} {what}: {reason}")
     return "\n".join(lines)

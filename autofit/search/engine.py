@@ -24,6 +24,7 @@ from typing import Any
 from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
 from autofit.probe.spec import ProbeResult
+from autofit.results import Status
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.planner import Observation, largest_fitting_batch
 from autofit.search.prober import Prober
@@ -39,7 +40,7 @@ class Combination:
 
     knobs: dict[str, Any]  # the searched knobs' values
     resolution: int
-    status: str = "pending"  # exact | none_fit | pruned | invalid | failed
+    status: Status = Status.PENDING
     best_batch: int | None = None
     probes: int = 0
     reason: str = ""
@@ -48,7 +49,7 @@ class Combination:
         return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{self.resolution}px"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "status": self.status.value}
 
 
 class SearchListener:
@@ -162,13 +163,13 @@ class Search:
             self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
         self._best[(_frozen(knobs), resolution)] = plan.best_batch
         if plan.failed is not None:
-            combination.status = "failed"
+            combination.status = Status.FAILED
             combination.reason = (
                 f"the probe at batch {plan.failed.batch} did not finish (crash or timeout)"
             )
             combination.best_batch = plan.best_batch
         elif plan.best_batch is not None:
-            combination.status, combination.best_batch = "exact", plan.best_batch
+            combination.status, combination.best_batch = Status.EXACT, plan.best_batch
         elif parent_note:
             self._best[(_frozen(knobs), resolution)] = floor
             self._prune(
@@ -177,12 +178,12 @@ class Search:
             )
             return
         else:
-            combination.status = "none_fit"
+            combination.status = Status.NONE_FIT
             combination.reason = f"batch {self.space.min_batch} does not fit"
         self.listener.on_combination(combination)
 
     def _prune(self, combination: Combination, reason: str) -> None:
-        combination.status, combination.reason = "pruned", reason
+        combination.status, combination.reason = Status.PRUNED, reason
         self.prober.recorder.record_pruned(
             {**combination.knobs, "resolution": combination.resolution}, reason
         )
@@ -211,7 +212,7 @@ class Search:
                 knobs, self.gpu, self.preset, self.prober.backend
             ) or self.unlaunchable(knobs)
             if reason:
-                combination.status, combination.reason = "invalid", reason
+                combination.status, combination.reason = Status.INVALID, reason
                 self.prober.recorder.record_pruned(
                     {**combination.knobs, "resolution": combination.resolution},
                     f"invalid: {reason}",

@@ -52,7 +52,7 @@ class Observation:
 
 
 @dataclass
-class Plan:
+class LargestBatch:
     """The planner's answer for one combination and resolution."""
 
     best_batch: int | None  # b*; None when nothing above `floor` fits
@@ -112,14 +112,14 @@ def largest_fitting_batch(
     max_batch: int,
     floor: int = 0,
     slope_hint: Slopes | None = None,
-) -> Plan:
+) -> LargestBatch:
     """Find the largest batch in (`floor`, `max_batch`] whose probe fits `budget_bytes`.
 
     `floor` is a batch below which the search need not look (another configuration already
     covers it); the first probe is at `floor + 1`. `slope_hint` (bytes per sample of each curve,
     from a similar configuration) lets the planner extrapolate after the first probe.
     """
-    plan = Plan(best_batch=None)
+    plan = LargestBatch(best_batch=None)
     lo, hi = (
         floor,
         max_batch + 1,

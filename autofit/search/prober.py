@@ -11,7 +11,7 @@ from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
 from autofit.probe.runner import run_probe
 from autofit.probe.spec import ProbeResult
-from autofit.search.study import StudyRecorder, probe_key
+from autofit.search.recorder import StudyRecorder, probe_key
 
 
 class Prober:

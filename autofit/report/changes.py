@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.report.study import Probe, Study, knobs_key
+from autofit.probe.spec import Outcome
+from autofit.results import Probe, Status, Study, knobs_key
 from autofit.units import size
 from autofit.units import value as show
 
@@ -40,15 +41,15 @@ def relative(before: float | None, after: float | None) -> float | None:
 def _state(probe: Probe | None) -> dict[str, Any] | None:
     if probe is None:
         return None
-    return {"outcome": probe.outcome, "peak_bytes": probe.peak_bytes,
+    return {"outcome": probe.outcome.value, "peak_bytes": probe.peak_bytes,
             "samples_per_s": probe.samples_per_s, "phase": probe.phase or None}  # fmt: skip
 
 
 def _outcome_words(probe: Probe, budget: int) -> str:
-    if probe.outcome == "oom":
+    if probe.outcome is Outcome.OOM:
         where = f" in {probe.phase}" if probe.phase else ""
         return f"oom{where}, {size(probe.peak_bytes)} of {size(budget)}"
-    return probe.outcome
+    return probe.outcome.value
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Change:
     def throughput_change(self) -> float | None:
         if self.before is None or self.after is None:
             return None
-        if self.before.outcome != "ok" or self.after.outcome != "ok":
+        if self.before.outcome is not Outcome.OK or self.after.outcome is not Outcome.OK:
             return None
         return relative(self.before.samples_per_s, self.after.samples_per_s)
 
@@ -149,7 +150,12 @@ def _probes_by_key(study: Study) -> dict[tuple[Any, ...], Probe]:
 
 def _fit_regression(change: Change, budget: int) -> str:
     before, after = change.before, change.after
-    if before is None or after is None or before.outcome != "ok" or after.outcome == "ok":
+    if (
+        before is None
+        or after is None
+        or before.outcome is not Outcome.OK
+        or after.outcome is Outcome.OK
+    ):
         return ""
     return (
         f"{_words(change.config)} fitted before ({size(before.peak_bytes)}) and does not now "
@@ -173,7 +179,7 @@ def _combination_regression(change: CombinationChange) -> str:
     if (
         before is None
         or change.after is None
-        or change.after["status"] not in ("exact", "none_fit")
+        or Status(change.after["status"]) not in (Status.EXACT, Status.NONE_FIT)
     ):
         return ""
     if after is not None and after >= before:
@@ -214,7 +220,7 @@ def compare(before: Study, after: Study, threshold: float) -> Comparison:
     fit_lost = {
         (c.after.resolution, knobs_key(c.after.knobs))
         for c in result.configurations
-        if c.regression and c.after is not None and c.after.outcome != "ok"
+        if c.regression and c.after is not None and c.after.outcome is not Outcome.OK
     }
     old_combos = {(int(c["resolution"]), knobs_key(c["knobs"])): c for c in before.combinations}
     new_combos = {(int(c["resolution"]), knobs_key(c["knobs"])): c for c in after.combinations}
