@@ -1,8 +1,11 @@
 """Shared helpers: specs for shipped presets without going through the CLI, and the CLI as a
-user runs it."""
+user runs it: in a fresh interpreter, or in this process (`cli.main`, for the many mistakes that
+are caught before anything runs)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -19,6 +22,15 @@ def spec(model: str, gpu: str = "a40", backend: str = "simulate", **knobs: Any) 
     return make_spec(load_preset(model), load_gpu(gpu), knobs, backend=backend, timeout_s=300)
 
 
+def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
+    """The same probe on a model with the preset's widths and only `blocks` transformer blocks:
+    its tensors are as large as the real model's, its step a fraction of the cost."""
+    import dataclasses
+
+    architecture = {**probe.model["architecture"], "num_layers": blocks}
+    return dataclasses.replace(probe, model={**probe.model, "architecture": architecture})
+
+
 def autofit(
     *args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
@@ -33,3 +45,31 @@ def autofit(
         timeout=timeout,
         env=env,
     )
+
+
+def in_process(
+    *args: str, cwd: Path, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`autofit <args>` through `cli.main` in this process, run in `cwd`, with what it printed: as
+    `autofit()` gives it, without a new interpreter's start-up. An exception escaping `main` (a
+    traceback, for a user) fails the test."""
+    from autofit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here, path, env = Path.cwd(), list(sys.path), os.environ.get("PYTHONPATH")
+    os.chdir(cwd)
+    if pythonpath:  # the user's modules, importable here and in the probes' workers
+        sys.path.insert(0, str(pythonpath))
+        os.environ["PYTHONPATH"] = str(pythonpath)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+        sys.path[:] = path
+        if pythonpath:
+            if env is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = env
+    return subprocess.CompletedProcess(["autofit", *args], code, out.getvalue(), err.getvalue())

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import autofit
+from helpers import autofit, in_process
 
 from autofit.calibration.rows import figures
 from autofit.calibration.sets import load_set
@@ -40,7 +40,7 @@ def test_a_bad_case_is_named(tmp_path: Path) -> None:
     bad.write_text(
         "cases:\n  - model: tiny_mlp\n  - model: tiny_mlp\n    vary: {optimizer: [adamw, adam]}\n"
     )
-    done = autofit("calibrate", f"set={bad}", "measure=cpu", cwd=tmp_path)
+    done = in_process("calibrate", f"set={bad}", "measure=cpu", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "case 2" in done.stderr and "'adam'" in done.stderr and "adamw8bit" in done.stderr
@@ -51,7 +51,7 @@ def test_without_a_gpu_measure_cuda_says_what_to_do(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    done = autofit("calibrate", "gpu=h100_80", cwd=tmp_path)
+    done = in_process("calibrate", "gpu=h100_80", cwd=tmp_path)
     assert done.returncode == 2 and "measure=cpu" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "calibration").exists()
 

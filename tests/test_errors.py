@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import autofit
+from helpers import in_process
 
 # Every saving on (pure bf16 weights, SGD's small state, checkpointing) at batch 1: the smallest
 # run the space allows still needs more than a 2% slice of an L4.
@@ -64,14 +64,14 @@ def a_study(results: Path, name: str = "tiny_mlp-a40-quick") -> Path:
 
 
 def test_a_typo_in_a_model_name(tmp_path: Path) -> None:
-    line = only_line(autofit("search", "model=sana_1600", "gpu=a40", cwd=tmp_path), 2)
+    line = only_line(in_process("search", "model=sana_1600", "gpu=a40", cwd=tmp_path), 2)
     assert "unknown model 'sana_1600'" in line and "did you mean 'sana_1600m'" in line
     assert "tiny_sana" in line  # and the valid ones
 
 
 def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
     for command in ("search", "probe"):
-        line = only_line(autofit(command, "model=tiny_mlp", "gpu=rtx4900", cwd=tmp_path), 2)
+        line = only_line(in_process(command, "model=tiny_mlp", "gpu=rtx4900", cwd=tmp_path), 2)
         assert (
             "unknown gpu 'rtx4900'" in line and "did you mean 'rtx4090'" in line and "a40" in line
         )
@@ -79,47 +79,47 @@ def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("override", ["model", "batch_size=[", "model=tiny_mlp gpu=a40"])
 def test_a_malformed_override(tmp_path: Path, override: str) -> None:
-    line = only_line(autofit("probe", override, cwd=tmp_path), 2)
+    line = only_line(in_process("probe", override, cwd=tmp_path), 2)
     assert f"malformed override '{override}'" in line and "key=value" in line
 
 
 def test_an_unknown_setting_or_command(tmp_path: Path) -> None:
-    line = only_line(autofit("search", "batchsize=4", cwd=tmp_path), 2)
+    line = only_line(in_process("search", "batchsize=4", cwd=tmp_path), 2)
     assert "unknown setting 'batchsize'" in line and "margin" in line
-    line = only_line(autofit("report", "threshhold=0.2", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "threshhold=0.2", cwd=tmp_path), 2)
     assert "unknown setting 'threshhold'" in line and "did you mean 'threshold'" in line
-    line = only_line(autofit("serch", cwd=tmp_path), 2)
+    line = only_line(in_process("serch", cwd=tmp_path), 2)
     assert "unknown command 'serch'" in line and "search" in line and "report" in line
 
 
 def test_a_knob_value_it_cannot_take(tmp_path: Path) -> None:
-    line = only_line(autofit("probe", "model=tiny_mlp", "precision=bf17", cwd=tmp_path), 2)
+    line = only_line(in_process("probe", "model=tiny_mlp", "precision=bf17", cwd=tmp_path), 2)
     assert "precision='bf17'" in line and "bf16_pure" in line
-    line = only_line(autofit("report", "threshold=10", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "threshold=10", cwd=tmp_path), 2)
     assert "threshold=10" in line and "between 0 and 1" in line
 
 
 def test_report_with_no_study_yet(tmp_path: Path) -> None:
-    line = only_line(autofit("report", cwd=tmp_path), 1)
+    line = only_line(in_process("report", cwd=tmp_path), 1)
     assert "no study found under results/" in line and "autofit search" in line
 
 
 def test_report_of_a_study_that_does_not_exist(tmp_path: Path) -> None:
     a_study(tmp_path / "results")
-    line = only_line(autofit("report", "study=tiny_mlp-a40-quik", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "study=tiny_mlp-a40-quik", cwd=tmp_path), 2)
     assert (
         "study=tiny_mlp-a40-quik: no such study" in line and "studies: tiny_mlp-a40-quick" in line
     )
-    line = only_line(autofit("report", "from=nowhere", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "from=nowhere", cwd=tmp_path), 2)
     assert "from=nowhere: no such folder" in line
     (tmp_path / "not_a_study").mkdir()
-    line = only_line(autofit("report", "from=not_a_study", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "from=not_a_study", cwd=tmp_path), 2)
     assert "not_a_study is not a study's results folder" in line
 
 
 def test_compare_with_a_study_that_does_not_exist(tmp_path: Path) -> None:
     a_study(tmp_path / "results")
-    line = only_line(autofit("report", "compare=last-night", cwd=tmp_path), 2)
+    line = only_line(in_process("report", "compare=last-night", cwd=tmp_path), 2)
     assert "compare=last-night: no such study" in line and "tiny_mlp-a40-quick" in line
     assert not (tmp_path / "results" / "tiny_mlp-a40-quick" / "report").exists()  # checked first
 
@@ -128,14 +128,14 @@ def test_a_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
     # Under a regular file: no folder can be made there, even as root (chmod would not stop root).
     (tmp_path / "a_file").write_text("")
     a_study(tmp_path / "results")
-    line = only_line(autofit("report", "out=a_file/report", cwd=tmp_path), 1)
+    line = only_line(in_process("report", "out=a_file/report", cwd=tmp_path), 1)
     assert "cannot write the report to a_file/report" in line
     line = only_line(
-        autofit("search", "model=tiny_mlp", "space=quick", "out=a_file/sub", cwd=tmp_path), 1
+        in_process("search", "model=tiny_mlp", "space=quick", "out=a_file/sub", cwd=tmp_path), 1
     )
     assert "a_file/sub" in line and "cannot write" in line
     line = only_line(
-        autofit(
+        in_process(
             "search",
             "model=tiny_mlp",
             "space=quick",
@@ -145,13 +145,15 @@ def test_a_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
         1,
     )
     assert "a_file/studies.db" in line
-    line = only_line(autofit("probe", "model=tiny_mlp", "out=a_file/result.json", cwd=tmp_path), 1)
+    line = only_line(
+        in_process("probe", "model=tiny_mlp", "out=a_file/result.json", cwd=tmp_path), 1
+    )
     assert "a_file/result.json" in line and "cannot write" in line
 
 
 def test_a_space_where_nothing_fits_even_at_batch_1_with_every_saving_on(tmp_path: Path) -> None:
     (tmp_path / "tight.yaml").write_text(NOTHING_FITS_SPACE)
-    done = autofit(
+    done = in_process(
         "search", "model=tiny_mlp", "gpu=l4", "space=tight.yaml", "margin=0.98", cwd=tmp_path
     )
     line = error_line(done, 1)
@@ -165,7 +167,7 @@ def test_a_space_where_nothing_fits_even_at_batch_1_with_every_saving_on(tmp_pat
     )
 
     # The report of that study says the same, and exits 0: it is an answer, not an error.
-    report = autofit("report", cwd=tmp_path)
+    report = in_process("report", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert (
         f"nothing fits: the smallest peak found is {found[1]} MiB against a budget of {found[2]} MiB"

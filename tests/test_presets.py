@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import autofit, spec
+from helpers import autofit, in_process, spec
 
 from autofit.commands.models import count_parameters
+from autofit.models import load_preset
 from autofit.paths import group_options
 from autofit.probe import Outcome
 from autofit.probe.worker import execute
@@ -38,16 +39,33 @@ def test_parameter_counts_are_within_one_percent_of_the_published_figures(counts
     assert checked == 8
 
 
-@pytest.mark.parametrize("model", PRESETS)
-def test_every_preset_probes_at_batch_1_and_its_native_size(model: str) -> None:
-    result = execute(spec(model, gpu="h200", backend="simulate"))
+def _probe_at_batch_1(model: str, size: int | None) -> None:
+    result = execute(spec(model, gpu="h200", backend="simulate", resolution=size))
     assert result.outcome in (Outcome.OK, Outcome.OOM), result.error
     assert result.peak_bytes > 0 and result.samples_per_s > 0 and result.flops_per_sample > 0
     assert result.trainable_param_count > 0
     assert sum(result.breakdown.values()) == result.peak_bytes
     if model in ("llama3_8b", "qwen2_5_7b"):
-        assert result.units_per_sample == 4096
-        assert result.tokens_per_s == pytest.approx(result.samples_per_s * 4096)
+        assert result.units_per_sample == (size or 4096)
+        assert result.tokens_per_s == pytest.approx(result.samples_per_s * (size or 4096))
+
+
+@pytest.mark.parametrize("model", PRESETS)
+def test_every_preset_probes_at_batch_1_and_a_quarter_of_its_native_size(model: str) -> None:
+    """The whole model, its buckets and companions through one simulated step, at a size that
+    costs a fraction of the native one (the same code paths: the preset's searches in
+    benchmarks/preset_searches.py run the native size)."""
+    preset = load_preset(model)
+    _probe_at_batch_1(
+        model,
+        max(preset.granularity, preset.resolution // 4 // preset.granularity * preset.granularity),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", PRESETS)
+def test_every_preset_probes_at_batch_1_and_its_native_size(model: str) -> None:
+    _probe_at_batch_1(model, None)
 
 
 def test_a_users_own_model_probes_like_a_preset(tmp_path: Path) -> None:
@@ -75,7 +93,9 @@ def test_a_users_own_model_probes_like_a_preset(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_entry_is_one_line(tmp_path: Path, entry: str, words: str) -> None:
-    done = autofit("probe", "model=custom", f"model.entry={entry}", cwd=tmp_path, pythonpath=TESTS)
+    done = in_process(
+        "probe", "model=custom", f"model.entry={entry}", cwd=tmp_path, pythonpath=TESTS
+    )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr
 
@@ -95,6 +115,7 @@ def test_an_entry_that_returns_something_else_is_a_clear_crash(tmp_path: Path) -
     assert done.returncode == 1
 
 
+@pytest.mark.slow  # a 3 B model at 1024 px, twice (test_techniques holds the mechanism on small ones)
 def test_sd3_controlnet_seed_case_training_fits_an_a100_80gb_and_its_validation_does_not() -> None:
     # diffusers' ControlNet SD3 example on its defaults (no mixed precision, batch 1, 1024 px):
     # diffusers issue #11225 reports training running and validation running out of memory.

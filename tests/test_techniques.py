@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import spec
+from helpers import spec, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_gpu_memory
@@ -129,9 +129,7 @@ def test_math_attention_keeps_the_attention_matrix() -> None:
 
 def _two_block_sana():
     """Sana 1600M's widths with two blocks: large tensors, so flat partitions dominate."""
-    probe = spec("sana_1600m", resolution=256)
-    model = {**probe.model, "architecture": {**probe.model["architecture"], "num_layers": 2}}
-    return model
+    return with_blocks(spec("sana_1600m", resolution=256), 2).model
 
 
 def _zero(stage: int, world_size: int, **knobs):

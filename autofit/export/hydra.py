@@ -1,9 +1,10 @@
 """`target=hydra`: the run as Hydra overrides `autofit probe` accepts, to measure it again.
 
 `overrides.yaml` is a YAML list of `key=value` strings, the format Hydra itself records a run's
-overrides in (`.hydra/overrides.yaml`): model, GPU, margin and every knob of the run. Re-measuring
-on the target GPU (backend=auto picks `cuda` there) checks the simulated figures for real. Every
-value of every knob is autofit's own, so this target expresses them all.
+overrides in (`.hydra/overrides.yaml`): model, GPU, margin and every knob of the run that is not at
+a default asking nothing (`autofit probe` runs those at their defaults). Re-measuring on the target
+GPU (backend=auto picks `cuda` there) checks the simulated figures for real. Every value of every
+knob is autofit's own, so this target expresses them all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import shlex
 
 from autofit.export.base import ExportPlan, Target, knob_text
+from autofit.knobs import asked
 
 
 def overrides(plan: ExportPlan) -> list[str]:
@@ -19,7 +21,10 @@ def overrides(plan: ExportPlan) -> list[str]:
     margin = point.summary.get("margin")
     if margin is not None:
         head.append(f"margin={margin}")
-    return head + [f"{knob}={knob_text(plan.value(knob))}" for knob in point.config]
+    listed = asked(point.config, point.preset)
+    for knob in point.config:
+        plan.value(knob)  # read: the rest are at their defaults, as autofit probe runs them
+    return head + [f"{knob}={knob_text(value)}" for knob, value in listed.items()]
 
 
 class Hydra(Target):

@@ -9,6 +9,7 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.export.base import ExportPlan, knob_text
+from autofit.knobs import asked
 from autofit.units import size
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,9 @@ def _readme(plan: ExportPlan) -> str:
         f"{point.preset.display} ({point.model}) on {point.gpu}, {point.backend} probe: peak "
         f"{size(point.peak_bytes)} of a {size(point.budget_bytes)} budget, "
         f"{point.samples_per_s:.3f} samples/s",
-        "configuration: " + " ".join(f"{k}={knob_text(v)}" for k, v in point.config.items()),
+        "configuration: "
+        + " ".join(f"{k}={knob_text(v)}" for k, v in asked(point.config, point.preset).items())
+        + " (every other knob at its default)",
         f"batch: {point.micro_batch} per GPU x {gpus} x {point.accumulation} accumulation "
         f"step{'s' if point.accumulation > 1 else ''} = {point.global_batch} per optimizer step",
         "",
@@ -54,7 +57,8 @@ def summary(plan: ExportPlan) -> dict[str, Any]:
         "point": point.label,
         "model": point.model,
         "gpu": point.gpu,
-        "config": point.config,
+        # The knobs that ask something of the run; every other knob is at its default.
+        "config": asked(point.config, point.preset),
         "gradient_accumulation_steps": point.accumulation,
         "global_batch": point.global_batch,
         "files": sorted([*plan.files, "README.txt"]),

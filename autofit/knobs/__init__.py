@@ -78,6 +78,21 @@ def completed(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**config, **{k: v for k, v in defaults().items() if k not in config}}
 
 
+def asked(config: Mapping[str, Any], preset: ModelPreset) -> dict[str, Any]:
+    """The knobs of a configuration that ask something of the run that launches it: those that
+    matter here and are not at a default that asks nothing. An export lists these; every other
+    knob is at its default, as a trainer told nothing runs it."""
+    return {
+        name: value
+        for name, value in config.items()
+        if name not in REGISTRY
+        or (
+            REGISTRY[name].applies(config, preset)
+            and not (value == REGISTRY[name].default and REGISTRY[name].default_asks_nothing)
+        )
+    }
+
+
 def parse_all(values: Mapping[str, Any], knobs: Sequence[Knob] | None = None) -> dict[str, Any]:
     """Validate every knob's value, filling defaults; the first bad value raises ConfigError."""
     table = {k.name: k for k in knobs} if knobs is not None else REGISTRY
@@ -146,6 +161,7 @@ __all__ = [
     "Say",
     "Subject",
     "application_order",
+    "asked",
     "completed",
     "defaults",
     "invalid_reason",

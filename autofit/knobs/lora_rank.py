@@ -16,6 +16,7 @@ class LoraRank(Knob):
     kind = int
     minimum = 1
     per_sample_memory = False
+    default_asks_nothing = False  # trainers' own default ranks differ (the diffusers scripts' is 4)
     # train_mode's apply reads it (the adapters are built there).
 
     def means(self, value: Any, subject: Subject) -> str:

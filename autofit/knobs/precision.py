@@ -142,6 +142,8 @@ class Precision(Knob):
         "bf16": "fp32 master weights under bf16 autocast",
         "bf16_pure": "bf16 weights, gradients and optimizer states, no autocast",
     }
+    # A trainer told nothing trains in fp32: mixed bf16 must be asked for.
+    default_asks_nothing = False
     writes = ("dtypes", "scaler")
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
