@@ -1,31 +1,18 @@
 """offload_optimizer: ZeRO-Offload, the optimizer state and update in host memory (`cpu`), or on
-the GPU (`none`). It needs a ZeRO stage (autofit/knobs/zero_stage.py applies it)."""
+the GPU (`none`). It needs a ZeRO stage (autofit/knobs/zero_stage.py applies it, and writes the
+device into DeepSpeed's `zero_optimization` block)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autofit.knobs.base import Knob, Refuse, Say, Subject
-from autofit.knobs.zero_stage import zero_rule
+from autofit.knobs.base import Knob, Say, say
+from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
 
-
-def _checked(note: str = "") -> Any:
-    """ZeRO's block (written by zero_stage's words) carries the device; these check the rule."""
-
-    def express(value: Any, s: Subject) -> Say | Refuse:
-        broken = zero_rule(s.config)
-        if broken:
-            return Refuse(broken)
-        return Say(note=note if value == "cpu" else "")
-
-    return express
-
-
-def _kohya(value: Any, s: Subject) -> Say | Refuse:
-    broken = zero_rule(s.config)
-    if broken:
-        return Refuse(broken)
-    return Say(settings={"offload_optimizer_device": value} if value != "none" else {})
+SWAPS_THE_OPTIMIZER = (
+    "offload_optimizer=cpu: accelerate.prepare() swaps your torch AdamW for DeepSpeed's CPU Adam "
+    "(ZeRO-Offload steps on the host)"
+)
 
 
 class OffloadOptimizer(Knob):
@@ -41,16 +28,14 @@ class OffloadOptimizer(Knob):
         return "none" if value == "cpu" else None
 
     trainers = {
-        "accelerate": _checked(
-            "offload_optimizer=cpu: accelerate.prepare() swaps your torch AdamW for DeepSpeed's "
-            "CPU Adam (ZeRO-Offload steps on the host)"
+        "accelerate": zero_checked(
+            lambda v, s: Say(note=SWAPS_THE_OPTIMIZER if v == "cpu" else "")
         ),
-        "deepspeed": _checked(),
-        "kohya": _kohya,
-        "simpletuner": _checked(),  # in the DeepSpeed config the export writes beside
-        "diffusers": _checked(),  # in the accelerate config the script is launched with
-        "sana": {
-            "none": Say(),
-            "cpu": Refuse("Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"),
-        },
+        "deepspeed": zero_checked(),
+        "kohya": zero_checked(
+            lambda v, s: say(offload_optimizer_device=v) if v != "none" else Say()
+        ),
+        "simpletuner": zero_checked(),  # in the DeepSpeed config the export writes beside
+        "diffusers": zero_checked(),  # in the accelerate config the script is launched with
+        "sana": {"none": Say(), "cpu": NO_DEEPSPEED},
     }

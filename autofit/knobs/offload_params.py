@@ -1,23 +1,12 @@
-"""offload_params: ZeRO-3's weight shares in host memory (`cpu`) or on the GPU (`none`)."""
+"""offload_params: ZeRO-3's weight shares in host memory (`cpu`) or on the GPU (`none`)
+(autofit/knobs/zero_stage.py applies it, and writes the device into DeepSpeed's block)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autofit.knobs.base import Knob, Refuse, Say, Subject
-from autofit.knobs.zero_stage import zero_rule
-
-
-def _checked(value: Any, s: Subject) -> Say | Refuse:
-    broken = zero_rule(s.config)
-    return Refuse(broken) if broken else Say()  # zero_stage's block carries the device
-
-
-def _kohya(value: Any, s: Subject) -> Say | Refuse:
-    broken = zero_rule(s.config)
-    if broken:
-        return Refuse(broken)
-    return Say(settings={"offload_param_device": value} if value != "none" else {})
+from autofit.knobs.base import Knob, Say, say
+from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
 
 
 class OffloadParams(Knob):
@@ -33,13 +22,10 @@ class OffloadParams(Knob):
         return "none" if value == "cpu" else None
 
     trainers = {
-        "accelerate": _checked,
-        "deepspeed": _checked,
-        "kohya": _kohya,
-        "simpletuner": _checked,
-        "diffusers": _checked,
-        "sana": {
-            "none": Say(),
-            "cpu": Refuse("Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"),
-        },
+        "accelerate": zero_checked(),
+        "deepspeed": zero_checked(),
+        "kohya": zero_checked(lambda v, s: say(offload_param_device=v) if v != "none" else Say()),
+        "simpletuner": zero_checked(),
+        "diffusers": zero_checked(),
+        "sana": {"none": Say(), "cpu": NO_DEEPSPEED},
     }

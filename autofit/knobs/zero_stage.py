@@ -120,12 +120,16 @@ def _emulated(run: RunState) -> bool:
 # -- trainers ---------------------------------------------------------------------------------
 
 
-def _checked(words: Any) -> Any:
-    """Trainer words that first check ZeRO's rules (an export may read a hand-edited study)."""
+def zero_checked(words: Any = None) -> Any:
+    """Trainer words for one of ZeRO's knobs that first check ZeRO's rules (an export may read a
+    hand-edited study). Without `words`, nothing of its own to write: zero_stage's block, or the
+    config file it goes in, carries it."""
 
     def express(value: Any, s: Subject) -> Say | Refuse:
         broken = zero_rule(s.config)
-        return Refuse(broken) if broken else words(value, s)
+        if broken:
+            return Refuse(broken)
+        return words(value, s) if words else Say()
 
     return express
 
@@ -156,7 +160,9 @@ def _kohya(stage: Any, s: Subject) -> Say:
     )
 
 
-NO_DEEPSPEED = Refuse("Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO")
+NO_DEEPSPEED = Refuse(
+    "Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"
+)  # and offload
 
 
 class ZeroStage(Knob):
@@ -230,17 +236,17 @@ class ZeroStage(Knob):
         run.stepper = DeepSpeedStep(engine, optimizer)
 
     trainers = {
-        "accelerate": _checked(_accelerate),
-        "deepspeed": _checked(
+        "accelerate": zero_checked(_accelerate),
+        "deepspeed": zero_checked(
             lambda v, s: say(zero_optimization=zero_optimization(s.config, pin_memory=True))
         ),
-        "kohya": _checked(_kohya),
-        "simpletuner": _checked(
+        "kohya": zero_checked(_kohya),
+        "simpletuner": zero_checked(
             lambda v, s: (
                 say(deepspeed_config=f"config/{SIMPLETUNER_ENV}/ds_config.json") if v else Say()
             )
         ),
         "sana": {0: Say(), 1: NO_DEEPSPEED, 2: NO_DEEPSPEED, 3: NO_DEEPSPEED},
         # The accelerate config the script is launched with carries it (its accelerate words).
-        "diffusers": _checked(lambda v, s: Say()),
+        "diffusers": zero_checked(),
     }
