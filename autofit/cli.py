@@ -18,7 +18,7 @@ COMMANDS = {
     "search": "find the largest and fastest run that fits a GPU (every probe in an Optuna study)",
     "probe": "measure one training configuration against a GPU",
     "report": "a study's Pareto front, memory breakdown and charts; compare=<study> for regressions",
-    "export": "write a study's best run (or point=N, the Nth Pareto row from 1) in a trainer's files: target=accelerate|deepspeed|simpletuner|kohya|sana|diffusers|hydra",
+    "export": "write a study's best run (or point=N, the Nth Pareto row from 1) in a trainer's files (target=<trainer>)",
     "models": "list the model presets with their parameter counts",
     "calibrate": "run a calibration set simulated and on the local GPU; the simulator's error against it",
 }
@@ -71,8 +71,11 @@ def _command_help(command: str) -> str:
 
         lines += ["", "targets:"] + [f"  {n:<18} {t.summary}" for n, t in TARGETS.items()]
     if command == "search":
+        from autofit.export import TARGETS
+
         spaces = yaml_names(search_spaces_dir())
         lines += ["", f"spaces: {', '.join(spaces)} (search_spaces/), or a path to a .yaml file"]
+        lines += [f"trainers (trainer=): {', '.join(TARGETS)}"]
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resume
     cases = tmp_path / "two.yaml"
     cases.write_text(TWO_CASES)
     out = tmp_path / "cal.csv"
-    done = autofit(
+    done = in_process(
         "calibrate", "gpu=a40", f"set={cases}", "measure=cpu", f"out={out}", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
@@ -81,7 +81,7 @@ def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resume
     assert summary["figures"]["peak"]["n"] == 2 and summary["figures"]["false_fits"] == []
     assert "peak_bytes      median |error| 0.0%" in done.stdout
 
-    again = autofit(
+    again = in_process(
         "calibrate", "gpu=a40", f"set={cases}", "measure=cpu", f"out={out}", cwd=tmp_path
     )
     assert again.returncode == 0 and "2 already there are kept" in again.stdout
@@ -124,3 +124,18 @@ def test_calibrating_on_the_gpu(tmp_path: Path) -> None:
         assert r["cuda"] and r["driver"] and r["device"] != "cpu"
         assert int(r["real_reserved_bytes"]) >= int(r["real_allocated_bytes"]) > 0
         assert int(r["real_context_bytes"]) > 0  # measured, where the simulator has an estimate
+
+
+def test_a_calibration_begun_before_a_knob_existed_keeps_its_rows(tmp_path: Path) -> None:
+    from autofit.calibration.rows import append_row, columns, read_rows
+
+    path = tmp_path / "old.csv"
+    older = [c for c in columns() if c != "ema"]  # written by an autofit without the ema knob
+    path.write_text(
+        ",".join(older) + "\n" + ",".join("1" if c == "case" else "x" for c in older) + "\n"
+    )
+    append_row(path, {c: "2" if c == "case" else "y" for c in columns()})
+    rows = read_rows(path)
+    assert [r["case"] for r in rows] == ["1", "2"]
+    assert rows[0]["ema"] == "" and rows[1]["ema"] == "y"
+    assert all(rows[0][c] == "x" for c in older if c != "case")

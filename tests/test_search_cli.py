@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
-from helpers import autofit
+from helpers import autofit, in_process
 
 SUMMARY_FIELDS = {
     "study",
@@ -143,12 +143,12 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
     }
     for name, (text, key) in cases.items():
         (tmp_path / name).write_text(text)
-        done = autofit("search", "model=sana_1600m", f"space={name}", cwd=tmp_path)
+        done = in_process("search", "model=sana_1600m", f"space={name}", cwd=tmp_path)
         assert done.returncode == 2, (name, done.stderr)
         line = done.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and key in line, line
     assert not (tmp_path / "results").exists()  # nothing ran, nothing written
-    unknown = autofit("search", "space=quik", cwd=tmp_path)
+    unknown = in_process("search", "space=quik", cwd=tmp_path)
     assert (
         unknown.returncode == 2
         and "unknown space 'quik'" in unknown.stderr

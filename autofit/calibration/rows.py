@@ -83,14 +83,29 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def append_row(path: Path, values: dict[str, Any]) -> None:
-    """One row, flushed as soon as its case is done: a killed calibration keeps what it measured."""
-    new = not path.exists() or path.stat().st_size == 0
+    """One row, flushed as soon as its case is done: a killed calibration keeps what it measured.
+
+    A file begun by an autofit with fewer knobs keeps its rows: when this row has columns the
+    file's header lacks, the file is rewritten once with the wider header (to a temporary file,
+    then renamed), the old rows' new cells empty."""
+    row = {k: "" if v is None else v for k, v in values.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns())
-        if new:
+    header: list[str] = []
+    if path.exists() and path.stat().st_size:
+        with path.open(newline="") as handle:
+            header = list(csv.DictReader(handle).fieldnames or [])
+    if not header or set(row) - set(header):
+        rows = read_rows(path)
+        wider = [*header, *(c for c in [*columns(), *row] if c not in header)]
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=wider, restval="")
             writer.writeheader()
-        writer.writerow({k: "" if v is None else v for k, v in values.items()})
+            writer.writerows(rows)
+        temporary.replace(path)
+        header = wider
+    with path.open("a", newline="") as handle:
+        csv.DictWriter(handle, fieldnames=header, restval="").writerow(row)
 
 
 def _errors(rows: list[dict[str, str]], column: str) -> list[float]:
