@@ -23,12 +23,30 @@ def spec(model: str, gpu: str = "a40", backend: str = "simulate", **knobs: Any) 
 
 
 def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
-    """The same probe on a model with the preset's widths and only `blocks` transformer blocks:
-    its tensors are as large as the real model's, its step a fraction of the cost."""
+    """The same probe on a model with the preset's widths, layer types, inputs and companions but
+    only `blocks` of its transformer blocks (per block list): its tensors are as large as the real
+    model's, its step a fraction of the cost."""
+    import copy
     import dataclasses
 
-    architecture = {**probe.model["architecture"], "num_layers": blocks}
-    return dataclasses.replace(probe, model={**probe.model, "architecture": architecture})
+    arch = copy.deepcopy(probe.model["architecture"])
+    family = probe.model["family"]
+    if family == "llm":
+        arch["config"]["num_hidden_layers"] = blocks
+    elif family == "sdxl":  # transformer blocks per UNet level
+        arch["transformer_layers_per_block"] = [
+            min(n, blocks) for n in arch["transformer_layers_per_block"]
+        ]
+    elif family == "sd3_controlnet":
+        for part in ("transformer", "controlnet"):
+            arch[part]["num_layers"] = blocks
+    elif "num_layers" in arch:  # sana, sd3, flux (a tiny model has nothing to trim)
+        arch["num_layers"] = blocks
+        if "num_single_layers" in arch:
+            arch["num_single_layers"] = blocks
+        if "dual_attention_layers" in arch:  # SD3.5 Medium's first blocks
+            arch["dual_attention_layers"] = list(range(blocks))
+    return dataclasses.replace(probe, model={**probe.model, "architecture": arch})
 
 
 def autofit(

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import autofit, in_process, spec
+from helpers import autofit, in_process, spec, with_blocks
 
 from autofit.commands.models import count_parameters
-from autofit.models import load_preset
 from autofit.paths import group_options
 from autofit.probe import Outcome
 from autofit.probe.worker import execute
@@ -39,27 +38,27 @@ def test_parameter_counts_are_within_one_percent_of_the_published_figures(counts
     assert checked == 8
 
 
-def _probe_at_batch_1(model: str, size: int | None) -> None:
-    result = execute(spec(model, gpu="h200", backend="simulate", resolution=size))
+def _probe_at_batch_1(model: str, blocks: int | None) -> None:
+    probe = spec(model, gpu="h200", backend="simulate")
+    result = execute(with_blocks(probe, blocks) if blocks else probe)
     assert result.outcome in (Outcome.OK, Outcome.OOM), result.error
     assert result.peak_bytes > 0 and result.samples_per_s > 0 and result.flops_per_sample > 0
     assert result.trainable_param_count > 0
     assert sum(result.breakdown.values()) == result.peak_bytes
     if model in ("llama3_8b", "qwen2_5_7b"):
-        assert result.units_per_sample == (size or 4096)
-        assert result.tokens_per_s == pytest.approx(result.samples_per_s * (size or 4096))
+        assert result.units_per_sample == 4096
+        assert result.tokens_per_s == pytest.approx(result.samples_per_s * 4096)
 
 
 @pytest.mark.parametrize("model", PRESETS)
-def test_every_preset_probes_at_batch_1_and_a_quarter_of_its_native_size(model: str) -> None:
-    """The whole model, its buckets and companions through one simulated step, at a size that
-    costs a fraction of the native one (the same code paths: the preset's searches in
-    benchmarks/preset_searches.py run the native size)."""
-    preset = load_preset(model)
-    _probe_at_batch_1(
-        model,
-        max(preset.granularity, preset.resolution // 4 // preset.granularity * preset.granularity),
-    )
+def test_every_preset_probes_at_batch_1_and_its_native_size_with_two_of_its_blocks(
+    model: str,
+) -> None:
+    """Each preset's layer types, widths, inputs, buckets and loss through one simulated step at
+    its native size, on two of its blocks (the full models are built by the parameter-count test
+    above; their native-size searches run in benchmarks/preset_searches.py, and with every block
+    under `pytest -m slow`)."""
+    _probe_at_batch_1(model, 2)
 
 
 @pytest.mark.slow
