@@ -58,8 +58,9 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 class DtypePolicy:
     """The dtypes of a run, decided once (by the precision knob) before the model exists."""
 
-    weights: torch.dtype  # what the model is built in (the trained weights, unless they are cast)
+    weights: torch.dtype  # what the model is built in
     frozen: torch.dtype  # frozen parts: the 16-bit dtype under mixed precision
+    trained: torch.dtype  # what added trained weights (LoRA adapters) are kept in
     autocast: torch.dtype | None  # the math dtype under torch autocast, or None (no autocast)
     loss_scaling: bool  # fp16 under autocast: a GradScaler scales the loss
 
@@ -139,7 +140,7 @@ class RunState:
         self.phase = "setup"  # kept without a tracker too, to say where a real run ran out
         self._forward_makers: list[Callable[[], AbstractContextManager[Any] | None]] = []
         # The knobs' fields, at what they are until their owner says otherwise.
-        self.dtypes = DtypePolicy(torch.float32, torch.float32, None, False)
+        self.dtypes = DtypePolicy(torch.float32, torch.float32, torch.float32, None, False)
         self.scaler: Any = None
         self.companions: dict[str, torch.nn.Module] = {}
         self.batch_source: Callable[[], dict[str, Any]] = self._cached_batch

@@ -25,6 +25,7 @@ import yaml
 from autofit.cli import main
 from autofit.errors import AutofitError, ConfigError
 from autofit.export import TARGETS, load_point, write_export
+from autofit.export.base import Refused
 from autofit.models import ModelPreset, load_preset
 from autofit.trainers import kohya_max_blocks_to_swap
 
@@ -80,10 +81,32 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+# SimpleTuner and sd-scripts run bf16 weights under accelerate's bf16 autocast: exported to them,
+# the fixture's bf16_pure best run stands for that run.
+AUTOCASTING = ("simpletuner", "kohya")
+
+
+def point_for(target: str, study: str, point: int | None, batch: int | None = None) -> Any:
+    loaded = load_point(Path("results") / study / "summary.json", point, batch)
+    if target in AUTOCASTING and loaded.config["precision"] == "bf16_pure":
+        loaded = dataclasses.replace(loaded, config={**loaded.config, "precision": "bf16_autocast"})
+    if (target, loaded.model, loaded.config["train_mode"]) == ("diffusers", "flux_dev", "lora"):
+        # The script holds its text encoders either way (see test_diffusers_flux_lora_...).
+        loaded = dataclasses.replace(loaded, config={**loaded.config, "encoders": "online"})
+    return loaded
+
+
+def test_diffusers_flux_lora_refuses_cached_encoders_it_keeps_on_the_gpu(workdir: Path) -> None:
+    loaded = load_point(Path("results") / FLUX / "summary.json", None, None)
+    assert loaded.config["encoders"] == "cached"
+    with pytest.raises(Refused, match="keeps both text encoders on the GPU through training"):
+        TARGETS["diffusers"].run(loaded, workdir / "out")
+
+
 def export(
     workdir: Path, target: str, study: str, point: int | None, batch: int | None, case: str
 ) -> Path:
-    loaded = load_point(Path("results") / study / "summary.json", point, batch)
+    loaded = point_for(target, study, point, batch)
     out = (workdir / "results" / study / "export" / target / case).resolve()
     write_export(TARGETS[target].run(loaded, out))
     return out
@@ -121,10 +144,7 @@ def _all(workdir: Path, target: str) -> list[tuple[Path, Any]]:
     for t, study, point, batch, case in CASES:
         if t == target:
             outs.append(
-                (
-                    export(workdir, t, study, point, batch, case),
-                    load_point(Path("results") / study / "summary.json", point, batch),
-                )
+                (export(workdir, t, study, point, batch, case), point_for(t, study, point, batch))
             )
     return outs
 
@@ -302,7 +322,7 @@ def test_kohya_tomls_follow_sd_scripts(workdir: Path) -> None:
         assert swap == point.config["swap_blocks"]
         assert swap <= 35  # Flux.1: 19 double and 38 single blocks
         assert not (swap and train.get("cpu_offload_checkpointing"))
-        assert train.get("full_bf16", False) == (point.config["precision"] == "bf16_pure")
+        assert train.get("full_bf16", False) == (point.config["precision"] == "bf16_autocast")
 
 
 def test_kohya_refuses_more_blocks_than_sd_scripts_swaps(workdir: Path) -> None:

@@ -34,8 +34,9 @@ def test_parameter_counts_are_within_one_percent_of_the_published_figures(counts
                 assert companion["params"] / 1e9 == pytest.approx(
                     companion["published_params_b"], rel=0.01
                 ), (name, role)
-    # Sana 600M and 1600M, SD3.5 Medium and Large, Flux.1-dev, SDXL, Llama 3 8B, Qwen2.5 7B
-    assert checked == 8
+    # Sana 600M and 1600M, SD3.5 Medium and Large, Flux.1-dev, SDXL, Llama 3 8B, 3.2 1B and 3B,
+    # Qwen2.5 7B
+    assert checked == 10
 
 
 def _probe_at_batch_1(model: str, blocks: int | None) -> None:

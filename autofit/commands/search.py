@@ -145,7 +145,7 @@ def run_config(cfg: Any) -> int:
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
 
     trainer = data.get("trainer")
-    unlaunchable = None
+    left_out: Any
     if trainer is not None:
         from autofit.export import target
         from autofit.export import unlaunchable as refusal
@@ -158,8 +158,16 @@ def run_config(cfg: Any) -> int:
                 f"{preset.family}): {trainer} supports the families {supported}"
             )
 
-        def unlaunchable(knobs: dict[str, Any]) -> str | None:
+        def left_out(knobs: dict[str, Any]) -> str | None:
             return refusal(chosen, preset, knobs)
+
+    else:
+        from autofit.knobs.precision import needless_without_trainer
+
+        precisions = space.knobs.get("precision", ())
+
+        def left_out(knobs: dict[str, Any]) -> str | None:
+            return needless_without_trainer(knobs.get("precision"), precisions)
 
     default_name = f"{preset.label}-{gpu.name}-{space.name}" + (f"-{trainer}" if trainer else "")
     study_name = data.get("study") or default_name
@@ -192,7 +200,7 @@ def run_config(cfg: Any) -> int:
             )
             result = Search(
                 space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
-                unlaunchable=unlaunchable,
+                left_out=left_out,
             ).run()  # fmt: skip
     finally:
         progress.close()

@@ -23,8 +23,11 @@ def nested(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """`section.key` settings as Sana's config sections."""
     sections: dict[str, dict[str, Any]] = {"data": {}, "model": {}, "train": {}}
     for dotted, value in settings.items():
-        section, key = dotted.split(".", 1)
-        sections.setdefault(section, {})[key] = value
+        *path, key = dotted.split(".")
+        place = sections
+        for part in path:  # train.optimizer.fused: a key of the optimizer's own block
+            place = place.setdefault(part, {})
+        place[key] = value
     # One square size, as measured (multi-scale buckets hold about the same pixels).
     sections["model"]["multi_scale"] = False
     return {name: keys for name, keys in sections.items() if keys}

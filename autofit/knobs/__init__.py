@@ -24,9 +24,11 @@ from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
 from autofit.knobs.lora_rank import LoraRank
+from autofit.knobs.lora_targets import LoraTargets
 from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
+from autofit.knobs.optimizer_impl import OptimizerImpl
 from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution
 from autofit.knobs.swap_blocks import SwapBlocks
@@ -44,11 +46,13 @@ REGISTRY: dict[str, Knob] = {
         Precision(),
         TrainMode(),
         LoraRank(),
+        LoraTargets(),
         Checkpointing(),
         Attention(),
         Encoders(),
         SwapBlocks(),
         Optimizer(),
+        OptimizerImpl(),
         ZeroStage(),
         OffloadOptimizer(),
         OffloadParams(),

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
     """How each example script treats the frozen encoders decides which value it reproduces:
     the dreambooth LoRA scripts cache latents and encode one instance prompt before training
-    (cached) or encode a captioned dataset every step (online); the full fine-tune dreambooth
+    (cached; Flux's still holds its text encoders, so only online) or encode a captioned dataset
+    every step (online); the full fine-tune dreambooth
     scripts encode with the VAE every step; train_text_to_image_sdxl.py precomputes latents and
     embeddings, its LoRA sibling encodes every step; train_controlnet_sd3.py precomputes the
     embeddings and encodes latents every step."""
@@ -46,7 +47,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
     if value == "online":
         # The script frees (some) encoders the measured run kept: less memory, same training.
         return Say(warning=f"{script.file} precomputes text embeddings and frees the text encoders")
-    return Refuse(f"{script.file} encodes latents with the VAE on the GPU every step")
+    return Refuse(f"{script.file} {script.not_cached}")
 
 
 class Encoders(Knob):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.optimizer_impl import ARGUMENTS, adamw_arguments
+from autofit.knobs.precision import BF16_WEIGHTS
 from autofit.optimizers import LEARNING_RATE
 from autofit.trainers import diffusers_script
 
@@ -34,8 +36,10 @@ Build = Callable[[list[Any], "RunState"], Any]
 def _adamw(params: list[Any], run: RunState) -> Any:
     import torch
 
-    # Fused: one kernel for all parameters and no temporaries, on CUDA and on the CPU.
-    return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01, fused=True)
+    # In the implementation optimizer_impl names (fused: one kernel for all parameters and no
+    # temporaries), on CUDA and on the CPU alike.
+    implementation = ARGUMENTS[run.knobs["optimizer_impl"]]
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01, **implementation)
 
 
 def _sgd(params: list[Any], run: RunState) -> Any:
@@ -95,7 +99,7 @@ class UpdateRule:
 
 
 RULES = {
-    "adamw": UpdateRule(_adamw, "torch.optim.AdamW(fused=True)"),
+    "adamw": UpdateRule(_adamw, "torch.optim.AdamW"),
     "adamw8bit": UpdateRule(_bnb("AdamW8bit", states=2, paged=False), "bitsandbytes.optim.AdamW8bit"),
     "paged_adamw8bit": UpdateRule(_bnb("PagedAdamW8bit", states=2, paged=True), "bitsandbytes.optim.PagedAdamW8bit"),
     "adafactor": UpdateRule(_adafactor, "transformers.optimization.Adafactor(relative_step=False, scale_parameter=False, warmup_init=False)"),
@@ -117,7 +121,7 @@ def build_optimizer(name: str, params: list[Any], run: RunState) -> Any:
 # (torch's SGD has no momentum by default; optimi's Lion adds a Kahan-summation buffer; SDNQ's
 # CAME quantizes its buffers unless told not to).
 SIMPLETUNER = {
-    "adamw": ("torch-adamw", "fused=true"),
+    "adamw": ("torch-adamw", None),  # its implementation: optimizer_impl's words
     "adamw8bit": ("bnb-adamw8bit", None),
     "paged_adamw8bit": ("bnb-adamw8bit-paged", None),
     "adafactor": ("torch-adafactor", None),
@@ -130,7 +134,7 @@ SIMPLETUNER = {
 # sd-scripts' optimizer_type and optimizer_args (a dotted name is imported as module.Class; a
 # bare unknown name comes from torch.optim).
 KOHYA = {
-    "adamw": ("AdamW", ["fused=True"]),
+    "adamw": ("AdamW", []),  # its implementation: optimizer_impl's words
     "adamw8bit": ("AdamW8bit", []),
     "paged_adamw8bit": ("PagedAdamW8bit", []),
     "adafactor": (
@@ -146,7 +150,7 @@ KOHYA = {
 # Sana's optimizer `type` (an mmcv registry name: torch.optim's classes and Sana's wrappers in
 # diffusion/utils/optimizer.py) and the settings that make it the optimizer the probe ran.
 SANA: dict[str, dict[str, Any]] = {
-    "adamw": {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.01, "fused": True},
+    "adamw": {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.01},  # + optimizer_impl's words
     "adamw8bit": {"type": "AdamW8bitWrapper", "lr": 1e-4, "weight_decay": 0.01},
     "adafactor": {"type": "Adafactor", "lr": 1e-4, "weight_decay": 0.0},
     "came": {"type": "CAMEWrapper", "lr": 1e-4, "weight_decay": 0.01},
@@ -191,12 +195,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
         settings["--optimizer"] = "AdamW"
     if value == "adamw8bit":
         return Say(settings={**settings, "--use_8bit_adam": True})
-    return Say(
-        settings=settings,
-        warning="the script builds torch.optim.AdamW without fused=True; on a GPU torch then "
-        "steps with its foreach kernels, which hold temporary copies of the states the measured "
-        "fused step did not (headroom up to one state's size: small for LoRA)",
-    )
+    return Say(settings=settings)  # the AdamW implementation: optimizer_impl's words
 
 
 def _deepspeed(value: Any, s: Subject) -> Say | Refuse | None:
@@ -226,11 +225,16 @@ class Optimizer(Knob):
     writes = ("optimizer",)
     after = ("train_mode",)  # it updates the parameters that train
 
+    def means(self, value: Any, subject: Subject) -> str:
+        if value == "adamw":
+            return f"torch.optim.AdamW({adamw_arguments(subject.config.get('optimizer_impl', 'fused'))})"
+        return super().means(value, subject)
+
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "paged_adamw8bit" and context.backend == "cpu":
             return "optimizer=paged_adamw8bit pages its state through CUDA unified memory: it needs the cuda or simulate backend"
-        if value == "adamw_bf16" and context.knobs.get("precision") != "bf16_pure":
-            return "optimizer=adamw_bf16 trains bf16 weights: it needs precision=bf16_pure"
+        if value == "adamw_bf16" and context.knobs.get("precision") not in BF16_WEIGHTS:
+            return "optimizer=adamw_bf16 trains bf16 weights: it needs precision=bf16_pure or bf16_autocast"
         return None
 
     def apply(self, run: RunState, value: Any) -> None:

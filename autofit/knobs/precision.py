@@ -3,7 +3,12 @@
 - `fp32`: fp32 weights, fp32 math.
 - `fp16`: fp32 master weights, autocast to fp16, dynamic loss scaling (fp16 gradients underflow).
 - `bf16`: fp32 master weights, autocast to bf16; no loss scaling (bf16 has fp32's range).
-- `bf16_pure`: bf16 weights, gradients and optimizer states, no autocast.
+- `bf16_pure`: bf16 weights, gradients and optimizer states, no autocast (torchtune, LitGPT's
+  bf16-true, a plain loop on a bf16 model).
+- `bf16_autocast`: bf16 weights, gradients and optimizer states under bf16 autocast, as
+  accelerate's mixed_precision=bf16 runs a bf16 model (SimpleTuner; kohya's full_bf16): the ops
+  autocast keeps in fp32 (norms, softmax, losses) make fp32 outputs, and the activations a step
+  keeps are larger than bf16_pure's.
 
 This knob owns the run's dtype policy, decided once before the model exists, from its own value
 and the two other knobs that change what the weights are kept in: a LoRA or QLoRA base is frozen
@@ -23,6 +28,21 @@ from autofit.knobs.zero_stage import sixteen_bit_block
 if TYPE_CHECKING:
     from autofit.run_state import DtypePolicy, RunState
 
+BF16_WEIGHTS = ("bf16_pure", "bf16_autocast")  # the values whose weights themselves are bf16
+
+
+def needless_without_trainer(value: Any, searched: tuple[Any, ...]) -> str | None:
+    """Why a search that launches no particular trainer skips `value`: bf16_autocast runs
+    bf16_pure's model under autocast, so it never holds less nor runs faster; it is searched for
+    the trainers that run their bf16 models only that way (trainer=simpletuner, trainer=kohya)."""
+    if value == "bf16_autocast" and "bf16_pure" in searched:
+        return (
+            "precision=bf16_autocast holds at least what bf16_pure holds at the same speed: "
+            "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya)"
+        )
+    return None
+
+
 BF16_PURE_NOTE = (
     "precision=bf16_pure: create the model in bf16 (weights, gradients and optimizer states in "
     "bf16, no autocast); the launcher's mixed_precision stays 'no'"
@@ -36,22 +56,27 @@ def dtype_policy(knobs: Mapping[str, Any]) -> DtypePolicy:
     from autofit.run_state import DtypePolicy
 
     precision = knobs["precision"]
-    half = {"fp16": torch.float16, "bf16": torch.bfloat16, "bf16_pure": torch.bfloat16}
-    frozen = half.get(precision, torch.float32)
+    bf16 = torch.bfloat16
+    frozen = {"fp16": torch.float16, "bf16": bf16, **dict.fromkeys(BF16_WEIGHTS, bf16)}.get(
+        precision, torch.float32
+    )
     sixteen_bit_model = bool(knobs.get("zero_stage"))  # DeepSpeed keeps the model in 16-bit
     frozen_base = knobs.get("train_mode", "full") != "full"  # LoRA trains adapters on it
-    if precision == "bf16_pure" or sixteen_bit_model or frozen_base:
+    if precision in BF16_WEIGHTS or sixteen_bit_model or frozen_base:
         weights = frozen
     else:
         weights = torch.float32
-    autocast = (
-        None
-        if sixteen_bit_model
-        else {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    autocast_dtypes = {"fp16": torch.float16, "bf16": bf16, "bf16_autocast": bf16}
+    autocast = None if sixteen_bit_model else autocast_dtypes.get(precision)
+    # fp32 master weights under mixed precision (diffusers' cast_training_params for adapters);
+    # bf16 where the weights themselves are; DeepSpeed's 16-bit model keeps its masters inside.
+    trained = (
+        bf16 if precision in BF16_WEIGHTS else (weights if sixteen_bit_model else torch.float32)
     )
     return DtypePolicy(
         weights=weights,
         frozen=frozen,
+        trained=trained,
         autocast=autocast,
         loss_scaling=autocast is torch.float16,
     )
@@ -80,11 +105,16 @@ def _loss_scaler(device_type: str) -> Any:
 
 # -- trainers ---------------------------------------------------------------------------------
 
+BF16_AUTOCAST_NOTE = (
+    "precision=bf16_autocast: create the model in bf16 (weights, gradients and optimizer states in "
+    "bf16); the launcher's bf16 mixed precision runs it under autocast"
+)
 ACCELERATE = {
     "fp32": say(mixed_precision="no"),
     "fp16": say(mixed_precision="fp16"),
     "bf16": say(mixed_precision="bf16"),
     "bf16_pure": say(note=BF16_PURE_NOTE, mixed_precision="no"),
+    "bf16_autocast": say(note=BF16_AUTOCAST_NOTE, mixed_precision="bf16"),
 }
 
 
@@ -100,9 +130,10 @@ def _deepspeed(value: Any, s: Subject) -> Say | Refuse:
                 "autofit measured no other precision with zero_stage >= 1"
             )
         return Say(settings=sixteen_bit_block(value))
-    if value in ("bf16", "fp16"):
-        dtype = "bfloat16" if value == "bf16" else "float16"
-        return say(torch_autocast={"enabled": True, "dtype": dtype})
+    if value in ("bf16", "fp16", "bf16_autocast"):
+        dtype = "float16" if value == "fp16" else "bfloat16"
+        note = BF16_AUTOCAST_NOTE if value == "bf16_autocast" else ""
+        return say(note=note, torch_autocast={"enabled": True, "dtype": dtype})
     if value == "bf16_pure":
         return say(
             note="precision=bf16_pure: create the model in bf16; the config has no precision block"
@@ -112,17 +143,22 @@ def _deepspeed(value: Any, s: Subject) -> Say | Refuse:
 
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     """SimpleTuner's `mixed_precision` is also the dtype the trained weights are kept in
-    (mixed_precision=bf16 trains bf16 weights); fp32 master weights under autocast exist only
-    through DeepSpeed."""
+    (mixed_precision=bf16 trains bf16 weights, run under accelerate's bf16 autocast); fp32 master
+    weights under autocast exist only through DeepSpeed."""
     if s.config["zero_stage"] and value in ("bf16", "fp16"):
         return say(mixed_precision=value)  # DeepSpeed's 16-bit model, fp32 master weights
-    if value == "bf16_pure":
+    if value == "bf16_autocast":
         return say(mixed_precision="bf16")
     if value == "fp32":
         return say(mixed_precision="no")
+    if value == "bf16_pure":
+        return Refuse(
+            "SimpleTuner runs its bf16 model under accelerate's bf16 autocast, whose fp32 norm and "
+            "softmax outputs hold more than the measured run without autocast"
+        )
     return Refuse(
         "SimpleTuner keeps the trained weights in its mixed_precision dtype (mixed_precision=bf16 "
-        "trains bf16 weights: precision=bf16_pure); it has no fp32-master-weight mode without "
+        "trains bf16 weights: precision=bf16_autocast); it has no fp32-master-weight mode without "
         "DeepSpeed"
     )
 
@@ -135,12 +171,16 @@ KEEPS_FP32_WEIGHTS = (
 class Precision(Knob):
     name = "precision"
     default = "bf16"
-    help = "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights)"
+    help = (
+        "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights) | "
+        "bf16_autocast (bf16 weights under autocast)"
+    )
     values = {
         "fp32": "fp32 weights and fp32 math",
         "fp16": "fp32 master weights under fp16 autocast, with dynamic loss scaling",
         "bf16": "fp32 master weights under bf16 autocast",
         "bf16_pure": "bf16 weights, gradients and optimizer states, no autocast",
+        "bf16_autocast": "bf16 weights, gradients and optimizer states, run under bf16 autocast",
     }
     # A trainer told nothing trains in fp32: mixed bf16 must be asked for.
     default_asks_nothing = False
@@ -179,23 +219,33 @@ class Precision(Knob):
             "fp32": say(mixed_precision="no", save_precision="float"),
             "fp16": say(mixed_precision="fp16", save_precision="fp16"),
             "bf16": say(mixed_precision="bf16", save_precision="bf16"),
-            # bf16 weights, gradients and optimizer states
-            "bf16_pure": say(mixed_precision="bf16", full_bf16=True, save_precision="bf16"),
+            # bf16 weights, gradients and optimizer states, under accelerate's autocast
+            "bf16_autocast": say(mixed_precision="bf16", full_bf16=True, save_precision="bf16"),
+            "bf16_pure": Refuse(
+                "sd-scripts runs full_bf16 under accelerate's bf16 autocast (precision=bf16_autocast), "
+                "whose fp32 norm and softmax outputs hold more than the measured run without autocast"
+            ),
         },
         "sana": {
             "fp32": say(**{"model.mixed_precision": "fp32"}),
             "fp16": say(**{"model.mixed_precision": "fp16"}),
             "bf16": say(**{"model.mixed_precision": "bf16"}),
             "bf16_pure": Refuse(f"Sana's train.py {KEEPS_FP32_WEIGHTS} (model.mixed_precision)"),
+            "bf16_autocast": Refuse(
+                f"Sana's train.py {KEEPS_FP32_WEIGHTS} (model.mixed_precision)"
+            ),
         },
         "diffusers": {
             **{
                 value: say(**{"--mixed_precision": ACCELERATE[value].settings["mixed_precision"]})
                 for value in ("fp32", "fp16", "bf16")
             },
-            "bf16_pure": Refuse(
-                "the diffusers example scripts keep the trained weights in fp32 (LoRA adapters "
-                "too) under --mixed_precision; they have no bf16-weight mode"
+            **dict.fromkeys(
+                BF16_WEIGHTS,
+                Refuse(
+                    "the diffusers example scripts keep the trained weights in fp32 (LoRA adapters "
+                    "too) under --mixed_precision; they have no bf16-weight mode"
+                ),
             ),
         },
     }

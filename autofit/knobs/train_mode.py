@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.lora_targets import target_modules
 from autofit.trainers import DIFFUSERS_SCRIPTS, KOHYA_SCRIPTS, diffusers_script
 
 if TYPE_CHECKING:
@@ -112,13 +113,14 @@ class TrainMode(Knob):
             for layer in layers:
                 run.tag(quantized_tensors(layer), "parameters")
         rank = run.knobs["lora_rank"]
-        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=run.preset.lora_targets)
+        targets = target_modules(run.knobs["lora_targets"], run.preset)
+        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets)
         # Adapters are created in the base's dtype (peft would move them there anyway).
         with default_dtype(run.dtypes.weights), run.device:
             inject_adapter_in_model(config, model)
         for param in model.parameters():
-            if param.requires_grad and run.dtypes.autocast is not None:
-                param.data = param.data.float()  # diffusers' cast_training_params
+            if param.requires_grad and param.dtype != run.dtypes.trained:
+                param.data = param.data.to(run.dtypes.trained)  # diffusers' cast_training_params
         run.tag([p for p in model.parameters() if p.requires_grad], "parameters")
 
     trainers = {

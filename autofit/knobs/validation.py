@@ -1,11 +1,12 @@
 """validation: a validation image after training, with the training state still resident.
 
 Trainers render validation images every so often in the middle of training: the weights,
-optimizer state and whatever else training keeps stay on the GPU while the inference pipeline's
-denoiser step runs (classifier-free guidance doubles its batch) and the VAE decodes the latents
-at the training resolution. A run can fit its training steps and still run out of memory here;
-then the probe is `oom` in phase `validation`. With cached encoders the VAE is loaded onto the GPU
-for the pass and dropped after it.
+optimizer state and whatever else training keeps stay on the GPU while the inference pipeline
+encodes the prompt, runs its denoiser step (classifier-free guidance doubles its batch) and the
+VAE decodes the latents at the training resolution. A run can fit its training steps and still run
+out of memory here; then the probe is `oom` in phase `validation`. With cached encoders the
+pipeline loads the text encoders and the VAE onto the GPU for the pass, in their own dtypes, as
+the diffusers scripts' pipelines do, and drops them after it.
 """
 
 from __future__ import annotations
@@ -93,14 +94,19 @@ class Validation(Knob):
         from autofit.workloads.companions import build_companion
 
         with run.in_phase("validation"), torch.no_grad():
-            vae = run.companions.get("vae")
-            if vae is None:
-                with run.device:
-                    vae = build_companion(run.preset.companions["vae"]).eval()
+            loaded = {}  # what the pipeline loads besides the resident companions
+            for name in ("vae", *run.workload.text_encoders):
+                if name not in run.companions and name in run.preset.companions:
+                    with run.device:
+                        loaded[name] = build_companion(run.preset.companions[name]).eval()
+            present = {**run.companions, **loaded}
+            encoders = {
+                n: present[n] for n in getattr(run.workload, "text_encoders", ()) if n in present
+            }
             run.model.eval()
             try:
                 with run.forward_contexts():
-                    run.workload.validate(run, vae)
+                    run.workload.validate(run, present["vae"], encoders)
             finally:
                 run.model.train()
 

@@ -97,13 +97,14 @@ class Search:
         prober: Prober,
         jobs: int = 1,
         listener: SearchListener | None = None,
-        unlaunchable: Callable[[dict[str, Any]], str | None] | None = None,
+        left_out: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
-        """`unlaunchable`, when given, says why the trainer the user asked for cannot launch a
-        configuration (every knob's value, the resolution included); such combinations are
-        invalid, as those that cannot run at all."""
+        """`left_out`, when given, says why the search leaves a configuration out (every knob's
+        value, the resolution included): the trainer the user asked for cannot launch it, or
+        another value of the space does the same for less; such combinations are invalid, as
+        those that cannot run at all."""
         self.space, self.prober = space, prober
-        self.unlaunchable = unlaunchable or (lambda knobs: None)
+        self.left_out = left_out or (lambda knobs: None)
         self.preset, self.gpu, self.budget = prober.preset, prober.gpu, prober.budget
         self.jobs = max(1, jobs)
         self.listener = listener or SearchListener()
@@ -210,7 +211,7 @@ class Search:
             }
             reason = invalid_reason(
                 knobs, self.gpu, self.preset, self.prober.backend
-            ) or self.unlaunchable(knobs)
+            ) or self.left_out(knobs)
             if reason:
                 combination.status, combination.reason = Status.INVALID, reason
                 self.prober.recorder.record_pruned(

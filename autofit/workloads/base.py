@@ -33,6 +33,8 @@ class Workload:
     # Companions the trainer leaves on the GPU, in the weight dtype, although it trains from
     # cached embeddings (a script that precomputes them but keeps its encoders referenced).
     resident_when_cached: tuple[str, ...] = ()
+    # The companions that encode the prompt (a validation pipeline loads them to encode its own).
+    text_encoders: tuple[str, ...] = ()
 
     def __init__(self, preset: ModelPreset) -> None:
         self.preset = preset
@@ -67,6 +69,9 @@ class Workload:
         """Run the frozen encoders on a raw batch, as a trainer that does not cache does."""
         raise NotImplementedError
 
-    def validate(self, run: RunState, vae: torch.nn.Module) -> None:
-        """One validation image: the inference pipeline's denoiser step and the VAE decode."""
+    def validate(
+        self, run: RunState, vae: torch.nn.Module, text_encoders: dict[str, torch.nn.Module]
+    ) -> None:
+        """One validation image: the inference pipeline encodes the prompt with `text_encoders`,
+        runs its denoiser step and decodes with `vae`."""
         raise NotImplementedError

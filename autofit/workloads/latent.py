@@ -109,10 +109,11 @@ class LatentDiffusion(Workload):
         model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(self, run: RunState, vae: torch.nn.Module) -> None:
-        # The pipeline's denoiser step at the training resolution (with its guidance batch; the
-        # prompt's embeddings cached, or encoded when the text encoders are resident), one Euler
-        # step, and the VAE decode.
+    def validate(
+        self, run: RunState, vae: torch.nn.Module, text_encoders: dict[str, torch.nn.Module]
+    ) -> None:
+        # The pipeline encodes the prompt (with its guidance batch), runs the denoiser step at
+        # the training resolution, one Euler step, and decodes with the VAE.
         g, device, dtype, resolution = (
             self.guidance_batch,
             run.device,
@@ -120,15 +121,11 @@ class LatentDiffusion(Workload):
             run.knobs["resolution"],
         )
         latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
-        encoders = {
-            name: run.companions[name] for name in self.text_encoders if name in run.companions
-        }
         conditions = self.conditions(g, resolution, device, dtype)
-        if len(encoders) == len(self.text_encoders):
-            encoded = self.encode_text(self.tokens(g, device), encoders)
-            conditions.update(
-                {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
-            )
+        encoded = self.encode_text(self.tokens(g, device), text_encoders)
+        conditions.update(
+            {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
+        )
         t = torch.full((g,), 1.0, device=device, dtype=dtype)
         prediction = self.predict(run.model, torch.cat([latents] * g), t, conditions).float()
         if g == 2:

@@ -98,9 +98,9 @@ class SD3ControlNetWorkload(SD3Workload):
         model.controlnet.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(self, run: RunState, vae: nn.Module) -> None:
+    def validate(self, run: RunState, vae: nn.Module, text_encoders: dict[str, nn.Module]) -> None:
         # `vae` is the training loop's own (the example encodes latents every step); the pipeline
-        # loads its own copy of everything. Weights keep requires_grad, as a freshly loaded
+        # loads its own copy of everything, text encoders included (so `text_encoders` go unused). Weights keep requires_grad, as a freshly loaded
         # pipeline leaves them: autocast caches the cast copies of such weights.
         from autofit.run_state import default_dtype
         from autofit.workloads.companions import build_companion

@@ -1,0 +1,85 @@
+"""lora_targets: which modules the LoRA adapters adapt (train_mode lora or qlora).
+
+`preset` is the list the preset gives (its trainers' usual default); the others name module sets
+that published recipes use, per model family: `qv` the attention's query and value projections
+(torchtune's and LitGPT's defaults, PEFT's for Llama), `attention` every attention projection (of
+the image stream, for the diffusion transformers), `mlp` the feed-forward projections, `all_linear`
+every linear projection of the blocks. Which modules are adapted decides the activations a step
+keeps: an adapter's input is saved for its backward, where a frozen layer saves none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.models import ModelPreset
+
+LLM_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+LLM_MLP = ["gate_proj", "up_proj", "down_proj"]
+DIFFUSION_ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
+SETS: dict[str, dict[str, list[str]]] = {
+    "llm": {"qv": ["q_proj", "v_proj"], "attention": LLM_ATTENTION, "mlp": LLM_MLP,
+            "all_linear": LLM_ATTENTION + LLM_MLP},
+    "flux": {"attention": DIFFUSION_ATTENTION},
+    "sd3": {"attention": DIFFUSION_ATTENTION},
+    "sana": {"attention": DIFFUSION_ATTENTION},
+    "sdxl": {"attention": DIFFUSION_ATTENTION},
+}  # fmt: skip
+
+
+def target_modules(value: str, preset: ModelPreset) -> list[str]:
+    """The module names LoRA adapts for this value on this model."""
+    return list(preset.lora_targets) if value == "preset" else SETS[preset.family][value]
+
+
+def _diffusers(value: Any, s: Subject) -> Say | Refuse:
+    if value == "preset":
+        return Say()
+    if s.family not in ("flux", "sd3", "sana"):
+        return Refuse(
+            f"the diffusers {s.family} LoRA script adapts a fixed set of modules",
+            "lora_targets=preset",
+        )
+    return say(**{"--lora_layers": ",".join(target_modules(value, s.preset))})
+
+
+class LoraTargets(Knob):
+    name = "lora_targets"
+    default = "preset"
+    help = "modules the LoRA adapters adapt: preset | qv | attention | mlp | all_linear"
+    values = {
+        "preset": "the modules the preset lists",
+        "qv": "the attention's query and value projections",
+        "attention": "every attention projection",
+        "mlp": "the feed-forward projections",
+        "all_linear": "every linear projection of the blocks",
+    }
+    per_sample_memory = True  # adapted layers keep their inputs for backward
+
+    def means(self, value: Any, subject: Subject) -> str:
+        what = f"LoRA adapters on {self.values[value]}"  # type: ignore[index]
+        if value != "preset" and value not in SETS.get(subject.family, {}):
+            return what
+        return f"{what} ({', '.join(target_modules(value, subject.preset))})"
+
+    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
+        return config.get("train_mode", "full") != "full"
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if context.knobs.get("train_mode", "full") == "full" or value == "preset":
+            return None
+        known = SETS.get(context.model.family, {})
+        if value not in known:
+            offered = ", ".join(["preset", *known])
+            return f"lora_targets={value}: autofit knows no such modules of {context.model.name}; it knows {offered}"
+        return None
+
+    # train_mode's apply builds the adapters on target_modules(); SimpleTuner and sd-scripts adapt
+    # their own fixed sets, which the preset lists.
+    trainers = {
+        "simpletuner": {"preset": Say()},
+        "kohya": {"preset": Say()},
+        "diffusers": _diffusers,
+    }
