@@ -28,6 +28,12 @@ def search_spaces_dir() -> Path:
     return _shipped("search_spaces")
 
 
+def calibration_dir() -> Path:
+    """Calibration data shipped with autofit: the published measurements (published.csv), and the
+    GPU calibrations committed as they are measured."""
+    return _shipped("calibration")
+
+
 def group_options(group: str) -> list[str]:
     """The names a config group offers (`model`, `gpu`): its YAML files, sorted."""
     return yaml_names(conf_dir() / group)

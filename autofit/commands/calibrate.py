@@ -68,6 +68,9 @@ def default_output(gpu: str, measure: str, set_name: str) -> Path:
 def run_config(cfg: Any) -> int:
     from omegaconf import OmegaConf
 
+    if str(cfg.set) == "published":
+        return run_published(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
     from autofit.calibration.rows import append_row, describe, figures, read_rows, row
     from autofit.calibration.sets import load_set
     from autofit.gpus import load_gpu
@@ -155,3 +158,96 @@ def _compared(values: dict[str, Any], size: Any) -> str:
     if values["real_error"] and values["real_outcome"] not in ("ok", "oom"):
         text += f"; real run: {values['real_error']}"
     return text
+
+
+def run_published(data: dict[str, Any]) -> int:
+    """Every row of the published set autofit can express (or those `only=` names), simulated
+    with its closest knobs and compared like with like; the rows it cannot express, with what
+    they need."""
+    from autofit.calibration.published import load_published, published_figures, simulate_rows
+    from autofit.paths import ensure_writable
+    from autofit.probe.build import check_settings
+    from autofit.results import RESULTS
+    from autofit.units import size
+
+    check_settings("simulate", data["margin"], data["timeout_s"])
+    rows = load_published()
+    out = Path(data["out"]) if data.get("out") else RESULTS / "calibration" / "published.csv"
+    expressible = [r for r in rows if r.expressible]
+    if data.get("only"):
+        only = data["only"]
+        wanted = [str(w) for w in (only if isinstance(only, list) else [only])]
+        known = {r.id: r for r in expressible}
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise ConfigError(
+                f"only={','.join(unknown)}: not an expressible row of the published set; valid: "
+                + ", ".join(known)
+            )
+        expressible = [known[w] for w in wanted]
+    if data["dry_run"]:
+        for row in expressible:
+            print(
+                f"{row.id}: model={row.model} gpu={row.gpu} "
+                + " ".join(f"{k}={v}" for k, v in row.knobs.items())
+            )
+        print(f"{len(expressible)} of {len(rows)} rows expressible; the CSV would be {out}")
+        return 0
+    ensure_writable(out)
+    print(
+        f"simulating {len(expressible)} of the {len(rows)} published runs (those autofit can "
+        "express)",
+        flush=True,
+    )
+
+    def report(done: dict[str, Any]) -> None:
+        error = "" if done["error"] is None else f" ({done['error']:+.1%})"
+        published = size(done["published_bytes"]) if done["published_bytes"] else ""
+        print(f"  {done['id']}: {done['measure']} {published} published, simulated "
+              f"{size(done['simulated_bytes'])}{error}; {done['sim_outcome']} at "
+              f"{size(done['sim_peak_bytes'])} of {size(done['budget_bytes'])}", flush=True)  # fmt: skip
+
+    ordered = simulate_rows(expressible, data["margin"], data["timeout_s"], on_done=report)
+    _write_published(out, ordered)
+    figures = published_figures(ordered, rows)
+    out.with_suffix(".json").write_text(json.dumps({"csv": str(out), "figures": figures}, indent=2))
+    print(
+        _describe_published(figures) + f"\n\nrows in {out}, figures in {out.with_suffix('.json')}"
+    )
+    return 0
+
+
+def _write_published(path: Path, outcomes: list[dict[str, Any]]) -> None:
+    """The per-row comparison, written whole (to a temporary file, then renamed)."""
+    import csv
+
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(outcomes[0]) if outcomes else ["id"])
+        writer.writeheader()
+        writer.writerows(outcomes)
+    temporary.replace(path)
+
+
+def _describe_published(figures: dict[str, Any]) -> str:
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    lines = [
+        f"published runs: {figures['rows']}, expressible {figures['expressible']}, compared by "
+        f"figure {figures['compared']}",
+        f"memory error   median |error| {percent(figures['median_abs'])}, max {percent(figures['max_abs'])}, "
+        f"mean signed {percent(figures['mean_signed'])}",
+        f"fit verdicts   {len(figures['false_fits'])} false fits, {len(figures['false_ooms'])} false ooms "
+        "(at the default margin)",
+    ]
+    lines += [f"  false fit: {i}" for i in figures["false_fits"]]
+    lines += [f"  false oom: {i}" for i in figures["false_ooms"]]
+    lines += [f"  crashed: {c}" for c in figures["crashed"]]
+    needs: dict[str, list[str]] = {}
+    for row, need in figures["not_expressible"].items():
+        needs.setdefault(need, []).append(row)
+    lines.append(f"not expressible ({len(figures['not_expressible'])} rows), by what they need:")
+    lines += [f"  {len(ids):>3} rows ({', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}): {need}"
+              for need, ids in sorted(needs.items(), key=lambda item: -len(item[1]))]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""The published set (calibration/published.csv): training runs people measured on real GPUs, each
+held against the simulator with the closest knobs.
+
+A row records, in the source's terms, the run's settings and its figure, and what the figure is
+(`measure`): torch's allocated peak (`allocated`; torch's active-bytes peak, `active`, is compared
+with it), its reserved peak (`reserved`), what nvidia-smi shows (`nvidia_smi`: the reserved peak
+plus the CUDA context), or only that the run fitted a card of that size (`ran`) or ran out of memory
+there (`oom`). `autofit` holds the closest autofit settings (`model=... gpu=... knob=value ...`)
+where autofit can express the run, `differs` what they leave out; a row autofit cannot express
+has `needs` instead: what it lacks.
+
+Compared like with like, the error is signed (simulated / published - 1: positive over-estimates).
+A false fit is a run autofit says fits (at the default margin) that ran out of memory, or whose
+published figure is over the budget; a false out-of-memory, the reverse.
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import ConfigError
+
+COLUMNS = (
+    "id", "family", "model", "gpu", "method", "trainer", "batch_size", "grad_accumulation",
+    "length", "precision", "optimizer", "checkpointing", "lora", "quantization", "other",
+    "figure", "unit", "measure", "measure_note", "throughput", "source",
+    "autofit", "differs", "needs",
+)  # fmt: skip
+MEASURES = ("allocated", "active", "reserved", "nvidia_smi", "ran", "oom")
+UNITS = {"GiB": 1 << 30, "GB": 10**9, "MiB": 1 << 20, "card": 0}
+DEFAULT_MARGIN = 0.05  # the margin `autofit search` uses by default
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """One published run. `settings` holds the source's own columns as recorded."""
+
+    id: str
+    family: str
+    measure: str
+    figure_bytes: int | None  # None for ran / oom rows
+    model: str | None  # the closest autofit run, when autofit can express it
+    gpu: str | None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    differs: str = ""
+    needs: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def expressible(self) -> bool:
+        return self.model is not None
+
+
+def published_path() -> Path:
+    from autofit.paths import calibration_dir
+
+    return calibration_dir() / "published.csv"
+
+
+def _knob_value(text: str) -> Any:
+    """A knob's value as the command line writes it, typed as Hydra would type it."""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _parse(raw: dict[str, str], where: str) -> PublishedRow:
+    from autofit.gpus import load_gpu
+    from autofit.knobs import parse_all
+    from autofit.models import load_preset
+
+    measure = raw["measure"]
+    if measure not in MEASURES:
+        raise ConfigError(
+            f"{where}: measure={measure!r} is not valid; valid: {', '.join(MEASURES)}"
+        )
+    unit = raw["unit"]
+    if unit not in UNITS:
+        raise ConfigError(f"{where}: unit={unit!r} is not valid; valid: {', '.join(UNITS)}")
+    figure = None
+    if measure not in ("ran", "oom"):
+        try:
+            figure = round(float(raw["figure"]) * UNITS[unit])
+        except ValueError:
+            raise ConfigError(f"{where}: figure={raw['figure']!r} is not a number") from None
+    model = gpu = None
+    knobs: dict[str, Any] = {}
+    if raw["autofit"]:
+        settings = dict(word.split("=", 1) for word in shlex.split(raw["autofit"]))
+        model, gpu = settings.pop("model", None), settings.pop("gpu", None)
+        if not model or not gpu:
+            raise ConfigError(f"{where}: autofit= must name a model= and a gpu=")
+        try:
+            load_preset(model), load_gpu(gpu)
+            knobs = {k: _knob_value(v) for k, v in settings.items()}
+            parse_all(knobs)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif not raw["needs"]:
+        raise ConfigError(f"{where}: a row autofit cannot express says what it needs")
+    return PublishedRow(
+        id=raw["id"], family=raw["family"], measure=measure, figure_bytes=figure, model=model,
+        gpu=gpu, knobs=knobs, differs=raw["differs"], needs=raw["needs"], settings=dict(raw),
+    )  # fmt: skip
+
+
+def load_published(path: Path | None = None) -> list[PublishedRow]:
+    """Every row of the published set, checked: a bad one is a one-line error naming it."""
+    path = path or published_path()
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path}: no column {', '.join(missing)}")
+        rows = [_parse(raw, f"{path}: row {raw['id']}") for raw in reader]
+    ids = [r.id for r in rows]
+    doubled = sorted({i for i in ids if ids.count(i) > 1})
+    if doubled:
+        raise ConfigError(f"{path}: row ids appear twice: {', '.join(doubled)}")
+    return rows
+
+
+# -- comparing -----------------------------------------------------------------------------------
+
+
+def simulated_figure(row: PublishedRow, result: Any) -> int | None:
+    """The simulated counterpart of the row's figure: like with like."""
+    if row.measure in ("allocated", "active"):
+        return result.peak_allocated_bytes
+    if row.measure == "reserved":
+        return result.peak_reserved_bytes
+    if row.measure == "nvidia_smi":
+        context = (result.overhead_detail or {}).get("cuda_context", 0)
+        return (result.peak_reserved_bytes or 0) + context
+    return None
+
+
+def compared(row: PublishedRow, result: Any, budget_bytes: int) -> dict[str, Any]:
+    """The row's simulated figure, its error and the fit verdicts (a dict for the CSV)."""
+    from autofit.probe.spec import Outcome
+
+    simulated = simulated_figure(row, result)
+    error = None
+    if simulated is not None and row.figure_bytes:
+        error = simulated / row.figure_bytes - 1
+    answered = result.outcome in (Outcome.OK, Outcome.OOM)
+    fits = result.outcome is Outcome.OK  # peak within the budget at the default margin
+    real_ran = {"ran": True, "oom": False}.get(
+        row.measure, row.figure_bytes is not None and row.figure_bytes <= budget_bytes
+    )
+    return {
+        "id": row.id, "family": row.family, "model": row.model, "gpu": row.gpu,
+        "measure": row.measure, "published_bytes": row.figure_bytes,
+        "simulated_bytes": simulated, "error": error,
+        "sim_outcome": result.outcome.value, "sim_peak_bytes": result.peak_bytes,
+        "budget_bytes": budget_bytes, "sim_phase": result.phase,
+        "false_fit": answered and fits and not real_ran,
+        "false_oom": answered and not fits and real_ran,
+        "sim_samples_per_s": result.samples_per_s,
+        "crash": "" if answered else (result.error or {}).get("message", ""),
+        "differs": row.differs,
+    }  # fmt: skip
+
+
+def simulate_rows(
+    rows: list[PublishedRow],
+    margin: float = DEFAULT_MARGIN,
+    timeout_s: float = 900,
+    on_done: Any = None,
+) -> list[dict[str, Any]]:
+    """Each row simulated with its closest knobs and compared (in the rows' order). One warm
+    probe server per family, a few probes at a time; `on_done(compared)` as each one finishes."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.build import make_spec
+    from autofit.probe.launcher import launcher_for
+    from autofit.probe.runner import run_probe
+
+    outcomes: dict[str, dict[str, Any]] = {}
+    jobs = max(1, min(4, os.cpu_count() or 1))
+
+    def one(row: PublishedRow, launcher: Any) -> None:
+        assert row.model and row.gpu
+        spec = make_spec(
+            load_preset(row.model), load_gpu(row.gpu), row.knobs, "simulate", margin, timeout_s
+        )
+        outcomes[row.id] = done = compared(
+            row, run_probe(spec, launcher=launcher), spec.budget_bytes
+        )
+        if on_done:
+            on_done(done)
+
+    for family in sorted({r.family for r in rows}):
+        group = [r for r in rows if r.family == family]
+        with launcher_for("simulate", family) as launcher, ThreadPoolExecutor(jobs) as pool:
+            for future in [pool.submit(one, row, launcher) for row in group]:
+                future.result()
+    return [outcomes[r.id] for r in rows]
+
+
+def published_figures(outcomes: list[dict[str, Any]], rows: list[PublishedRow]) -> dict[str, Any]:
+    """Median and largest |error| over the rows with a figure, the false fits and false
+    out-of-memory verdicts, and what the rows autofit cannot express need."""
+    errors = [o["error"] for o in outcomes if o["error"] is not None]
+    absolute = [abs(e) for e in errors]
+    return {
+        "rows": len(rows),
+        "expressible": sum(r.expressible for r in rows),
+        "compared": len(errors),
+        "median_abs": statistics.median(absolute) if absolute else None,
+        "max_abs": max(absolute) if absolute else None,
+        "mean_signed": statistics.fmean(errors) if errors else None,
+        "false_fits": [o["id"] for o in outcomes if o["false_fit"]],
+        "false_ooms": [o["id"] for o in outcomes if o["false_oom"]],
+        "crashed": [f"{o['id']}: {o['crash']}" for o in outcomes if o["crash"]],
+        "not_expressible": {r.id: r.needs for r in rows if not r.expressible},
+    }

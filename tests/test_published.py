@@ -1,0 +1,46 @@
+"""The published set (calibration/published.csv): its rows are well formed, and the simulator
+stays within the issue's bounds on a fast subset of them. The whole set runs in
+`benchmarks/published_set.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.calibration.published import MEASURES, load_published, published_figures, simulate_rows
+
+
+@pytest.fixture(scope="module")
+def rows() -> list:
+    return load_published()
+
+
+def test_every_row_names_its_source_and_what_its_figure_is(rows: list) -> None:
+    assert len(rows) >= 40
+    for row in rows:
+        assert row.settings["source"].strip(), row.id
+        assert row.measure in MEASURES, row.id
+        assert row.settings["measure_note"].strip() or row.measure in ("ran", "oom"), row.id
+        # A figure is a number for the measures that have one, and absent for ran / oom.
+        assert (row.figure_bytes is None) == (row.measure in ("ran", "oom")), row.id
+        # Each row either says how autofit runs it or what autofit lacks to run it.
+        assert row.expressible or row.needs, row.id
+
+
+def test_the_set_covers_every_family_autofit_has(rows: list) -> None:
+    families = {row.family for row in rows}
+    assert {"llm", "sana", "sd3", "sdxl", "flux"} <= families
+
+
+def test_a_fast_subset_stays_within_the_bounds() -> None:
+    # An LLM row measured by reserved bytes, a diffusion row by allocated bytes, and a run the
+    # source saw run out of memory: one of each kind of comparison.
+    chosen = {r.id: r for r in load_published()}
+    subset = [chosen[i] for i in ("PF2", "ST-SD3-03-l40s", "DF-15")]
+    outcomes = simulate_rows(subset)
+    figures = published_figures(outcomes, subset)
+    assert figures["crashed"] == []
+    assert figures["false_fits"] == [] and figures["false_ooms"] == []
+    assert figures["compared"] == 2
+    for outcome in outcomes:
+        if outcome["error"] is not None:
+            assert abs(outcome["error"]) <= 0.05, outcome
