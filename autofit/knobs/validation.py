@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, ProbeContext, Say, Subject, say
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.trainers import diffusers_script
 
 if TYPE_CHECKING:
@@ -55,11 +55,13 @@ def _kohya(value: Any, s: Subject) -> Say:
     )
 
 
-def _diffusers(value: Any, s: Subject) -> Say:
+def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     if value != "on":
         return Say()
     settings: dict[str, Any] = {"--validation_prompt": PROMPT}
     script = diffusers_script(s.family, s.config["train_mode"])
+    if script is not None and script.validation_holds_more:
+        return Refuse(f"{script.file} {script.validation_holds_more}")
     if script is not None and script.kind == "controlnet":
         settings.update(
             {"--validation_image": "path/to/conditioning.png", "--validation_steps": EVERY}
