@@ -4,8 +4,8 @@ the bounds the tests hold a subset of it to.
     python benchmarks/published_set.py [--max-median 0.05] [--max-error 0.15]
 
 Runs `autofit calibrate set=published` (every expressible row simulated with its closest knobs,
-compared like with like), then checks the figures it wrote: median |error|, largest |error|, and
-no false fit at the default margin. Exits 1 when a bound is broken, naming it. About 8 minutes on
+compared like with like), then checks the figures it wrote: median |error|, largest |error|, no
+false fit at the default margin, and the roofline's median |error| against the published speeds. Exits 1 when a bound is broken, naming it. About 8 minutes on
 two cores.
 """
 
@@ -25,6 +25,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-median", type=float, default=0.05)
     parser.add_argument("--max-error", type=float, default=0.15)
+    parser.add_argument("--max-throughput-median", type=float, default=0.20)
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -39,6 +40,11 @@ def main() -> int:
         broken.append(f"median |error| {figures['median_abs']:.1%} > {args.max_median:.0%}")
     if figures["max_abs"] > args.max_error:
         broken.append(f"max |error| {figures['max_abs']:.1%} > {args.max_error:.0%}")
+    if (figures["throughput_median_abs"] or 0) > args.max_throughput_median:
+        broken.append(
+            f"throughput median |error| {figures['throughput_median_abs']:.1%} > "
+            f"{args.max_throughput_median:.0%}"
+        )
     if figures["false_fits"]:
         broken.append(f"false fits: {', '.join(figures['false_fits'])}")
     if figures["crashed"]:

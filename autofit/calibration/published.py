@@ -28,10 +28,13 @@ from autofit.errors import ConfigError
 COLUMNS = (
     "id", "family", "model", "gpu", "method", "trainer", "batch_size", "grad_accumulation",
     "length", "precision", "optimizer", "checkpointing", "lora", "quantization", "other",
-    "figure", "unit", "measure", "measure_note", "throughput", "source",
+    "figure", "unit", "measure", "measure_note", "throughput", "speed", "speed_unit", "source",
     "autofit", "differs", "needs",
 )  # fmt: skip
 MEASURES = ("allocated", "active", "reserved", "nvidia_smi", "ran", "oom")
+# The speed a source published, per GPU: tokens per second (of the run's sequence length), or
+# seconds per optimizer step (batch x gradient accumulation samples), or samples per second.
+SPEED_UNITS = ("tokens/s", "s/step", "samples/s")
 UNITS = {"GiB": 1 << 30, "GB": 10**9, "MiB": 1 << 20, "card": 0}
 DEFAULT_MARGIN = 0.05  # the margin `autofit search` uses by default
 
@@ -50,6 +53,7 @@ class PublishedRow:
     differs: str = ""
     needs: str = ""
     settings: dict[str, str] = field(default_factory=dict)
+    samples_per_s: float | None = None  # the published speed in autofit's unit, where given
 
     @property
     def expressible(self) -> bool:
@@ -109,7 +113,32 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     return PublishedRow(
         id=raw["id"], family=raw["family"], measure=measure, figure_bytes=figure, model=model,
         gpu=gpu, knobs=knobs, differs=raw["differs"], needs=raw["needs"], settings=dict(raw),
+        samples_per_s=_samples_per_s(raw, knobs, where) if model else None,
     )  # fmt: skip
+
+
+def _samples_per_s(raw: dict[str, str], knobs: dict[str, Any], where: str) -> float | None:
+    """The row's published speed as samples per second of the autofit run: tokens over the
+    run's sequence length, or the samples of one optimizer step over its seconds."""
+    if not raw["speed"]:
+        return None
+    unit = raw["speed_unit"]
+    if unit not in SPEED_UNITS:
+        raise ConfigError(
+            f"{where}: speed_unit={unit!r} is not valid; valid: {', '.join(SPEED_UNITS)}"
+        )
+    try:
+        speed = float(raw["speed"])
+        accumulation = int((raw["grad_accumulation"] or "1").split()[0])
+    except ValueError:
+        raise ConfigError(f"{where}: speed={raw['speed']!r} is not a number") from None
+    if unit == "tokens/s":
+        if "resolution" not in knobs:
+            raise ConfigError(f"{where}: a speed in tokens/s needs the run's resolution= (tokens)")
+        return speed / int(knobs["resolution"])
+    if unit == "s/step":
+        return int(knobs.get("batch_size", 1)) * accumulation / speed
+    return speed
 
 
 def load_published(path: Path | None = None) -> list[PublishedRow]:
@@ -164,7 +193,13 @@ def compared(row: PublishedRow, result: Any, budget_bytes: int) -> dict[str, Any
         "budget_bytes": budget_bytes, "sim_phase": result.phase,
         "false_fit": answered and fits and not real_ran,
         "false_oom": answered and not fits and real_ran,
+        "published_samples_per_s": row.samples_per_s,
         "sim_samples_per_s": result.samples_per_s,
+        "throughput_error": (
+            result.samples_per_s / row.samples_per_s - 1
+            if row.samples_per_s and result.samples_per_s
+            else None
+        ),
         "crash": "" if answered else (result.error or {}).get("message", ""),
         "differs": row.differs,
     }  # fmt: skip
@@ -214,6 +249,7 @@ def published_figures(outcomes: list[dict[str, Any]], rows: list[PublishedRow]) 
     out-of-memory verdicts, and what the rows autofit cannot express need."""
     errors = [o["error"] for o in outcomes if o["error"] is not None]
     absolute = [abs(e) for e in errors]
+    speeds = [abs(o["throughput_error"]) for o in outcomes if o["throughput_error"] is not None]
     return {
         "rows": len(rows),
         "expressible": sum(r.expressible for r in rows),
@@ -221,6 +257,9 @@ def published_figures(outcomes: list[dict[str, Any]], rows: list[PublishedRow]) 
         "median_abs": statistics.median(absolute) if absolute else None,
         "max_abs": max(absolute) if absolute else None,
         "mean_signed": statistics.fmean(errors) if errors else None,
+        "throughput_compared": len(speeds),
+        "throughput_median_abs": statistics.median(speeds) if speeds else None,
+        "throughput_max_abs": max(speeds) if speeds else None,
         "false_fits": [o["id"] for o in outcomes if o["false_fit"]],
         "false_ooms": [o["id"] for o in outcomes if o["false_oom"]],
         "crashed": [f"{o['id']}: {o['crash']}" for o in outcomes if o["crash"]],

@@ -203,9 +203,13 @@ def run_published(data: dict[str, Any]) -> int:
     def report(done: dict[str, Any]) -> None:
         error = "" if done["error"] is None else f" ({done['error']:+.1%})"
         published = size(done["published_bytes"]) if done["published_bytes"] else ""
+        speed = ""
+        if done["throughput_error"] is not None:
+            speed = (f"; {done['sim_samples_per_s']:.3f} samples/s against "
+                     f"{done['published_samples_per_s']:.3f} ({done['throughput_error']:+.1%})")  # fmt: skip
         print(f"  {done['id']}: {done['measure']} {published} published, simulated "
               f"{size(done['simulated_bytes'])}{error}; {done['sim_outcome']} at "
-              f"{size(done['sim_peak_bytes'])} of {size(done['budget_bytes'])}", flush=True)  # fmt: skip
+              f"{size(done['sim_peak_bytes'])} of {size(done['budget_bytes'])}{speed}", flush=True)  # fmt: skip
 
     ordered = simulate_rows(expressible, data["margin"], data["timeout_s"], on_done=report)
     _write_published(out, ordered)
@@ -238,6 +242,9 @@ def _describe_published(figures: dict[str, Any]) -> str:
         f"figure {figures['compared']}",
         f"memory error   median |error| {percent(figures['median_abs'])}, max {percent(figures['max_abs'])}, "
         f"mean signed {percent(figures['mean_signed'])}",
+        f"throughput     median |error| {percent(figures['throughput_median_abs'])}, max "
+        f"{percent(figures['throughput_max_abs'])} over {figures['throughput_compared']} rows with a "
+        "published speed (the roofline)",
         f"fit verdicts   {len(figures['false_fits'])} false fits, {len(figures['false_ooms'])} false ooms "
         "(at the default margin)",
     ]

@@ -11,9 +11,9 @@ GPU waits for it, so its time adds on. Collectives between the run's GPUs (ZeRO 
 overlapped with compute, as DeepSpeed's `overlap_comm` does.
 
 FLOPs come from PyTorch's own formulas (torch.utils.flop_counter) for matmuls, convolutions and
-attention; element-wise ops count no FLOPs and are bound by memory anyway. The efficiencies below
-are first estimates from published kernel benchmarks, not yet calibrated against measured steps;
-results carry `throughput_estimated: true`.
+attention; element-wise ops count no FLOPs and are bound by memory anyway. The kernel efficiencies below
+are first estimates from published kernel benchmarks; the host's time per op is measured (see
+HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ MATMUL_EFFICIENCY = 0.70  # cuBLAS GEMMs of training size
 ATTENTION_EFFICIENCY = 0.50  # FlashAttention-2 / memory-efficient kernels, forward and backward
 MEMORY_EFFICIENCY = 0.80  # element-wise and reduction kernels against peak bandwidth
 KERNEL_FLOOR_S = 3e-6  # the shortest a launched kernel takes
-HOST_SECONDS_PER_OP = 6e-6  # eager dispatch per ATen op, views included
+# Host time per ATen op of an eager training step, views included: not the dispatcher alone (a few
+# microseconds) but the Python around each op too (module calls and hooks, the model's own code,
+# autograd recording, autocast's casts). Measured on an H100 (calibration/h100_80-core.csv): Sana
+# 1600M steps of 7,394 to 12,055 ops took 158 to 271 ms whatever the batch (1 or 4), host-bound
+# at 21 to 24 us per op; SimpleTuner's published SD3.5 Medium steps on an H100 imply about 25.
+HOST_SECONDS_PER_OP = 21e-6
 # Updates run by the host CPU (an offloaded optimizer) are bound by host memory bandwidth; a
 # multi-threaded CPU Adam sustains a fraction of a server's DRAM bandwidth.
 HOST_MEMORY_GBS = 40.0
