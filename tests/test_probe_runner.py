@@ -57,6 +57,36 @@ def test_timeout_kills_the_whole_process_group(
     assert _dead(grandchild), "the worker's own child survived the timeout"
 
 
+def test_a_timeout_before_the_forked_worker_has_its_own_session_still_kills_it() -> None:
+    # A timeout can fire as the server reports the fork, before the child's setsid: there is no
+    # process group of its pid yet. (Seen once as a suite hung in the test above, on a loaded
+    # machine where the server's imports outlasted the 3-second timeout.) A process of our own
+    # group stands in for that child; the server's report of its exit, for the reaping.
+    import subprocess
+    import sys
+    import threading
+
+    from autofit.probe.launcher import _Forked
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    forked = _Forked(None, 1)  # type: ignore[arg-type]
+    forked.pid = child.pid
+    forked.started.set()
+
+    def reaped() -> None:
+        child.wait()
+        forked.exited.set()
+
+    threading.Thread(target=reaped, daemon=True).start()
+    killer = threading.Thread(target=forked.kill_group, daemon=True)
+    killer.start()
+    killer.join(timeout=20)
+    if killer.is_alive():
+        child.kill()
+    assert not killer.is_alive(), "kill_group waited on a child it never killed"
+    assert child.returncode == -9
+
+
 def test_a_worker_that_dies_is_a_crash_with_its_stderr_tail(launcher: Launcher) -> None:
     result = run_probe(spec("tiny_mlp"), worker="workers.die", launcher=launcher)
     assert result.outcome is Outcome.CRASH

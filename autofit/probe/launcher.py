@@ -97,7 +97,13 @@ class _Forked:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                # Forked but not yet in a session of its own (its first act): no group of that id
+                # exists, and the child, which has started nothing yet, is killed alone. The server
+                # has not reaped it, so the pid is still its.
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.exited.wait()
 
 
