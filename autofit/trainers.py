@@ -39,8 +39,9 @@ class DiffusersScript:
     ema: bool = False  # offers --use_ema (an EMA copy on the GPU)
     # Why the script cannot run with only the trained model on the GPU (encoders=cached).
     not_cached: str = "encodes latents with the VAE on the GPU every step"
-    # Why its validation holds more than the measured validation=on pass, if it does.
-    validation_holds_more: str = ""
+    # What its validation loads beside what training holds, if it reloads its text encoders
+    # (validation=reload reproduces it; validation=on is then refused).
+    validation_reloads: str = ""
 
     @property
     def file(self) -> str:
@@ -60,7 +61,7 @@ DIFFUSERS_SCRIPTS = {
     # (the commit before diffusers issue #10145, 2024-12, through 2026-08).
     ("flux", "lora"): DiffusersScript("examples/dreambooth/train_dreambooth_lora_flux.py", "dreambooth", True, ("online",),
                                       not_cached="keeps both text encoders on the GPU through training, even with cached latents and one prompt",
-                                      validation_holds_more="loads a second pair of text encoders for each validation while its training list still holds the first, and renders at the pipeline's default 1024 px: more than the measured validation"),
+                                      validation_reloads="loads a second pair of text encoders for each validation while its training list still holds the first"),
     ("sdxl", "full"): DiffusersScript("examples/text_to_image/train_text_to_image_sdxl.py", "text_to_image", False, ("cached",), ema=True),
     ("sdxl", "lora"): DiffusersScript("examples/text_to_image/train_text_to_image_lora_sdxl.py", "text_to_image", True, ("online",)),
     ("sd3_controlnet", "full"): DiffusersScript("examples/controlnet/train_controlnet_sd3.py", "controlnet", False, ("mixed",)),

@@ -235,6 +235,35 @@ def test_validation_can_run_out_of_memory_after_training_fits() -> None:
     assert result.outcome.value == "oom" and result.phase == "validation"
 
 
+def _validation_peak(**knobs: object) -> int:
+    """The tracked tensor peak within the validation phase."""
+    _, tracker = simulate.trace(spec("tiny_sana", encoders="online", **knobs))
+    return tracker.peak_report().phase_peaks["validation"]
+
+
+def test_validation_reload_holds_a_second_pair_of_text_encoders() -> None:
+    # With encoders=online the text encoder is resident; validation=on reuses it, reload loads
+    # another (diffusers' Flux LoRA script): the validation peak grows by about its weights.
+    from autofit.models import load_preset
+    from autofit.workloads.companions import build_companion
+
+    with torch.device("meta"):
+        encoder = build_companion(load_preset("tiny_sana").companions["text_encoder"])
+    weights = sum(p.numel() * p.element_size() for p in encoder.parameters())
+    on, reload = _validation_peak(validation="on"), _validation_peak(validation="reload")
+    assert reload - on == pytest.approx(weights, rel=0.05)
+
+
+def test_validation_at_the_native_resolution_renders_more_pixels() -> None:
+    # Trained at 32 px, rendered at the preset's native 64 px (the diffusers pipelines' default).
+    training = _validation_peak(resolution=32, validation="on")
+    native = _validation_peak(resolution=32, validation="on", validation_resolution="native")
+    assert native > training
+    assert _validation_peak(resolution=64, validation="on", validation_resolution="native") == (
+        _validation_peak(resolution=64, validation="on")
+    )
+
+
 INVALID = [
     ({"precision": "bf16"}, "t4", "simulate", "bf16"),
     ({"optimizer": "adamw_bf16"}, "a40", "simulate", "bf16_pure"),
@@ -246,6 +275,7 @@ INVALID = [
     ({"zero_stage": 2, "world_size": 4}, "a40", "cpu", "simulate"),
     ({"world_size": 2}, "a40", "simulate", "zero_stage"),
     ({"swap_blocks": 19}, "a40", "simulate", "at most 18"),
+    ({"validation_resolution": "native"}, "a40", "simulate", "validation on or reload"),
 ]
 
 

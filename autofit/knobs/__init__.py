@@ -34,6 +34,7 @@ from autofit.knobs.resolution import Resolution
 from autofit.knobs.swap_blocks import SwapBlocks
 from autofit.knobs.train_mode import TrainMode
 from autofit.knobs.validation import Validation
+from autofit.knobs.validation_resolution import ValidationResolution
 from autofit.knobs.world_size import WorldSize
 from autofit.knobs.zero_stage import ZeroStage
 from autofit.models import ModelPreset
@@ -59,6 +60,7 @@ REGISTRY: dict[str, Knob] = {
         WorldSize(),
         Ema(),
         Validation(),
+        ValidationResolution(),
     )
 }
 WORKLOAD_KNOBS = ("batch_size", "resolution")  # what is trained on; the others are techniques

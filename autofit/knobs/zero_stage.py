@@ -197,8 +197,8 @@ class ZeroStage(Knob):
         for knob, off in (("train_mode", "full"), ("swap_blocks", 0), ("ema", "off")):
             if knobs.get(knob, off) != off:
                 return f"zero_stage={value} with {knob}={knobs[knob]} is not modelled"
-        if value == 3 and knobs.get("validation") == "on":
-            return "zero_stage=3 with validation=on is not modelled (the pipeline needs gathered weights)"
+        if value == 3 and knobs.get("validation", "off") != "off":
+            return f"zero_stage=3 with validation={knobs['validation']} is not modelled (the pipeline needs gathered weights)"
         return None
 
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:

@@ -113,12 +113,14 @@ class LatentDiffusion(Workload):
         self, run: RunState, vae: torch.nn.Module, text_encoders: dict[str, torch.nn.Module]
     ) -> None:
         # The pipeline encodes the prompt (with its guidance batch), runs the denoiser step at
-        # the training resolution, one Euler step, and decodes with the VAE.
+        # the validation resolution, one Euler step, and decodes with the VAE.
+        from autofit.knobs.validation_resolution import validation_pixels
+
         g, device, dtype, resolution = (
             self.guidance_batch,
             run.device,
             run.dtypes.weights,
-            run.knobs["resolution"],
+            validation_pixels(run.knobs, run.preset.resolution),
         )
         latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
         conditions = self.conditions(g, resolution, device, dtype)

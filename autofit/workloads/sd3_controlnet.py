@@ -102,10 +102,12 @@ class SD3ControlNetWorkload(SD3Workload):
         # `vae` is the training loop's own (the example encodes latents every step); the pipeline
         # loads its own copy of everything, text encoders included (so `text_encoders` go unused). Weights keep requires_grad, as a freshly loaded
         # pipeline leaves them: autocast caches the cast copies of such weights.
+        from autofit.knobs.validation_resolution import validation_pixels
         from autofit.run_state import default_dtype
         from autofit.workloads.companions import build_companion
 
-        dtype, device, resolution = run.dtypes.frozen, run.device, run.knobs["resolution"]
+        dtype, device = run.dtypes.frozen, run.device
+        resolution = validation_pixels(run.knobs, run.preset.resolution)
         companions = self.preset.companions
         with default_dtype(dtype), device:
             transformer = SD3Transformer2DModel(**self.preset.architecture["transformer"]).eval()
