@@ -25,7 +25,7 @@ from autofit.config import suggest
 from autofit.errors import AutofitError, ConfigError
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.pareto import run_size
-from autofit.units import size
+from autofit.units import parsed_value, size
 from autofit.units import value as show
 
 RESULTS = Path("results")  # where studies live, under the working directory
@@ -260,16 +260,6 @@ def _number(text: str, kind: type) -> Any:
     return kind(text) if text not in ("", None) else None
 
 
-def _knob_value(text: str) -> Any:
-    """A knob value from the CSV as the search held it: bools and ints back to their type."""
-    if text in ("True", "False", "true", "false"):
-        return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 def _outcome(text: str) -> Outcome | Status:
     for vocabulary in (Outcome, Status):
         try:
@@ -291,7 +281,7 @@ def _read_trials(path: Path) -> tuple[list[Probe], list[str]]:
                 outcome=_outcome(row["outcome"]),
                 resolution=int(row["resolution"]),
                 batch_size=_number(row["batch_size"], int),
-                knobs={k: _knob_value(row[k]) for k in knob_names},
+                knobs={k: parsed_value(row[k]) for k in knob_names},
                 peak_bytes=_number(row["peak_bytes"], int),
                 samples_per_s=_number(row["samples_per_s"], float),
                 phase=row.get("phase") or "",

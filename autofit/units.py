@@ -41,3 +41,14 @@ def seconds(s: float | None) -> str:
 def value(v: object) -> str:
     """A config value as the command line writes it (true/false, not True/False)."""
     return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def parsed_value(text: str) -> bool | int | str:
+    """A knob value written as text (by `value`, a CSV or a command line) typed back as Hydra
+    types it: booleans and integers, else the string."""
+    if text in ("True", "False", "true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text

@@ -23,20 +23,14 @@ from autofit.knobs import parse_all, registry
 from autofit.models import load_preset
 from autofit.probe import run_probe
 from autofit.probe.build import make_spec
+from autofit.units import parsed_value
 
 
 def _knobs(row: dict[str, str]) -> dict[str, object]:
-    """The row's knob columns, typed as the command line types them."""
-    given = {}
-    for name in registry():
-        text = row.get(name, "")
-        if text == "":
-            continue
-        if text in ("True", "False"):
-            given[name] = text == "True"
-        else:
-            given[name] = int(text) if text.lstrip("-").isdigit() else text
-    return parse_all(given)
+    """The row's knob columns, typed back from the CSV's text."""
+    return parse_all(
+        {name: parsed_value(row[name]) for name in registry() if row.get(name, "") != ""}
+    )
 
 
 def main() -> int:

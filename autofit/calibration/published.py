@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.probe.spec import DEFAULT_MARGIN
 
 COLUMNS = (
     "id", "family", "model", "gpu", "method", "trainer", "batch_size", "grad_accumulation",
@@ -36,7 +37,6 @@ MEASURES = ("allocated", "active", "reserved", "nvidia_smi", "ran", "oom")
 # seconds per optimizer step (batch x gradient accumulation samples), or samples per second.
 SPEED_UNITS = ("tokens/s", "s/step", "samples/s")
 UNITS = {"GiB": 1 << 30, "GB": 10**9, "MiB": 1 << 20, "card": 0}
-DEFAULT_MARGIN = 0.05  # the margin `autofit search` uses by default
 
 
 @dataclass(frozen=True)
@@ -66,20 +66,11 @@ def published_path() -> Path:
     return calibration_dir() / "published.csv"
 
 
-def _knob_value(text: str) -> Any:
-    """A knob's value as the command line writes it, typed as Hydra would type it."""
-    if text in ("true", "false"):
-        return text == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     from autofit.gpus import load_gpu
     from autofit.knobs import parse_all
     from autofit.models import load_preset
+    from autofit.units import parsed_value
 
     measure = raw["measure"]
     if measure not in MEASURES:
@@ -104,7 +95,7 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
             raise ConfigError(f"{where}: autofit= must name a model= and a gpu=")
         try:
             load_preset(model), load_gpu(gpu)
-            knobs = {k: _knob_value(v) for k, v in settings.items()}
+            knobs = {k: parsed_value(v) for k, v in settings.items()}
             parse_all(knobs)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None

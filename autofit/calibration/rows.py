@@ -82,6 +82,16 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def write_rows(path: Path, fieldnames: list[str], rows: list[dict[str, Any]]) -> None:
+    """A whole CSV, written to a temporary file then renamed: a reader never sees half of it."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fieldnames, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    temporary.replace(path)
+
+
 def append_row(path: Path, values: dict[str, Any]) -> None:
     """One row, flushed as soon as its case is done: a killed calibration keeps what it measured.
 
@@ -95,14 +105,8 @@ def append_row(path: Path, values: dict[str, Any]) -> None:
         with path.open(newline="") as handle:
             header = list(csv.DictReader(handle).fieldnames or [])
     if not header or set(row) - set(header):
-        rows = read_rows(path)
         wider = [*header, *(c for c in [*columns(), *row] if c not in header)]
-        temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=wider, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-        temporary.replace(path)
+        write_rows(path, wider, read_rows(path))
         header = wider
     with path.open("a", newline="") as handle:
         csv.DictWriter(handle, fieldnames=header, restval="").writerow(row)
@@ -146,7 +150,7 @@ def figures(rows: list[dict[str, str]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _percent(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
@@ -160,8 +164,8 @@ def describe(result: dict[str, Any]) -> str:
     ):
         stats = result[key]
         lines.append(
-            f"{label:<15} median |error| {_percent(stats['median_abs'])}, max {_percent(stats['max_abs'])}, "
-            f"mean signed {_percent(stats['mean_signed'])} over {stats['n']} cases"
+            f"{label:<15} median |error| {percent(stats['median_abs'])}, max {percent(stats['max_abs'])}, "
+            f"mean signed {percent(stats['mean_signed'])} over {stats['n']} cases"
         )  # fmt: skip
     lines.append(
         f"{'fit verdicts':<15} {len(result['false_fits'])} false fits (simulated ok, real oom), "

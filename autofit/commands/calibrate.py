@@ -165,6 +165,7 @@ def run_published(data: dict[str, Any]) -> int:
     with its closest knobs and compared like with like; the rows it cannot express, with what
     they need."""
     from autofit.calibration.published import load_published, published_figures, simulate_rows
+    from autofit.calibration.rows import write_rows
     from autofit.paths import ensure_writable
     from autofit.probe.build import check_settings
     from autofit.results import RESULTS
@@ -212,7 +213,7 @@ def run_published(data: dict[str, Any]) -> int:
               f"{size(done['sim_peak_bytes'])} of {size(done['budget_bytes'])}{speed}", flush=True)  # fmt: skip
 
     ordered = simulate_rows(expressible, data["margin"], data["timeout_s"], on_done=report)
-    _write_published(out, ordered)
+    write_rows(out, list(ordered[0]) if ordered else ["id"], ordered)
     figures = published_figures(ordered, rows)
     out.with_suffix(".json").write_text(json.dumps({"csv": str(out), "figures": figures}, indent=2))
     print(
@@ -221,21 +222,8 @@ def run_published(data: dict[str, Any]) -> int:
     return 0
 
 
-def _write_published(path: Path, outcomes: list[dict[str, Any]]) -> None:
-    """The per-row comparison, written whole (to a temporary file, then renamed)."""
-    import csv
-
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(outcomes[0]) if outcomes else ["id"])
-        writer.writeheader()
-        writer.writerows(outcomes)
-    temporary.replace(path)
-
-
 def _describe_published(figures: dict[str, Any]) -> str:
-    def percent(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1%}"
+    from autofit.calibration.rows import percent
 
     lines = [
         f"published runs: {figures['rows']}, expressible {figures['expressible']}, compared by "

@@ -162,12 +162,16 @@ def run_config(cfg: Any) -> int:
             return refusal(chosen, preset, knobs)
 
     else:
-        from autofit.knobs.precision import needless_without_trainer
+        from autofit.knobs import registry
 
-        precisions = space.knobs.get("precision", ())
+        searched = {name: registry()[name] for name in space.knobs}
 
         def left_out(knobs: dict[str, Any]) -> str | None:
-            return needless_without_trainer(knobs.get("precision"), precisions)
+            for name, knob in searched.items():
+                reason = knob.needless_without_trainer(knobs[name], space.knobs[name])
+                if reason:
+                    return reason
+            return None
 
     default_name = f"{preset.label}-{gpu.name}-{space.name}" + (f"-{trainer}" if trainer else "")
     study_name = data.get("study") or default_name

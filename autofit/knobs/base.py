@@ -197,6 +197,11 @@ class Knob:
         """Why this value cannot run in this context, or None. Decided without torch."""
         return None
 
+    def needless_without_trainer(self, value: Any, searched: tuple[Any, ...]) -> str | None:
+        """Why a search that launches no particular trainer leaves `value` out when it also tries
+        the values in `searched` (another does the same in less memory, no slower), or None."""
+        return None
+
     # -- how it is applied -----------------------------------------------------------------------
 
     def prepare(self, run: RunState, value: Any) -> None:

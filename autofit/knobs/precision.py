@@ -31,18 +31,6 @@ if TYPE_CHECKING:
 BF16_WEIGHTS = ("bf16_pure", "bf16_autocast")  # the values whose weights themselves are bf16
 
 
-def needless_without_trainer(value: Any, searched: tuple[Any, ...]) -> str | None:
-    """Why a search that launches no particular trainer skips `value`: bf16_autocast runs
-    bf16_pure's model under autocast, so it never holds less nor runs faster; it is searched for
-    the trainers that run their bf16 models only that way (trainer=simpletuner, trainer=kohya)."""
-    if value == "bf16_autocast" and "bf16_pure" in searched:
-        return (
-            "precision=bf16_autocast holds at least what bf16_pure holds at the same speed: "
-            "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya)"
-        )
-    return None
-
-
 BF16_PURE_NOTE = (
     "precision=bf16_pure: create the model in bf16 (weights, gradients and optimizer states in "
     "bf16, no autocast); the launcher's mixed_precision stays 'no'"
@@ -185,6 +173,16 @@ class Precision(Knob):
     # A trainer told nothing trains in fp32: mixed bf16 must be asked for.
     default_asks_nothing = False
     writes = ("dtypes", "scaler")
+
+    def needless_without_trainer(self, value: Any, searched: tuple[Any, ...]) -> str | None:
+        # bf16_autocast runs bf16_pure's model under autocast: never less memory, never faster.
+        # It is searched for the trainers that run their bf16 models only that way.
+        if value == "bf16_autocast" and "bf16_pure" in searched:
+            return (
+                "precision=bf16_autocast holds at least what bf16_pure holds at the same speed: "
+                "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya)"
+            )
+        return None
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         gpu = context.gpu

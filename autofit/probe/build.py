@@ -9,7 +9,7 @@ from autofit.errors import ConfigError
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
-from autofit.probe.spec import ProbeSpec
+from autofit.probe.spec import DEFAULT_MARGIN, ProbeSpec
 
 
 def preset_from_config(data: dict[str, Any]) -> ModelPreset:
@@ -44,7 +44,7 @@ def make_spec(
     gpu: GpuSpec,
     knob_values: dict[str, Any],
     backend: str = "auto",
-    margin: float = 0.05,
+    margin: float = DEFAULT_MARGIN,
     timeout_s: float = 900.0,
 ) -> ProbeSpec:
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's

@@ -21,6 +21,9 @@ class Outcome(str, Enum):
     INVALID = "invalid"  # cannot run on this GPU and model at all; decided before running
 
 
+DEFAULT_MARGIN = 0.05  # the share of a GPU's memory a probe keeps free unless told otherwise
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """One configuration to measure: the model preset and GPU entry in full, every knob's value
@@ -30,7 +33,7 @@ class ProbeSpec:
     gpu: dict[str, Any]
     knobs: dict[str, Any]
     backend: str = "auto"
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN
     timeout_s: float = 900.0
 
     @property
