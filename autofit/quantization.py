@@ -1,12 +1,97 @@
-"""QLoRA's 4-bit base weights: bitsandbytes' NF4 `Linear4bit` on real tensors, its memory layout
-(autofit/simulator/nf4_layout.py) on fake ones."""
+"""A frozen base stored in fewer bytes than it computes in.
+
+- QLoRA's 4-bit base: bitsandbytes' NF4 `Linear4bit` on real tensors, its memory layout
+  (autofit/simulator/nf4_layout.py) on fake ones.
+- An fp8 base (kohya's `fp8_base`, SimpleTuner's fp8 base precisions): each frozen linear and
+  convolution weight stored in float8 e4m3 and upcast to the compute dtype for its own matmul, as
+  torch autocast upcasts kohya's fp8 weights. The upcast copy is an ordinary tensor: the matmul
+  saves it for the input's gradient, so without gradient checkpointing every layer's 16-bit copy
+  lives until its backward; with checkpointing only the recomputed block's do. Real float8
+  storage on every backend (a CPU build casts float8 too); no GPU needs fp8 arithmetic for it.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from autofit.simulator.nf4_layout import Nf4LinearLayout
+
+FP8 = torch.float8_e4m3fn
+
+
+class Float8Linear(nn.Linear):
+    """A frozen `nn.Linear` whose weight is kept in float8 and upcast for each forward."""
+
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype, device: torch.device) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = compute_dtype
+        self.weight = _float8(linear.weight, device)
+        self.bias = _frozen_copy(linear.bias, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(self.compute_dtype), self.bias)
+
+
+class Float8Conv2d(nn.Conv2d):
+    """A frozen `nn.Conv2d` whose weight is kept in float8 and upcast for each forward."""
+
+    def __init__(self, conv: nn.Conv2d, compute_dtype: torch.dtype, device: torch.device) -> None:
+        nn.Module.__init__(self)
+        for name in (
+            "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+            "transposed", "output_padding", "groups", "padding_mode",
+            "_reversed_padding_repeated_twice",
+        ):  # fmt: skip
+            setattr(self, name, getattr(conv, name))
+        self.compute_dtype = compute_dtype
+        self.weight = _float8(conv.weight, device)
+        self.bias = _frozen_copy(conv.bias, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.weight.to(self.compute_dtype), self.bias)
+
+
+def _float8(weight: torch.Tensor, device: torch.device) -> nn.Parameter:
+    # Cast on the host, then moved: the 16-bit weight never reaches the GPU.
+    return nn.Parameter(weight.detach().to(FP8).to(device), requires_grad=False)
+
+
+def _frozen_copy(bias: torch.Tensor | None, device: torch.device) -> nn.Parameter | None:
+    if bias is None:
+        return None
+    return nn.Parameter(bias.detach().to(device, copy=True), requires_grad=False)
+
+
+def float8_layers(
+    model: nn.Module, compute_dtype: torch.dtype, device: torch.device
+) -> list[nn.Module]:
+    """Replace every linear and 2-D convolution of `model` (a language model's output head
+    excepted, as for QLoRA) by its float8 counterpart on `device`; return the new layers."""
+    kinds = {nn.Linear: Float8Linear, nn.Conv2d: Float8Conv2d}
+    return _replace(
+        model, tuple(kinds), lambda layer: kinds[type(layer)](layer, compute_dtype, device)
+    )
+
+
+def _replace(model: nn.Module, kinds: tuple[type, ...], make: Any) -> list[nn.Module]:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) in kinds and module is not head
+    ]
+    layers = []
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = make(module)
+        setattr(parent, child, layer)
+        layers.append(layer)
+    return layers
 
 
 def quantized_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -27,24 +112,15 @@ def quantize_linears(
     As transformers' and diffusers' loaders do, each weight is quantized as it reaches the GPU
     (the 16-bit model is never there whole), and a language model's output head stays 16-bit
     (transformers leaves `lm_head` out of the conversion)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear and module is not head
-    ]
-    layers = []
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        layer = (
+    return _replace(
+        model,
+        (nn.Linear,),
+        lambda linear: (
             Nf4LinearLayout(linear, compute_dtype, device)
             if fake
             else _bitsandbytes_layer(linear, compute_dtype, device)
-        )
-        setattr(parent, child, layer)
-        layers.append(layer)
-    return layers
+        ),
+    )
 
 
 def _bitsandbytes_layer(

@@ -84,6 +84,21 @@ def logical_numel(param: torch.Tensor) -> int:
     return int(getattr(param, "autofit_numel", param.numel()))
 
 
+def move_to_device(run: RunState, model: torch.nn.Module, skip: set[int]) -> None:
+    """The rest of a host-built model (embeddings, norms, the output head) copied to the device
+    as it loads, all but the tensors in `skip` (ids: those a quantizing loader already placed);
+    not host-link traffic of the step."""
+    for module in model.modules():
+        for _name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in skip:
+                param.data = param.data.to(run.device, copy=True)
+                run.tag([param], "parameters")
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if id(buffer) not in skip:
+                module._buffers[name] = moved = buffer.to(run.device, copy=True)
+                run.tag([moved], "parameters")
+
+
 class PlainStep:
     """Backward and update as a plain training loop writes them: the loss (scaled under fp16)
     backward, the optimizer's step (through the scaler), gradients cleared."""

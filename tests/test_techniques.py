@@ -93,6 +93,80 @@ def test_swap_blocks_removes_the_swapped_blocks_parameters_from_the_gpu() -> Non
     assert run.traffic.link_bytes > 0 and run.traffic.host_compute_bytes > 0
 
 
+def _fp8_probe(**knobs: object):
+    probe = spec("sana_1600m", resolution=256, train_mode="lora", **knobs)
+    return dataclasses.replace(probe, model=_two_block_sana())
+
+
+def test_fp8_base_stores_each_frozen_weight_in_one_byte() -> None:
+    lora, lora_tracker = simulate.trace(_fp8_probe())
+    run, tracker = simulate.trace(_fp8_probe(base_precision="fp8"))
+    layers = [m for m in run.model.modules() if type(m).__name__.startswith("Float8")]
+    assert layers and all(m.weight.dtype == torch.float8_e4m3fn for m in layers)
+    assert run.trainable_param_count == lora.trainable_param_count
+    assert run.param_count == lora.param_count
+    # Two bytes per weight down to one, to the allocator's rounding.
+    saved = lora_tracker.live_bytes("parameters") - tracker.live_bytes("parameters")
+    weights = [m.weight for m in layers]
+    assert saved == sum(
+        round_allocation(2 * w.numel()) - round_allocation(w.numel()) for w in weights
+    )
+    # Cast on the way to the GPU: the 16-bit base never sits there whole.
+    assert (
+        tracker.peak_report().phase_peaks["setup"] < lora_tracker.peak_report().phase_peaks["setup"]
+    )
+
+
+def test_fp8_base_is_counted_alike_on_fake_and_real_tensors() -> None:
+    probe = spec("tiny_sana", batch_size=2, train_mode="lora", base_precision="fp8")
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(probe)
+    assert fake.live_bytes("parameters") == real.live_bytes("parameters")
+    assert fake.peak == real.peak
+
+
+def test_fp8_upcast_copies_live_until_backward_unless_checkpointed() -> None:
+    """The matmul saves the 16-bit copy of its weight for the input's gradient, as kohya's fp8
+    base under autocast does: without checkpointing every layer's copy is an activation."""
+    _, same = simulate.trace(_fp8_probe())
+    _, fp8 = simulate.trace(_fp8_probe(base_precision="fp8"))
+    grown = fp8.peak_report().breakdown["activations"] - same.peak_report().breakdown["activations"]
+    assert grown > 0
+    _, same_ckpt = simulate.trace(_fp8_probe(checkpointing=True))
+    _, fp8_ckpt = simulate.trace(_fp8_probe(base_precision="fp8", checkpointing=True))
+    assert fp8_ckpt.peak < same_ckpt.peak  # one block's copies at a time: the base's bytes win
+
+
+def _fused_probe(fused: str):
+    probe = spec(
+        "sana_1600m", resolution=256, precision="bf16_pure", optimizer="adafactor",
+        checkpointing=True, fused_backward=fused,
+    )  # fmt: skip
+    return dataclasses.replace(probe, model=_two_block_sana())
+
+
+def test_fused_backward_never_holds_the_whole_models_gradients() -> None:
+    run, off = simulate.trace(_fused_probe("off"))
+    _, per_parameter = simulate.trace(_fused_probe("parameter"))
+    _, per_block = simulate.trace(_fused_probe("block"))
+    gradients = sum(_bytes([p]) for p in run.trainable_parameters())
+    assert off.peak_report().breakdown["gradients"] == gradients  # the unfused step's peak
+    assert per_parameter.peak_report().breakdown["gradients"] == 0
+    assert off.peak - per_parameter.peak > 0.75 * gradients
+    # A block's gradients wait for the block: between the two.
+    block = max(sum(_bytes([p]) for p in b.parameters()) for b in run.model.transformer_blocks)
+    assert per_parameter.peak < per_block.peak <= per_parameter.peak + block
+    # The same update ran: the same optimizer state.
+    assert per_parameter.live_bytes("optimizer_state") == off.live_bytes("optimizer_state")
+
+
+def test_fused_backward_runs_for_real_on_the_cpu() -> None:
+    probe = spec("tiny_sana", precision="bf16_pure", optimizer="adafactor", fused_backward="block")
+    _, real = cpu.trace(probe)
+    _, fake = simulate.trace(probe)
+    assert real.peak == fake.peak
+
+
 def test_encoders_online_add_exactly_the_companions_weights() -> None:
     online, with_encoders = simulate.trace(spec("tiny_sana", encoders="online"))
     _, cached = simulate.trace(spec("tiny_sana"))
@@ -276,6 +350,10 @@ INVALID = [
     ({"world_size": 2}, "a40", "simulate", "zero_stage"),
     ({"swap_blocks": 19}, "a40", "simulate", "at most 18"),
     ({"validation_resolution": "native"}, "a40", "simulate", "validation on or reload"),
+    ({"base_precision": "fp8"}, "a40", "simulate", "train_mode=full has no frozen base"),
+    ({"base_precision": "fp8", "train_mode": "qlora"}, "a40", "simulate", "4-bit base"),
+    ({"fused_backward": "parameter", "precision": "fp16"}, "a40", "simulate", "loss scaler"),
+    ({"fused_backward": "block", "zero_stage": 2}, "a40", "simulate", "ZeRO"),
 ]
 
 

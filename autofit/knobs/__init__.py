@@ -19,10 +19,12 @@ from autofit.errors import ConfigError
 from autofit.gpus import GpuSpec
 from autofit.knobs.attention import Attention
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
+from autofit.knobs.base_precision import BasePrecision
 from autofit.knobs.batch_size import BatchSize
 from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
+from autofit.knobs.fused_backward import FusedBackward
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
 from autofit.knobs.offload_optimizer import OffloadOptimizer
@@ -46,6 +48,7 @@ REGISTRY: dict[str, Knob] = {
         Resolution(),
         Precision(),
         TrainMode(),
+        BasePrecision(),
         LoraRank(),
         LoraTargets(),
         Checkpointing(),
@@ -54,6 +57,7 @@ REGISTRY: dict[str, Knob] = {
         SwapBlocks(),
         Optimizer(),
         OptimizerImpl(),
+        FusedBackward(),
         ZeroStage(),
         OffloadOptimizer(),
         OffloadParams(),

@@ -115,6 +115,29 @@ def build_optimizer(name: str, params: list[Any], run: RunState) -> Any:
     return RULES[name].build(params, run)
 
 
+def _device_optimizer(name: str, run: RunState) -> Any:
+    """The update of the GPU-resident parameters: one step after backward, or fused into it
+    (the fused_backward knob), per parameter or per transformer block."""
+    params = run.device_trainable_parameters()
+    fused = run.knobs["fused_backward"]
+    if fused == "off":
+        return build_optimizer(name, params, run)
+    from autofit.optimizers.in_backward import InBackwardOptimizer
+
+    groups: list[list[Any]] = []
+    if fused == "block":
+        trained, grouped = set(params), set()
+        for path in run.preset.blocks:
+            for block in run.model.get_submodule(path):
+                group = [p for p in block.parameters() if p in trained]
+                if group:
+                    groups.append(group)
+                    grouped.update(group)
+        params = [p for p in params if p not in grouped]
+    groups += [[p] for p in params]
+    return InBackwardOptimizer(groups, lambda group: build_optimizer(name, group, run))
+
+
 # -- trainers ---------------------------------------------------------------------------------
 
 # SimpleTuner's name, and the --optimizer_config that makes it the optimizer the probe ran
@@ -238,7 +261,7 @@ class Optimizer(Knob):
         return None
 
     def apply(self, run: RunState, value: Any) -> None:
-        on_device = build_optimizer(value, run.device_trainable_parameters(), run)
+        on_device = _device_optimizer(value, run)
         if not run.host_parameters:
             run.optimizer = on_device
             return

@@ -21,20 +21,6 @@ if TYPE_CHECKING:
     from autofit.run_state import RunState
 
 
-def _move_to_device(run: RunState, model: Any, skip: set[int]) -> None:
-    """The rest of a host-built model (embeddings, norms, the output head) copied to the device
-    as it loads; not host-link traffic of the step."""
-    for module in model.modules():
-        for _name, param in list(module.named_parameters(recurse=False)):
-            if id(param) not in skip:
-                param.data = param.data.to(run.device, copy=True)
-                run.tag([param], "parameters")
-        for name, buffer in list(module.named_buffers(recurse=False)):
-            if id(buffer) not in skip:
-                module._buffers[name] = moved = buffer.to(run.device, copy=True)
-                run.tag([moved], "parameters")
-
-
 # -- trainers ---------------------------------------------------------------------------------
 
 
@@ -73,6 +59,7 @@ class TrainMode(Knob):
     }
     per_sample_memory = False
     reads = ("dtypes",)
+    after = ("base_precision",)  # its adapters wrap the base's layers as that knob stores them
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value != "full" and not context.model.lora_targets:
@@ -95,7 +82,7 @@ class TrainMode(Knob):
         import torch
         from peft import LoraConfig, inject_adapter_in_model
 
-        from autofit.run_state import default_dtype, set_logical_numel
+        from autofit.run_state import default_dtype, move_to_device, set_logical_numel
 
         model = run.model
         model.requires_grad_(False)
@@ -109,7 +96,7 @@ class TrainMode(Knob):
             quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
             for layer in layers:  # param_count counts weights, not the bytes packing them
                 set_logical_numel(layer.weight, layer.in_features * layer.out_features)
-            _move_to_device(run, model, skip=quantized)
+            move_to_device(run, model, skip=quantized)
             for layer in layers:
                 run.tag(quantized_tensors(layer), "parameters")
         rank = run.knobs["lora_rank"]

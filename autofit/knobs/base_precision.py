@@ -1,0 +1,99 @@
+"""base_precision: what the frozen base of a LoRA run is stored in.
+
+- `same`: the run's frozen dtype (its 16-bit dtype under mixed precision).
+- `fp8`: every linear and 2-D convolution weight of the trained model's base in float8 e4m3,
+  upcast to the compute dtype layer by layer for its own matmul (kohya's `fp8_base`, SimpleTuner's
+  fp8 base precisions, diffusers' layerwise casting): half the base's bytes, at the price of one
+  cast per layer per pass. The math stays 16-bit, so no GPU generation is ruled out; what the
+  upcast copies cost is in autofit/quantization.py.
+
+Like QLoRA's quantizing loader, the base is built in host memory and each weight cast on its way
+to the GPU: the 16-bit model never sits there whole. The companions (text encoders, VAE) keep
+their own dtype.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, ExitStack
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+
+if TYPE_CHECKING:
+    from autofit.run_state import RunState
+
+NOT_FP8 = "base_precision=same"
+
+
+def _kohya(value: Any, s: Subject) -> Say:
+    if value == "same":
+        return Say()
+    # fp8_base_unet keeps the text encoders in 16-bit, as measured; fp8_base alone would cast
+    # them too when they run online.
+    return say(fp8_base=True, fp8_base_unet=True)
+
+
+def _simpletuner(value: Any, s: Subject) -> Say:
+    if value == "same":
+        return Say()  # base_model_precision=no_change: train_mode's words
+    return say(base_model_precision="fp8-quanto")
+
+
+class BasePrecision(Knob):
+    name = "base_precision"
+    default = "same"
+    help = "the frozen base under LoRA: same (the run's dtype) | fp8 (float8, upcast per layer)"
+    values = {
+        "same": "the frozen base in the run's own dtype",
+        "fp8": "the frozen base's linear and convolution weights stored in float8 e4m3 and cast "
+        "to the compute dtype per layer, just before its matmul",
+    }
+    per_sample_memory = False
+    reads = ("dtypes",)
+
+    def applies(self, config: Any, preset: Any) -> bool:
+        return config.get("train_mode", "full") == "lora"
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value == "same":
+            return None
+        mode = context.knobs.get("train_mode", "full")
+        if mode != "lora":
+            what = "a 4-bit base already" if mode == "qlora" else "no frozen base"
+            return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} has {what}; use train_mode=lora"
+        if context.knobs.get("zero_stage"):
+            return f"base_precision={value}: DeepSpeed ZeRO keeps the whole model in its 16-bit dtype; use zero_stage=0"
+        return None
+
+    def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        if value == "same":
+            return None
+        stack = ExitStack()  # built on the host, cast on the way to the GPU (apply)
+        stack.enter_context(run.host_device)
+        stack.enter_context(run.host())
+        return stack
+
+    def apply(self, run: RunState, value: Any) -> None:
+        if value == "same":
+            return
+        from autofit.quantization import float8_layers
+        from autofit.run_state import move_to_device
+
+        layers = float8_layers(run.model, run.dtypes.autocast or run.dtypes.weights, run.device)
+        cast = {id(t) for layer in layers for t in layer.parameters()}
+        move_to_device(run, run.model, skip=cast)
+        run.tag([t for layer in layers for t in layer.parameters()], "parameters")
+
+    trainers = {
+        "kohya": _kohya,
+        "simpletuner": _simpletuner,
+        "sana": {"same": Say(), "fp8": Refuse("Sana's train.py has no fp8 base", NOT_FP8)},
+        "diffusers": {
+            "same": Say(),
+            "fp8": Refuse(
+                "the diffusers example scripts store the base in the 16-bit weight dtype "
+                "(their --do_fp8_training is float8 compute through torchao, another run)",
+                NOT_FP8,
+            ),
+        },
+    }
