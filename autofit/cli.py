@@ -58,7 +58,8 @@ def _command_help(command: str) -> str:
         if key != "defaults":
             lines.append(f"  {key:<18} {default or '':<10} {comment or ''}".rstrip())
     for group in command_groups(command):
-        lines.append(f"  {group:<18} {' | '.join(group_options(group))}")
+        own = " | path/to/card.yaml (docs/gpus.md)" if group == "gpu" else ""
+        lines.append(f"  {group:<18} {' | '.join(group_options(group))}{own}")
     if command == "probe":
         from autofit.knobs import registry
 

@@ -6,10 +6,10 @@ Overrides are checked before composition so the user hears about the bad name or
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, suggest
+from autofit.gpus import FIELD_PATHS, is_gpu_file, load_gpu_file
 from autofit.paths import conf_dir, group_options
 
 GROUPS = ("model", "gpu")
@@ -25,11 +25,6 @@ def _register_knob_defaults() -> None:
     ConfigStore.instance().store(
         name="knobs", node={k.name: k.default for k in registry().values()}
     )
-
-
-def suggest(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _parse(overrides: list[str]) -> list[Any]:
@@ -63,10 +58,58 @@ def _check_groups(parsed: list[Any]) -> None:
             continue
         options = group_options(group)
         for value in _values(override):
+            if group == "gpu" and is_gpu_file(value):
+                continue  # the user's own card: read and checked by _gpu_files
             if value not in options:
+                also = " (or a path to a GPU file: gpu=path/to/card.yaml)" if group == "gpu" else ""
                 raise ConfigError(
-                    f"unknown {group} '{value}'{suggest(str(value), options)}; valid: {', '.join(options)}"
+                    f"unknown {group} '{value}'{suggest(str(value), options)}; "
+                    f"valid: {', '.join(options)}{also}"
                 )
+
+
+def _gpu_file_choice(value: str) -> str:
+    """`gpu=path/to/card.yaml`: the file's entry, checked and completed with its defaults, stored
+    in Hydra's ConfigStore as a choice of the gpu group under a name no shipped entry has (the
+    file's stem and a hash of its path and contents); that name is what Hydra is given."""
+    import re
+    from pathlib import Path
+
+    from hydra.core.config_store import ConfigStore
+
+    from autofit.fingerprint import fingerprint
+
+    path = Path(value).expanduser()
+    entry = load_gpu_file(path, source=f"gpu={value}").to_dict()
+    digest = fingerprint({"path": str(path.resolve()), "entry": entry})[:8]
+    choice = f"file-{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}-{digest}"
+    ConfigStore.instance().store(group="gpu", name=choice, node=entry)
+    return choice
+
+
+def _gpu_files(overrides: list[str], parsed: list[Any]) -> list[str]:
+    """The overrides with every GPU file choice (`gpu=./card.yaml`, `gpu=a40,./card.yaml`)
+    replaced by the name its entry is stored under."""
+    result = []
+    for text, override in zip(overrides, parsed, strict=True):
+        values = _values(override) if override.key_or_group == "gpu" else []
+        if any(is_gpu_file(v) for v in values):
+            choices = [_gpu_file_choice(v) if is_gpu_file(v) else str(v) for v in values]
+            text = f"{override.get_key_element()}={','.join(choices)}"
+        result.append(text)
+    return result
+
+
+def _unknown_gpu_field(field: str, base: Any) -> ConfigError:
+    if field in FIELD_PATHS:
+        return ConfigError(
+            f"gpu.{field}: the gpu entry {base.gpu.name} does not set it; add it with "
+            f"+gpu.{field}=<value>"
+        )
+    return ConfigError(
+        f"unknown gpu field '{field}'{suggest(field, FIELD_PATHS)}; valid fields: "
+        f"{', '.join(FIELD_PATHS)}"
+    )
 
 
 def _compose(command: str, overrides: list[str]) -> Any:
@@ -94,9 +137,10 @@ def command_groups(command: str) -> list[str]:
     return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
 
 
-def validate_overrides(command: str, overrides: list[str]) -> None:
+def validate_overrides(command: str, overrides: list[str]) -> list[str]:
     """Check every override's key and every group choice (each value of a sweep) before Hydra
-    sees them; knob values are checked once composed."""
+    sees them; knob values are checked once composed. Returns the overrides Hydra is to compose:
+    the given ones, with a GPU file read, checked and stored under a name of its own."""
     from omegaconf import OmegaConf
 
     _register_knob_defaults()
@@ -110,6 +154,8 @@ def validate_overrides(command: str, overrides: list[str]) -> None:
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
     _check_groups(parsed)  # before any composition: a bad model or GPU name costs no Hydra run
+    overrides = _gpu_files(overrides, parsed)
+    parsed = _parse(overrides)
     # Keys are checked against the config the group choices give (the first of a sweep's), so
     # nested model keys resolve.
     group_overrides = [
@@ -122,13 +168,17 @@ def validate_overrides(command: str, overrides: list[str]) -> None:
         if key in groups or key.startswith(("hydra.", "hydra/")):
             continue
         if OmegaConf.select(base, key, default=_MISSING) is _MISSING:
+            if key.startswith("gpu.") and "gpu" in groups:
+                if override.is_add() and key.removeprefix("gpu.") in FIELD_PATHS:
+                    continue  # `+gpu.tflops.bf16=65`: a field the entry leaves out, checked composed
+                raise _unknown_gpu_field(key.removeprefix("gpu."), base)
             raise ConfigError(
                 f"unknown setting '{key}' for 'autofit {command}'{suggest(key, settings)}; "
                 f"valid settings: {', '.join(settings)}"
             )
+    return overrides
 
 
 def compose_config(command: str, overrides: list[str]) -> Any:
     """The composed DictConfig for `autofit <command> <overrides>`, or a one-line ConfigError."""
-    validate_overrides(command, overrides)
-    return _compose(command, overrides)
+    return _compose(command, validate_overrides(command, overrides))

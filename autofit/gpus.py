@@ -1,11 +1,19 @@
-"""Target GPUs: the table entry a probe is measured or simulated against (`conf/gpu/<name>.yaml`)."""
+"""Target GPUs: the table entry a probe is measured or simulated against (`conf/gpu/<name>.yaml`,
+or a user's own file in the same format, `gpu=path/to/card.yaml`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
+from autofit.errors import ConfigError, suggest
+
 MIB = 1 << 20
+MATH_MODES = ("fp32", "tf32", "fp16", "bf16")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # it names studies and result files
+_CAPABILITY = re.compile(r"\d+\.\d+\Z")
 
 
 @dataclass(frozen=True)
@@ -15,10 +23,13 @@ class GpuSpec:
     `memory_mib` is the total the driver reports (nvidia-smi); the CUDA context comes out of it.
     `tflops` holds dense (not sparse) peak throughput per math mode: `fp32` (plain FP32, what
     PyTorch matmuls use by default), `tf32` (what cuDNN convolutions use by default), `fp16` and
-    `bf16` (tensor cores, FP32 accumulation). `host_link_gbs` is the effective host-to-device
-    bandwidth, for offload and block swap; `peer_link_gbs` the bus bandwidth a collective reaches
-    between GPUs of one node (NVLink or PCIe), for ZeRO across GPUs. The two overheads are what a fake run cannot see:
-    the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace (inside it).
+    `bf16` (tensor cores, FP32 accumulation); `fp32` and `fp16` are required, `bf16` is there
+    exactly when `bf16` is true. `host_link_gbs` is the effective host-to-device bandwidth, for
+    offload and block swap; `peer_link_gbs` the bus bandwidth a collective reaches between GPUs
+    of one node (NVLink or PCIe), for ZeRO across GPUs. The two overheads are what a fake run
+    cannot see: the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace (inside
+    it). `reserved_mib` is memory something else holds on this card (a display, other
+    processes): it comes out of every budget.
     """
 
     name: str
@@ -32,26 +43,82 @@ class GpuSpec:
     host_link_gbs: float
     cuda_context_mib: float
     cublas_workspace_mib: float
+    reserved_mib: int = 0
     notes: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GpuSpec:
+    def from_dict(cls, data: Any, source: str = "gpu") -> GpuSpec:
+        """The entry `data` states, every field checked; a ConfigError names `source` (where
+        the entry came from), the field, its value and what it may be."""
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{source}: expected a mapping of GPU fields, got {_kind(data)}; "
+                f"fields: {', '.join(FIELDS)}"
+            )
+        for key in data:
+            if key not in FIELDS:
+                raise ConfigError(
+                    f"{source}: unknown field '{key}'{suggest(str(key), list(FIELDS))}; "
+                    f"valid fields: {', '.join(FIELDS)}"
+                )
+        for key in REQUIRED:
+            if key not in data:
+                raise ConfigError(
+                    f"{source}: missing field '{key}'; every GPU entry sets {', '.join(REQUIRED)}"
+                )
+        for key, value in data.items():
+            _check(source, key, value)
         values = dict(data)
-        values["tflops"] = {k: float(v) for k, v in dict(values["tflops"]).items()}
-        return cls(**values)
+        values["tflops"] = {k: float(v) for k, v in data["tflops"].items()}
+        values["compute_capability"] = _capability(data["compute_capability"])
+        spec = cls(**values)
+        spec._check_together(source)
+        return spec
+
+    def _check_together(self, source: str) -> None:
+        if ("bf16" in self.tflops) != self.bf16:
+            has = "sets" if "bf16" in self.tflops else "lacks"
+            raise ConfigError(
+                f"{source}: bf16={str(self.bf16).lower()} but tflops {has} bf16; a GPU with "
+                "bf16 gives its bf16 TFLOPS, one without (before Ampere) gives none"
+            )
+        if self.reserved_mib >= self.memory_mib:
+            raise ConfigError(
+                f"{source}: reserved_mib={self.reserved_mib} is not valid; expected less than "
+                f"memory_mib={self.memory_mib}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def fingerprint(self) -> str:
-        """A short hash of the whole entry: a changed entry measures again."""
+        """A short hash of the whole entry: a changed entry measures again. A field at its
+        default is left out, so an entry written before the field existed keeps its hash."""
         from autofit.fingerprint import fingerprint
 
-        return fingerprint(self.to_dict())
+        return fingerprint(
+            {k: v for k, v in self.to_dict().items() if DEFAULTS.get(k, MISSING) != v}
+        )
+
+    @property
+    def label(self) -> str:
+        """The name a study carries: the entry's name when it is the shipped entry of that name,
+        else the name and a short hash of its figures (`rtx4090+3fa9c2`), so that a card file or
+        an overridden field never shares a study with the card it differs from."""
+        try:
+            if load_gpu(self.name) == self:
+                return self.name
+        except ConfigError:
+            pass
+        return f"{self.name}+{self.fingerprint()[:6]}"
 
     @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.reserved_mib * MIB
 
     @property
     def cuda_context_bytes(self) -> int:
@@ -62,18 +129,102 @@ class GpuSpec:
         return int(self.cublas_workspace_mib * MIB)
 
     def budget_bytes(self, margin: float) -> int:
-        """The memory a run may use: the GPU's memory less a safety margin (a fraction of it)."""
-        return int(self.memory_bytes * (1.0 - margin))
+        """The memory a run may use: the GPU's memory less a safety margin (a fraction of it) and
+        less what something else holds on the card (`reserved_mib`)."""
+        budget = int(self.memory_bytes * (1.0 - margin)) - self.reserved_bytes
+        if budget <= 0:
+            raise ConfigError(
+                f"gpu {self.name}: reserved_mib={self.reserved_mib} and margin={margin} leave no "
+                f"memory of its {self.memory_mib} MiB; lower either"
+            )
+        return budget
+
+
+FIELDS = {f.name: f for f in fields(GpuSpec)}
+DEFAULTS = {f.name: f.default for f in fields(GpuSpec) if f.default is not MISSING}
+REQUIRED = [name for name in FIELDS if name not in DEFAULTS]
+# What `gpu.<field>=<value>` may name.
+FIELD_PATHS = [k for k in FIELDS if k != "tflops"] + [f"tflops.{m}" for m in MATH_MODES]
+# Each field's check and the words saying what it may be.
+_NUMBER = (lambda v: _is_number(v) and v > 0, "a number > 0")
+_SIZE = (lambda v: _is_number(v) and v >= 0, "a number of MiB >= 0")
+_RULES: dict[str, tuple[Any, str]] = {
+    "name": (lambda v: isinstance(v, str) and bool(_NAME.match(v)),
+             "letters, digits, '_', '.' and '-', e.g. rtx4090_laptop"),
+    "display": (lambda v: isinstance(v, str), "text, e.g. NVIDIA GeForce RTX 4090"),
+    "memory_mib": (lambda v: _is_int(v) and v > 0,
+                   "a whole number of MiB > 0, the total nvidia-smi reports"),
+    "compute_capability": (lambda v: _capability(v) is not None, "major.minor, e.g. '8.9'"),
+    "bf16": (lambda v: isinstance(v, bool), "true or false"),
+    "tflops": (lambda v: isinstance(v, dict) and {"fp32", "fp16"} <= set(v) <= set(MATH_MODES)
+               and all(_is_number(x) and x > 0 for x in v.values()),
+               f"a mapping of {', '.join(MATH_MODES)} to dense TFLOPS > 0, fp32 and fp16 required"),
+    "memory_bandwidth_gbs": _NUMBER,
+    "peer_link_gbs": _NUMBER,
+    "host_link_gbs": _NUMBER,
+    "cuda_context_mib": _SIZE,
+    "cublas_workspace_mib": _SIZE,
+    "reserved_mib": (lambda v: _is_int(v) and v >= 0,
+                     "a whole number of MiB >= 0, what a display or other processes hold"),
+    "notes": (lambda v: isinstance(v, str), "text"),
+}  # fmt: skip
+
+
+def _kind(data: Any) -> str:
+    return "nothing (an empty file)" if data is None else type(data).__name__
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _capability(value: Any) -> str | None:
+    """`'8.9'` as written; a number (YAML's unquoted 8.9) as its text."""
+    text = str(value) if _is_number(value) else value
+    return text if isinstance(text, str) and _CAPABILITY.match(text) else None
+
+
+def _check(source: str, key: str, value: Any) -> None:
+    test, expected = _RULES[key]
+    if not test(value):
+        raise ConfigError(f"{source}: {key}={value!r} is not valid; expected {expected}")
 
 
 def load_gpu(name: str) -> GpuSpec:
     """The shipped entry `conf/gpu/<name>.yaml`, read without composing a whole config."""
-    import yaml
-
-    from autofit.errors import ConfigError
     from autofit.paths import conf_dir, group_options
 
     path = conf_dir() / "gpu" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"unknown gpu '{name}'; valid: {', '.join(group_options('gpu'))}")
-    return GpuSpec.from_dict(yaml.safe_load(path.read_text()))
+    return load_gpu_file(path, source=f"gpu {name}")
+
+
+def is_gpu_file(value: Any) -> bool:
+    """Whether `gpu=<value>` names a file of the user's rather than a shipped entry."""
+    return isinstance(value, str) and value.endswith((".yaml", ".yml"))
+
+
+def load_gpu_file(path: Path, source: str | None = None) -> GpuSpec:
+    """A GPU entry from a YAML file, checked field by field."""
+    import yaml
+
+    source = source or f"gpu={path}"
+    if not path.is_file():
+        raise ConfigError(
+            f"{source}: no such file (a path to a GPU entry .yaml, relative to {Path.cwd()})"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+    return GpuSpec.from_dict(data, source)

@@ -87,11 +87,12 @@ def run_config(cfg: Any) -> int:
         raise ConfigError(f"measure={measure!r} is not valid; valid values: cuda, cpu")
     check_settings(measure, data["margin"], data["timeout_s"])
     gpu = gpu_from_config(data["gpu"])
+    gpu.budget_bytes(data["margin"])  # a reservation that leaves nothing fails before any case
     cases = load_set(str(data["set"]))
     out = (
         Path(data["out"])
         if data.get("out")
-        else default_output(gpu.name, measure, str(data["set"]))
+        else default_output(gpu.label, measure, str(data["set"]))
     )
 
     if data["dry_run"]:

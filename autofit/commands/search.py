@@ -124,6 +124,7 @@ def run_config(cfg: Any) -> int:
     assert isinstance(data, dict)
     preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
     check_settings(data["backend"], data["margin"], data["timeout_s"])
+    budget = gpu.budget_bytes(data["margin"])
     space = load_space(str(data["space"]), preset)
     target = data.get("target") or {}
     if target.get("resolution") is not None:
@@ -173,7 +174,7 @@ def run_config(cfg: Any) -> int:
                     return reason
             return None
 
-    default_name = f"{preset.label}-{gpu.name}-{space.name}" + (f"-{trainer}" if trainer else "")
+    default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
     study_name = data.get("study") or default_name
     out = Path(data["out"]) if data.get("out") else study_folder(study_name)
     ensure_writable(out / "summary.json")
@@ -181,7 +182,6 @@ def run_config(cfg: Any) -> int:
     if storage.startswith("sqlite:///"):
         ensure_writable(Path(storage.removeprefix("sqlite:///")))
 
-    budget = gpu.budget_bytes(data["margin"])
     backend = resolve(data["backend"], gpu, budget)
     knob_names = list(space.knobs)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,

@@ -18,7 +18,7 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
     """Run `task` on every configuration the sweep composes; non-zero if any run failed."""
     import hydra
 
-    validate_overrides(command, overrides)
+    overrides = validate_overrides(command, overrides)  # a GPU file becomes its stored name
     failures: list[str] = []
 
     def job(cfg: Any) -> None:

@@ -20,10 +20,9 @@ def preset_from_config(data: dict[str, Any]) -> ModelPreset:
 
 
 def gpu_from_config(data: dict[str, Any]) -> GpuSpec:
-    try:
-        return GpuSpec.from_dict(data)
-    except (TypeError, KeyError, ValueError) as exc:
-        raise ConfigError(f"gpu config '{data.get('name', '?')}' is malformed: {exc}") from None
+    """The composed `gpu` entry (shipped or the user's file, fields overridden or not), checked
+    field by field."""
+    return GpuSpec.from_dict(data, source=f"gpu {data.get('name', '?')}")
 
 
 def check_settings(backend: str, margin: float, timeout_s: float) -> None:
@@ -50,6 +49,7 @@ def make_spec(
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
     native one when unset and checked against the model's granularity)."""
     check_settings(backend, margin, timeout_s)
+    gpu.budget_bytes(margin)  # a reservation that leaves nothing fails here, not in the worker
     if preset.family == "custom":
         from autofit.workloads.custom import load_entry
 

@@ -1,0 +1,232 @@
+"""GPU entries: every shipped one holds together, a user's own card file and field overrides run
+like a shipped entry, each mistake in them is one line, and reserved memory comes out of the
+budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import autofit, in_process
+
+from autofit.config import compose_config
+from autofit.errors import ConfigError
+from autofit.fingerprint import fingerprint
+from autofit.gpus import MIB, GpuSpec, load_gpu
+from autofit.paths import group_options
+from autofit.probe.build import spec_from_config
+from autofit.probe.spec import ProbeSpec
+
+CARD = {
+    "name": "mylaptop",
+    "display": "NVIDIA GeForce RTX 4070 Laptop GPU",
+    "memory_mib": 8188,
+    "compute_capability": "8.9",
+    "bf16": True,
+    "tflops": {"fp32": 22.0, "tf32": 22.0, "fp16": 44.0, "bf16": 44.0},
+    "memory_bandwidth_gbs": 256,
+    "peer_link_gbs": 10,
+    "host_link_gbs": 12,
+    "cuda_context_mib": 500,
+    "cublas_workspace_mib": 8.125,
+}
+SPACE = "batch_size: {min: 1, max: 1}\nresolution: [x1]\nknobs: {precision: [bf16]}\n"
+
+
+DROP = object()  # a field left out of the card
+
+
+def card(folder: Path, file: str = "card.yaml", **fields: object) -> Path:
+    path = folder / file
+    entry = {k: v for k, v in {**CARD, **fields}.items() if v is not DROP}
+    path.write_text(yaml.safe_dump(entry, sort_keys=False))
+    return path
+
+
+def budget(memory_mib: int, reserved_mib: int = 0, margin: float = 0.05) -> int:
+    return int(memory_mib * MIB * (1 - margin)) - reserved_mib * MIB
+
+
+@pytest.mark.parametrize("name", group_options("gpu"))
+def test_every_shipped_entry_loads_and_holds_together(name: str) -> None:
+    gpu = load_gpu(name)
+    assert gpu.name == name
+    assert 4_000 < gpu.memory_mib < 300_000 and gpu.reserved_mib == 0
+    assert re.fullmatch(r"\d+\.\d", gpu.compute_capability)
+    major = int(gpu.compute_capability.split(".")[0])
+    assert gpu.bf16 == (major >= 8)  # bf16 arrived with Ampere
+    assert ("bf16" in gpu.tflops) == gpu.bf16
+    assert gpu.tflops["fp16"] >= gpu.tflops["tf32"] >= gpu.tflops["fp32"] > 0
+    assert gpu.tflops.get("bf16", gpu.tflops["fp16"]) == gpu.tflops["fp16"]
+    assert gpu.memory_bandwidth_gbs > 0 and gpu.peer_link_gbs > 0
+    assert 0 < gpu.host_link_gbs <= 64  # PCIe 5.0 x16 is 64 GB/s each way
+    assert 400 <= gpu.cuda_context_mib <= 600
+    assert gpu.label == name  # a shipped entry, unchanged, carries its own name
+
+
+def test_a_card_file_runs_a_probe_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    card(tmp_path, reserved_mib=1024)
+    done = autofit(
+        "probe", "gpu=card.yaml", "model=tiny_mlp", "backend=simulate", "out=r.json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["outcome"] == "ok" and result["gpu"] == "mylaptop"
+    assert result["budget_bytes"] == budget(8188, reserved_mib=1024)
+    assert "tiny_mlp on mylaptop [simulate]: ok" in done.stdout
+
+
+def test_a_card_file_in_another_folder_with_its_fields_overridden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cards").mkdir()
+    card(tmp_path / "cards", "my.card.yml")
+    monkeypatch.chdir(tmp_path)  # a relative path is relative to where autofit runs
+    overrides = ["model=tiny_mlp", "gpu=cards/my.card.yml", "gpu.memory_mib=6144"]
+    spec = spec_from_config(compose_config("probe", overrides))
+    assert spec.gpu["name"] == "mylaptop" and spec.budget_bytes == budget(6144)
+
+
+def test_a_field_override_changes_the_budget_and_the_figures() -> None:
+    spec = spec_from_config(compose_config("probe", ["model=tiny_mlp", "gpu=a40"]))
+    changed = spec_from_config(
+        compose_config(
+            "probe", ["model=tiny_mlp", "gpu=a40", "gpu.memory_mib=11264", "gpu.tflops.bf16=100"]
+        )
+    )
+    assert spec.budget_bytes == budget(46068)
+    assert changed.budget_bytes == budget(11264)
+    assert changed.gpu_spec.tflops["bf16"] == 100.0 and changed.gpu["name"] == "a40"
+    added = ["model=tiny_mlp", "gpu=t4", "+gpu.tflops.bf16=65", "gpu.bf16=true"]
+    assert spec_from_config(compose_config("probe", added)).gpu_spec.tflops["bf16"] == 65.0
+
+
+def test_reserved_memory_lowers_the_budget() -> None:
+    a40 = load_gpu("a40")
+    reserved = dataclasses.replace(a40, reserved_mib=1024)
+    assert reserved.budget_bytes(0.05) == a40.budget_bytes(0.05) - 1024 * MIB
+    spec = spec_from_config(
+        compose_config("probe", ["model=tiny_mlp", "gpu=a40", "gpu.reserved_mib=1024"])
+    )
+    assert spec.budget_bytes == budget(46068, reserved_mib=1024)
+    with pytest.raises(ConfigError, match="reserved_mib=46000 and margin=0.05 leave no memory"):
+        dataclasses.replace(a40, reserved_mib=46000).budget_bytes(0.05)
+
+
+def test_a_stored_entry_without_reserved_memory_loads_and_keeps_its_fingerprint() -> None:
+    a40 = load_gpu("a40")
+    old = {k: v for k, v in a40.to_dict().items() if k != "reserved_mib"}  # written before it
+    stored = ProbeSpec(model={}, gpu=old, knobs={})
+    assert ProbeSpec.from_json(stored.to_json()).gpu_spec == a40
+    assert a40.fingerprint() == fingerprint(old)  # probes of older studies are still found
+    assert dataclasses.replace(a40, reserved_mib=512).fingerprint() != a40.fingerprint()
+
+
+def test_a_changed_card_gets_a_label_of_its_own() -> None:
+    a40 = load_gpu("a40")
+    smaller = dataclasses.replace(a40, memory_mib=11264)
+    assert a40.label == "a40"
+    assert re.fullmatch(r"a40\+[0-9a-f]{6}", smaller.label)
+    assert smaller.label != dataclasses.replace(a40, reserved_mib=1024).label
+    mine = GpuSpec.from_dict(CARD)
+    assert mine.label.startswith("mylaptop+")
+
+
+def test_a_search_on_a_card_file_names_its_study_after_the_card(tmp_path: Path) -> None:
+    card(tmp_path)
+    (tmp_path / "one.yaml").write_text(SPACE)
+    done = in_process("search", "gpu=card.yaml", "model=tiny_mlp", "space=one.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [study] = [p.name for p in (tmp_path / "results").iterdir() if p.is_dir()]
+    assert re.fullmatch(r"tiny_mlp-mylaptop\+[0-9a-f]{6}-one", study)
+    summary = json.loads((tmp_path / "results" / study / "summary.json").read_text())
+    assert summary["gpu"] == "mylaptop" and summary["budget_bytes"] == budget(8188)
+
+
+def test_a_card_file_named_like_a_shipped_entry_is_the_file_not_the_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card(tmp_path, name="a40", memory_mib=4096)
+    monkeypatch.chdir(tmp_path)
+    spec = spec_from_config(compose_config("probe", ["model=tiny_mlp", "gpu=card.yaml"]))
+    assert spec.budget_bytes == budget(4096)
+    assert re.fullmatch(r"a40\+[0-9a-f]{6}", spec.gpu_spec.label)  # not the shipped a40's study
+    shipped = spec_from_config(compose_config("probe", ["model=tiny_mlp", "gpu=a40"]))
+    assert shipped.budget_bytes == budget(46068)
+
+
+def test_calibrate_takes_a_card_file_and_a_sweep_takes_it_beside_a_shipped_entry(
+    tmp_path: Path,
+) -> None:
+    card(tmp_path)
+    done = in_process(
+        "calibrate", "-m", "gpu=a40,./card.yaml", "set=tiny", "measure=cpu", "dry_run=true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = re.findall(r"the CSV would be results/calibration/(\S+)-tiny-cpu\.csv", done.stdout)
+    assert len(written) == 2 and written[0] == "a40"
+    assert re.fullmatch(r"mylaptop\+[0-9a-f]{6}", written[1])
+
+
+@pytest.mark.parametrize(
+    "content,args,words",
+    [
+        (None, ["gpu=nope.yaml"], ["gpu=nope.yaml", "no such file"]),
+        ("name: x\nmemory_mib: [1, 2\n", [], ["card.yaml", "not valid YAML", "line 3"]),
+        ("- 1\n- 2\n", [], ["expected a mapping", "list", "memory_mib"]),
+        ("", [], ["nothing (an empty file)"]),
+        (
+            {"memory_mib": DROP, "memroy_mib": 8188},
+            [],
+            ["unknown field 'memroy_mib'", "did you mean 'memory_mib'"],
+        ),
+        ({"memory_mib": DROP}, [], ["missing field 'memory_mib'", "name, display"]),
+        ({"memory_mib": None}, [], ["memory_mib=None", "whole number of MiB > 0"]),
+        ({"memory_mib": "lots"}, [], ["memory_mib='lots'", "whole number of MiB > 0"]),
+        ({"memory_mib": -1}, [], ["memory_mib=-1", "> 0"]),
+        ({"memory_mib": 0}, [], ["memory_mib=0", "> 0"]),
+        ({"bf16": "yes"}, [], ["bf16='yes'", "true or false"]),
+        ({"compute_capability": "ampere"}, [], ["compute_capability='ampere'", "'8.9'"]),
+        ({"tflops": {"fp32": 1}}, [], ["tflops=", "fp32 and fp16 required"]),
+        ({"tflops": {"fp32": 1, "fp16": 2}}, [], ["bf16=true but tflops lacks bf16"]),
+        ({"reserved_mib": 9000}, [], ["reserved_mib=9000", "less than memory_mib=8188"]),
+        ({"name": "my card"}, [], ["name='my card'", "letters, digits"]),
+        ({}, ["gpu.memory_mib=-5"], ["gpu mylaptop: memory_mib=-5", "> 0"]),
+        ({}, ["gpu.memroy_mib=1"], ["unknown gpu field 'memroy_mib'", "memory_mib"]),
+        ({}, ["gpu.tflops.int8=1"], ["unknown gpu field 'tflops.int8'", "tflops.bf16"]),
+        ({}, ["gpu.reserved_mib=8000"], ["reserved_mib=8000", "leave no memory"]),
+    ],
+)
+def test_each_mistake_in_a_card_is_one_line(
+    tmp_path: Path, content: object, args: list[str], words: list[str]
+) -> None:
+    if isinstance(content, dict):
+        card(tmp_path, **content)
+    elif isinstance(content, str):
+        (tmp_path / "card.yaml").write_text(content)
+    gpu = args[0] if args and args[0].startswith("gpu=") else "gpu=card.yaml"
+    rest = [a for a in args if not a.startswith("gpu=")]
+    for command in ("probe", "search"):
+        done = in_process(command, "model=tiny_mlp", gpu, *rest, cwd=tmp_path)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stdout == "" and "Traceback" not in done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        for word in words:
+            assert word in lines[0], (word, lines[0])
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_shipped_entry_with_a_bad_override_names_the_entry(tmp_path: Path) -> None:
+    done = in_process("probe", "model=tiny_mlp", "gpu=t4", "gpu.tflops.bf16=10", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "autofit: error: gpu.tflops.bf16: the gpu entry t4 does not set it; add it with "
+        "+gpu.tflops.bf16=<value>"
+    ]
