@@ -17,9 +17,16 @@ from autofit.config import compose_config
 from autofit.errors import ConfigError
 from autofit.fingerprint import fingerprint
 from autofit.gpus import MIB, GpuSpec, load_gpu
-from autofit.paths import group_options
+from autofit.paths import conf_dir, group_options
 from autofit.probe.build import spec_from_config
 from autofit.probe.spec import ProbeSpec
+
+# The entries issue 14 asked for: each states where its figures come from.
+ISSUE_14 = [
+    "rtx2080ti", "rtx3060_12", "rtx3070", "rtx3080_10", "rtx3080_12", "rtx3090ti", "rtx4060_8",
+    "rtx4060ti_16", "rtx4070_12", "rtx4070tisuper_16", "rtx4080_16", "rtx4090", "rtx5080",
+    "rtx5090", "rtx_a4000", "rtx_a5000", "rtx_a6000", "rtx6000_ada", "l40", "h100_pcie", "b200",
+]  # fmt: skip
 
 CARD = {
     "name": "mylaptop",
@@ -65,7 +72,16 @@ def test_every_shipped_entry_loads_and_holds_together(name: str) -> None:
     assert gpu.memory_bandwidth_gbs > 0 and gpu.peer_link_gbs > 0
     assert 0 < gpu.host_link_gbs <= 64  # PCIe 5.0 x16 is 64 GB/s each way
     assert 400 <= gpu.cuda_context_mib <= 600
+    # PyTorch's default cuBLAS workspace: 32 MiB from Hopper on, 8.125 MiB before.
+    assert gpu.cublas_workspace_mib == (32 if major >= 9 else 8.125)
     assert gpu.label == name  # a shipped entry, unchanged, carries its own name
+
+
+@pytest.mark.parametrize("name", ISSUE_14)
+def test_the_issue_14_entries_name_their_sources(name: str) -> None:
+    text = (conf_dir() / "gpu" / f"{name}.yaml").read_text()
+    header = text.split("\nname:")[0]
+    assert "# Sources:" in header and "memory_mib:" in header and "tflops:" in header
 
 
 def test_a_card_file_runs_a_probe_in_a_fresh_interpreter(tmp_path: Path) -> None:
