@@ -8,7 +8,13 @@ out of memory here; then the probe is `oom` in phase `validation`. With cached e
 pipeline loads the text encoders and the VAE onto the GPU for the pass, in their own dtypes, as
 the diffusers scripts' pipelines do, and drops them after it. `reload` is a pipeline that loads
 its own text encoders even where training holds a pair on the GPU (diffusers' Flux LoRA script):
-two pairs at once for the pass.
+two pairs at once for the pass. `offload` is the fix users apply, diffusers'
+`enable_model_cpu_offload()`: the pipeline runs the trained model (and a ControlNet's frozen base)
+where training holds it, and what it loads waits in host memory, each component copied to the GPU
+only while it runs (autofit/workloads/pipeline.py): one at a time beside the training state, for
+copies over the host link. Under autocast a copy leaves its 16-bit casts behind until the
+pipeline call returns (autocast caches the casts of weights that require grad, keyed by the
+weight, not by where its data is).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.validation_resolution import validation_pixels
-from autofit.trainers import diffusers_script
+from autofit.trainers import DiffusersScript, diffusers_script
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -33,9 +39,21 @@ REUSES = (
 )
 
 
-def _simpletuner(value: Any, s: Subject) -> Say:
+def _offloaded_here(s: Subject) -> bool:
+    """Whether validation=offload has something to offload: with encoders=online training holds
+    the text encoders and VAE on the GPU, and the pipeline runs them there."""
+    return s.config.get("encoders") != "online"
+
+
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     if value == "off":
         return say(validation_disable=True)
+    if value == "offload":
+        # Its OPTIONS.md names --enable_model_cpu_offload, but no argument defines it (2026-08).
+        return Refuse(
+            "SimpleTuner moves its validation pipeline, VAE included, to the GPU whole: it has no "
+            "model CPU offload for validation"
+        )
     resolution = validation_pixels(s.config, s.preset.resolution)
     return say(
         warning=REUSES if value == "reload" else "",
@@ -47,12 +65,27 @@ def _simpletuner(value: Any, s: Subject) -> Say:
     )
 
 
-def _kohya(value: Any, s: Subject) -> Say:
+def _kohya(value: Any, s: Subject) -> Say | Refuse:
     if value == "off":
         return Say()
+    warning = REUSES if value == "reload" else ""
+    if value == "offload" and _offloaded_here(s):
+        # With cached text-encoder outputs and latents, sd-scripts moves its encoders and VAE to
+        # the host: Flux and SD3 sampling (flux/sd3_train_utils.sample_images) uses prompts encoded
+        # before training and moves the VAE in for the decode alone; SDXL sampling
+        # (train_util.sample_images_common) moves the VAE in before the denoising.
+        if s.family == "sdxl":
+            return Refuse(
+                "sd-scripts' SDXL sampling moves the VAE to the GPU before the denoising, not only "
+                "for the decode"
+            )
+        warning = (
+            "sd-scripts encodes its sample prompts before training and moves the VAE to the GPU "
+            "only for the decode: less memory than the measured offload"
+        )
     resolution = validation_pixels(s.config, s.preset.resolution)
     return Say(
-        warning=REUSES if value == "reload" else "",
+        warning=warning,
         settings={
             "sample_prompts": str(s.out / "sample_prompts.txt"),
             "sample_every_n_steps": EVERY,
@@ -67,11 +100,13 @@ def _kohya(value: Any, s: Subject) -> Say:
     )
 
 
-def _diffusers(value: Any, s: Subject) -> Say | Refuse:
+def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
     if value == "off":
         return Say()
     settings: dict[str, Any] = {"--validation_prompt": PROMPT}
     script = diffusers_script(s.family, s.config["train_mode"])
+    if value == "offload":
+        return _diffusers_offload(script)
     reloads = script is not None and bool(script.validation_reloads)
     if value == "on" and reloads:
         assert script is not None
@@ -88,16 +123,56 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+def _diffusers_offload(script: DiffusersScript | None) -> Refuse | None:
+    if script is None:
+        return None  # no script trains this: train_mode says so
+    if script.kind == "controlnet":  # since diffusers fd02aad (2025-04-09)
+        return Refuse(
+            f"{script.file} has no offload flag: its validation encodes the prompts with a second "
+            "set of text encoders on the GPU together, then runs a pipeline with "
+            "enable_model_cpu_offload that loads a transformer of its own"
+        )
+    why = f"{script.file} moves its validation pipeline to the GPU whole"
+    if script.file == "train_dreambooth_lora_sana.py":
+        why += (
+            "; its --offload keeps the VAE and text encoder training uses on the host between uses"
+        )
+    return Refuse(why)
+
+
+def _sana(value: Any, s: Subject) -> Say:
+    if value == "off":
+        return say(**{"train.visualize": False})
+    warning = REUSES if value == "reload" else ""
+    if value == "offload" and _offloaded_here(s):
+        # train.py encodes its validation prompts before training ("for saving GPU memory") and,
+        # without a VAE of training's, loads one after the denoising for the decode.
+        warning = (
+            "Sana's train.py encodes its validation prompts before training and loads the VAE "
+            "for the decode alone: less memory than the measured offload"
+        )
+    return say(
+        warning=warning,
+        note=f"validation={value}: train.visualize renders train.validation_prompts every "
+        "eval_sampling_steps",
+        **{"train.visualize": True},
+    )
+
+
 class Validation(Knob):
     name = "validation"
     default = "off"
     help = (
-        "a validation pass after training: off | on | reload (with a second pair of text encoders)"
+        "a validation pass after training: off | on | reload (with a second pair of text "
+        "encoders) | offload (what the pipeline loads kept in host memory until it runs)"
     )
     values = {
         "off": "no validation images",
         "on": "render validation images during training",
         "reload": "render validation images during training, the pipeline loading its own text encoders",
+        "offload": "render validation images during training with model CPU offload (diffusers' "
+        "enable_model_cpu_offload): the pipeline runs the trained model where training holds it "
+        "and moves each text encoder and VAE it loads to the GPU only while that one runs",
     }
     per_sample_memory = False
     reads = ("companions",)  # the pipeline reuses resident encoders and VAE
@@ -107,47 +182,40 @@ class Validation(Knob):
             return f"validation={value} decodes with the model's VAE, which {context.model.name} does not list"
         return None
 
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        return "on" if value == "offload" else None  # the same pass, with copies over the link
+
     def after_training(self, run: RunState, value: Any) -> None:
         if value == "off":
             return
         import torch
 
         from autofit.workloads.companions import build_companion
+        from autofit.workloads.pipeline import Pipeline
 
         with run.in_phase("validation"), torch.no_grad():
-            loaded = {}  # what the pipeline loads besides the resident companions
+            pipeline = Pipeline(run, offload=value == "offload")
             for name in ("vae", *run.workload.text_encoders):
+                if name not in run.preset.companions:
+                    continue
+                spec = run.preset.companions[name]
                 reloaded = value == "reload" and name != "vae"
-                if (reloaded or name not in run.companions) and name in run.preset.companions:
-                    with run.device:
-                        loaded[name] = build_companion(run.preset.companions[name]).eval()
-            present = {**run.companions, **loaded}
-            encoders = {
-                n: present[n] for n in getattr(run.workload, "text_encoders", ()) if n in present
-            }
+                if reloaded or name not in run.companions:
+                    pipeline.components[name] = pipeline.load(
+                        lambda spec=spec: build_companion(spec)
+                    )
+                else:  # resident: training holds it on the GPU
+                    pipeline.components[name] = run.companions[name]
             run.model.eval()
             try:
                 with run.forward_contexts():
-                    run.workload.validate(run, present["vae"], encoders)
+                    run.workload.validate(run, pipeline)
             finally:
                 run.model.train()
 
     trainers = {
         "simpletuner": _simpletuner,
         "kohya": _kohya,
-        "sana": {
-            "off": say(**{"train.visualize": False}),
-            "on": say(
-                note="validation=on: train.visualize renders train.validation_prompts every "
-                "eval_sampling_steps",
-                **{"train.visualize": True},
-            ),
-            "reload": say(
-                warning=REUSES,
-                note="validation=reload: train.visualize renders train.validation_prompts every "
-                "eval_sampling_steps",
-                **{"train.visualize": True},
-            ),
-        },
+        "sana": _sana,
         "diffusers": _diffusers,
     }

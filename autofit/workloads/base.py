@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
     from autofit.models import ModelPreset
     from autofit.run_state import RunState
+    from autofit.workloads.pipeline import Pipeline
 
 CheckpointFn = Callable[..., Any]
 Batch = dict[str, Any]
@@ -69,9 +70,8 @@ class Workload:
         """Run the frozen encoders on a raw batch, as a trainer that does not cache does."""
         raise NotImplementedError
 
-    def validate(
-        self, run: RunState, vae: torch.nn.Module, text_encoders: dict[str, torch.nn.Module]
-    ) -> None:
-        """One validation image: the inference pipeline encodes the prompt with `text_encoders`,
-        runs its denoiser step and decodes with `vae`."""
+    def validate(self, run: RunState, pipeline: Pipeline) -> None:
+        """One validation image: the inference pipeline encodes the prompt with its text
+        encoders, runs its denoiser step and decodes with its VAE (`pipeline.components`, each
+        resident, loaded on the GPU, or offloaded: autofit/workloads/pipeline.py)."""
         raise NotImplementedError

@@ -20,6 +20,7 @@ from autofit.workloads.diffusion import flow_matching
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
+    from autofit.workloads.pipeline import Pipeline
 
 Conditions = dict[str, torch.Tensor]
 
@@ -109,9 +110,7 @@ class LatentDiffusion(Workload):
         model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(
-        self, run: RunState, vae: torch.nn.Module, text_encoders: dict[str, torch.nn.Module]
-    ) -> None:
+    def validate(self, run: RunState, pipeline: Pipeline) -> None:
         # The pipeline encodes the prompt (with its guidance batch), runs the denoiser step at
         # the validation resolution, one Euler step, and decodes with the VAE.
         from autofit.knobs.validation_resolution import validation_pixels
@@ -124,7 +123,7 @@ class LatentDiffusion(Workload):
         )
         latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
         conditions = self.conditions(g, resolution, device, dtype)
-        encoded = self.encode_text(self.tokens(g, device), text_encoders)
+        encoded = self.encode_text(self.tokens(g, device), pipeline.components)
         conditions.update(
             {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
         )
@@ -133,7 +132,7 @@ class LatentDiffusion(Workload):
         if g == 2:
             uncond, cond = prediction.chunk(2)
             prediction = uncond + 4.5 * (cond - uncond)
-        vae_decode(vae, latents - 0.02 * prediction)
+        vae_decode(pipeline.components["vae"], latents - 0.02 * prediction)
 
 
 def _vae_dtype(vae: torch.nn.Module) -> torch.dtype:

@@ -16,7 +16,9 @@ text encoders and a VAE, in the weight dtype (fp32 unless mixed precision is on)
 state, steered by the ControlNet being trained; the prompt is encoded inside the pipeline call
 (T5 at the pipeline's 256 tokens), under `torch.autocast(device)`, whose cast cache keeps a
 16-bit copy of every fp32 weight it casts until the call returns. Together they run an A100
-80GB out of memory where training alone fits.
+80GB out of memory where training alone fits. With `validation=offload`, the fix users apply, the
+pipeline steers the frozen transformer training holds and keeps its own text encoders and VAE in
+host memory, each moved to the GPU only while it runs (enable_model_cpu_offload).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from autofit.workloads.sd3 import SD3Workload
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
+    from autofit.workloads.pipeline import Pipeline
 
 
 class ControlNetTraining(nn.Module):
@@ -98,24 +101,28 @@ class SD3ControlNetWorkload(SD3Workload):
         model.controlnet.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
     @torch.no_grad()
-    def validate(self, run: RunState, vae: nn.Module, text_encoders: dict[str, nn.Module]) -> None:
-        # `vae` is the training loop's own (the example encodes latents every step); the pipeline
-        # loads its own copy of everything, text encoders included (so `text_encoders` go unused). Weights keep requires_grad, as a freshly loaded
-        # pipeline leaves them: autocast caches the cast copies of such weights.
+    def validate(self, run: RunState, pipeline: Pipeline) -> None:
+        # The pipeline loads its own text encoders and VAE (so the training loop's, in
+        # `pipeline.components`, go unused), and, moved to the GPU whole, its own transformer;
+        # offloaded, it is given the frozen transformer training holds. Weights keep
+        # requires_grad, as a freshly loaded pipeline leaves them: autocast caches the cast
+        # copies of such weights until the call returns, offloaded or not.
         from autofit.knobs.validation_resolution import validation_pixels
-        from autofit.run_state import default_dtype
         from autofit.workloads.companions import build_companion
 
         dtype, device = run.dtypes.frozen, run.device
         resolution = validation_pixels(run.knobs, run.preset.resolution)
         companions = self.preset.companions
-        with default_dtype(dtype), device:
-            transformer = SD3Transformer2DModel(**self.preset.architecture["transformer"]).eval()
-            encoders = {
-                name: build_companion(companions[name], dtype).eval() for name in self.text_encoders
-            }
-            pipeline_vae = build_companion(companions["vae"], dtype).eval()
-        pipeline = ControlNetTraining(run.model.controlnet, transformer)
+        if pipeline.offload:
+            transformer = run.model.transformer
+        else:
+            transformer = pipeline.load(lambda: self._transformer(dtype))
+        encoders = {
+            name: pipeline.load(lambda name=name: build_companion(companions[name], dtype))
+            for name in self.text_encoders
+        }
+        pipeline_vae = pipeline.load(lambda: build_companion(companions["vae"], dtype))
+        steered = ControlNetTraining(run.model.controlnet, transformer)
         height, width = self.preset.shape(resolution)
         with torch.autocast(device.type, dtype=torch.float16):  # the example's inference_ctx
             # the prompt and the negative prompt, encoded by the pipeline
@@ -126,10 +133,16 @@ class SD3ControlNetWorkload(SD3Workload):
             latents = torch.randn(self.latent_shape(1, resolution), device=device, dtype=dtype)
             conditions["control"] = torch.cat([control] * 2)
             t = torch.full((2,), 1.0, device=device, dtype=dtype)
-            prediction = self.predict(pipeline, torch.cat([latents] * 2), t, conditions)
+            prediction = self.predict(steered, torch.cat([latents] * 2), t, conditions)
             uncond, cond = prediction.chunk(2)
             guided = uncond + GUIDANCE_SCALE * (cond - uncond)
             vae_decode(pipeline_vae, (latents - 0.05 * guided).to(dtype))
+
+    def _transformer(self, dtype: torch.dtype) -> nn.Module:
+        from autofit.run_state import default_dtype
+
+        with default_dtype(dtype):
+            return SD3Transformer2DModel(**self.preset.architecture["transformer"])
 
 
 WORKLOAD = SD3ControlNetWorkload
