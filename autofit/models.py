@@ -25,7 +25,9 @@ class ModelPreset:
     each with a `kind` (its builder in autofit/workloads/companions.py), the `dtype` it runs in,
     and its architecture. `lora_targets` names the modules LoRA adapts; `blocks` is the
     attribute holding the transformer blocks, of which at most `max_swap_blocks` may be swapped
-    to host memory.
+    to host memory. With two block lists, `blocks_per_swap` says how a swap count is shared, as
+    sd-scripts shares Flux's: a swap of N moves N//2 units of the first list and N - N//2 of the
+    second, a unit being `blocks_per_swap[i]` blocks of list i.
     """
 
     name: str
@@ -38,6 +40,7 @@ class ModelPreset:
     lora_targets: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
     max_swap_blocks: int = 0
+    blocks_per_swap: list[int] = field(default_factory=list)
     unit: str = "pixels"
     buckets: list[list[int]] = field(default_factory=list)
     resolution_multiple: int | None = None
@@ -56,6 +59,14 @@ class ModelPreset:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def swapped_per_list(self, swap: int) -> list[int]:
+        """How many blocks of each of `blocks` a swap of `swap` keeps in host memory: the last
+        ones of each list."""
+        if len(self.blocks) <= 1:
+            return [swap] * len(self.blocks)
+        first, second = self.blocks_per_swap or [1, 1]
+        return [first * (swap // 2), second * (swap - swap // 2)]
 
     @property
     def label(self) -> str:

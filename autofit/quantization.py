@@ -66,15 +66,19 @@ def _frozen_copy(bias: torch.Tensor | None, device: torch.device) -> nn.Paramete
     return nn.Parameter(bias.detach().to(device, copy=True), requires_grad=False)
 
 
-def float8_layers(
-    model: nn.Module, compute_dtype: torch.dtype, device: torch.device
-) -> list[nn.Module]:
+def float8_layers(model: nn.Module, compute_dtype: torch.dtype, run: Any) -> list[nn.Module]:
     """Replace every linear and 2-D convolution of `model` (a language model's output head
-    excepted, as for QLoRA) by its float8 counterpart on `device`; return the new layers."""
+    excepted, as for QLoRA) by its float8 counterpart on the run's device, or in host memory
+    where the run keeps the layer there (a swapped block); return the new layers."""
     kinds = {nn.Linear: Float8Linear, nn.Conv2d: Float8Conv2d}
-    return _replace(
-        model, tuple(kinds), lambda layer: kinds[type(layer)](layer, compute_dtype, device)
-    )
+
+    def make(name: str, layer: nn.Module) -> nn.Module:
+        if run.stays_on_host(name):
+            with run.host():
+                return kinds[type(layer)](layer, compute_dtype, run.host_device)
+        return kinds[type(layer)](layer, compute_dtype, run.device)
+
+    return _replace(model, tuple(kinds), make)
 
 
 def _replace(model: nn.Module, kinds: tuple[type, ...], make: Any) -> list[nn.Module]:
@@ -88,7 +92,7 @@ def _replace(model: nn.Module, kinds: tuple[type, ...], make: Any) -> list[nn.Mo
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        layer = make(module)
+        layer = make(name, module)
         setattr(parent, child, layer)
         layers.append(layer)
     return layers
@@ -115,7 +119,7 @@ def quantize_linears(
     return _replace(
         model,
         (nn.Linear,),
-        lambda linear: (
+        lambda _name, linear: (
             Nf4LinearLayout(linear, compute_dtype, device)
             if fake
             else _bitsandbytes_layer(linear, compute_dtype, device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,13 +65,29 @@ class DtypePolicy:
     loss_scaling: bool  # fp16 under autocast: a GradScaler scales the loss
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One block exchange of block swap: its bytes over the host link (both ways), the device
+    time it could start at (when the block it evicts was done) and the device time the block it
+    brings was needed, both on the step's clock (a roofline's device time; 0 without one)."""
+
+    ready_at: float
+    needed_at: float
+    link_bytes: int
+
+
 @dataclass
 class HostTraffic:
-    """Work a step does off the GPU, which a roofline over GPU kernels cannot see (bytes)."""
+    """Work a step does off the GPU, which a roofline over GPU kernels cannot see (bytes).
 
-    link_bytes: int = 0  # copied between host and GPU (block swap, offload, EMA on the CPU)
+    Block swap's exchanges are kept one by one (`exchanges`), since when each may run decides
+    whether the GPU waits for it; `clock` reads the device time a pricing roofline has reached."""
+
+    link_bytes: int = 0  # copied between host and GPU (offload, EMA on the CPU), block swap aside
     peer_bytes: int = 0  # sent to other GPUs of the run by collectives (ZeRO across GPUs)
     host_compute_bytes: int = 0  # read and written by updates the host CPU runs
+    exchanges: list[Exchange] = field(default_factory=list)
+    clock: Callable[[], float] = lambda: 0.0
 
 
 def set_logical_numel(param: torch.Tensor, numel: int) -> None:
@@ -86,11 +102,11 @@ def logical_numel(param: torch.Tensor) -> int:
 
 def move_to_device(run: RunState, model: torch.nn.Module, skip: set[int]) -> None:
     """The rest of a host-built model (embeddings, norms, the output head) copied to the device
-    as it loads, all but the tensors in `skip` (ids: those a quantizing loader already placed);
-    not host-link traffic of the step."""
-    for module in model.modules():
+    as it loads, all but the tensors in `skip` (ids: those a quantizing loader already placed) and
+    the weights of blocks the run keeps in host memory; not host-link traffic of the step."""
+    for path, module in model.named_modules():
         for _name, param in list(module.named_parameters(recurse=False)):
-            if id(param) not in skip:
+            if id(param) not in skip and not run.stays_on_host(path):
                 param.data = param.data.to(run.device, copy=True)
                 run.tag([param], "parameters")
         for name, buffer in list(module.named_buffers(recurse=False)):
@@ -195,16 +211,33 @@ class RunState:
         """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host)."""
         return self.tracker.host() if self.tracker else nullcontext()
 
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of a GPU tensor, counted as traffic over the host link."""
+    def stays_on_host(self, module_path: str) -> bool:
+        """Whether a module's weights start in host memory: those of the blocks swap_blocks
+        swaps, which a loader must never bring onto the GPU."""
+        swap = self.knobs.get("swap_blocks", 0)
+        if not swap:
+            return False
+        for path, count in zip(self.preset.blocks, self.preset.swapped_per_list(swap), strict=True):
+            if count and module_path.startswith(path + "."):
+                index = module_path[len(path) + 1 :].split(".", 1)[0]
+                total = len(self.model.get_submodule(path))
+                if index.isdigit() and int(index) >= total - count:
+                    return True
+        return False
+
+    def to_host(self, tensor: torch.Tensor, counted: bool = True) -> torch.Tensor:
+        """A host copy of a GPU tensor, counted as traffic over the host link unless the caller
+        prices it itself (`counted=False`: block swap's exchanges)."""
         with self.host():
             copy = tensor.detach().to(self.host_device, copy=True)
-        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        if counted:
+            self.traffic.link_bytes += tensor.numel() * tensor.element_size()
         return copy
 
-    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A GPU copy of a host tensor, counted as traffic over the host link."""
-        self.traffic.link_bytes += tensor.numel() * tensor.element_size()
+    def to_device(self, tensor: torch.Tensor, counted: bool = True) -> torch.Tensor:
+        """A GPU copy of a host tensor, counted as traffic over the host link (see to_host)."""
+        if counted:
+            self.traffic.link_bytes += tensor.numel() * tensor.element_size()
         return tensor.detach().to(self.device, copy=True)
 
     def tag(self, tensors: Any, category: str) -> None:

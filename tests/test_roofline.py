@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -86,3 +87,24 @@ def test_depthwise_convolution_backward_counts_groups() -> None:
     forward = 2 * 512 * 32 * 32 * 9  # one 3x3 filter per channel
     # forward + input gradient + weight gradient, each the forward's cost
     assert counter.cost.flops == 3 * forward
+
+
+def test_block_exchanges_hidden_behind_compute_cost_nothing() -> None:
+    from autofit.run_state import Exchange
+    from autofit.simulator.roofline import exchange_wait
+
+    # 1 GB/s: 1e9 bytes take a second. Each exchange may start 2 s before it is needed.
+    hidden = [Exchange(ready_at=t, needed_at=t + 2.0, link_bytes=10**9) for t in (0.0, 2.0, 4.0)]
+    assert exchange_wait(hidden, link_gbs=1.0) == 0.0
+
+
+def test_block_exchanges_slower_than_compute_make_the_gpu_wait() -> None:
+    from autofit.run_state import Exchange
+    from autofit.simulator.roofline import exchange_wait
+
+    # Three 3-second exchanges, one at a time, each ready 1 s before it is needed, needed 1 s
+    # apart: the first arrives 2 s late, and each later one 2 s later again (the link is busy).
+    slow = [Exchange(ready_at=t, needed_at=t + 1.0, link_bytes=3 * 10**9) for t in (0.0, 1.0, 2.0)]
+    assert exchange_wait(slow, link_gbs=1.0) == pytest.approx(2.0 + 2.0 + 2.0)
+    # A stall delays what follows: an exchange ready after it starts later too.
+    assert exchange_wait(slow[:1], link_gbs=1.0) == pytest.approx(2.0)

@@ -443,3 +443,47 @@ def test_models_without_encoders_or_lora_targets_say_so() -> None:
     assert "VAE" in invalid_reason(
         spec("tiny_mlp", validation="on").knobs, load_gpu("a40"), mlp, "simulate"
     )
+
+
+def test_flux_swap_counts_as_sd_scripts_does() -> None:
+    flux = load_preset("flux_dev")
+    # N//2 double blocks and 2*(N - N//2) single ones; at 35, two of each list stay.
+    assert flux.swapped_per_list(16) == [8, 16]
+    assert flux.swapped_per_list(35) == [17, 36]
+    assert load_preset("sd35_large").swapped_per_list(36) == [36]
+
+
+def test_block_ring_holds_the_resident_count_and_exchanges_oldest_first() -> None:
+    from torch import nn
+
+    from autofit.simulator.streaming import BlockRing
+
+    blocks = [nn.Linear(4, 4) for _ in range(5)]
+    exchanges: list[tuple[float, float, int]] = []
+    clock = iter(range(1000))
+    ring = BlockRing(
+        blocks, 2, lambda b: list(b.parameters()), lambda t: t.clone(), lambda t: t.clone(),
+        lambda: float(next(clock)), lambda *e: exchanges.append(e),
+    )  # fmt: skip
+    x = torch.randn(1, 4, requires_grad=True)
+    for block in blocks:
+        x = block(x)
+        assert len(ring.present) == 2 and block in ring.present
+    assert list(ring.present) == blocks[-2:]  # forward ends with the last two
+    x.sum().backward()
+    assert list(ring.present) == [blocks[1], blocks[0]]  # backward ends with the first two
+    # Three exchanges each way, every one both ways: 2 x (weight + bias) x 4 bytes x 2 tensors.
+    assert len(exchanges) == 6
+    assert all(moved == 2 * (16 + 4) * 4 for _, _, moved in exchanges)
+    assert all(ready <= needed for ready, needed, _ in exchanges)
+
+
+def test_swapping_more_blocks_of_flux_is_never_faster_at_one_batch() -> None:
+    probe = spec("flux_dev", resolution=256, train_mode="lora", checkpointing=True)
+    times = [
+        simulate.measure(
+            dataclasses.replace(with_blocks(probe, 6), knobs={**probe.knobs, "swap_blocks": n})
+        ).step_time_s
+        for n in (0, 2, 4)
+    ]
+    assert times == sorted(times)

@@ -54,6 +54,9 @@ def trace(
         for _ in range(TRACKED_STEPS - 1):
             run.step()
         before = dataclasses.replace(run.traffic)
+        first_exchange = len(run.traffic.exchanges)
+        if roofline:
+            run.traffic.clock = lambda: roofline.cost.device_seconds
         with roofline or nullcontext():  # the last step is the steady state
             run.step()
         if roofline:
@@ -61,6 +64,7 @@ def trace(
                 run.traffic.link_bytes - before.link_bytes,
                 run.traffic.host_compute_bytes - before.host_compute_bytes,
                 run.traffic.peer_bytes - before.peer_bytes,
+                run.traffic.exchanges[first_exchange:],
             )
         run.finish()
     return run, tracker

@@ -34,9 +34,9 @@ def _kohya(value: Any, s: Subject) -> Say:
 
 
 def _simpletuner(value: Any, s: Subject) -> Say:
-    if value == "same":
-        return Say()  # base_model_precision=no_change: train_mode's words
-    return say(base_model_precision="fp8-quanto")
+    # quanto's fp8 weights are upcast for the matmul, as measured; its fp8-torchao and
+    # fp8-native run fp8 matmuls, which need an Ada or Hopper GPU and hold other tensors.
+    return say(base_model_precision="no_change" if value == "same" else "fp8-quanto")
 
 
 class BasePrecision(Knob):
@@ -79,7 +79,7 @@ class BasePrecision(Knob):
         from autofit.quantization import float8_layers
         from autofit.run_state import move_to_device
 
-        layers = float8_layers(run.model, run.dtypes.autocast or run.dtypes.weights, run.device)
+        layers = float8_layers(run.model, run.dtypes.autocast or run.dtypes.weights, run)
         cast = {id(t) for layer in layers for t in layer.parameters()}
         move_to_device(run, run.model, skip=cast)
         run.tag([t for layer in layers for t in layer.parameters()], "parameters")

@@ -1,16 +1,25 @@
-"""swap_blocks: the last N transformer blocks live in host memory, as kohya's `blocks_to_swap`
-(the preset's `blocks` lists the block lists in order: Flux's double blocks, then its single ones).
+"""swap_blocks: transformer blocks kept in host memory and exchanged in, as sd-scripts'
+`blocks_to_swap` does (library/custom_offloading_utils.py).
 
-Their weights are copied onto the GPU just before each block runs forward and again before its
-backward, and dropped after; their gradients are moved to the host as they are made, and their
-update runs on the host with its state there (the blocks are offloaded whole). So the GPU holds
-the other blocks plus one block in transit, and every step moves each swapped block's weights
-over the host link twice and its gradients once. The roofline prices those copies (overlapped
-with compute, as kohya overlaps them) and the host update.
+The count is sd-scripts': of one block list the last N blocks; of Flux's two lists, N//2 double
+blocks and 2*(N - N//2) single ones (the preset's `blocks_per_swap`). Of each list the first
+blocks start on the GPU and never more of them than that are there at once: a block that must
+run takes the slot of the block used longest ago, whose weights go to the host as the needed
+ones come in (autofit/simulator/streaming.py BlockRing), in forward and again, in reverse, in
+backward. Under LoRA only the frozen base's weights move (the adapters stay, as sd-scripts' LoRA
+modules live outside the blocks). In a full fine-tune the swapped blocks' gradients go to the
+host as they are made and their update runs there with its state; with the optimizer step fused
+into backward (fused_backward) the update runs on the GPU while the block is there instead, as
+sd-scripts' fused pass does, and no gradient leaves the GPU.
+
+Each exchange is priced on the host link both ways, overlapped with the compute between the
+moment the evicted block is done and the moment the incoming one is needed, one exchange at a
+time: the roofline adds the time the GPU waits (autofit/simulator/roofline.py).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
@@ -44,7 +53,20 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
             f"{', '.join(SIMPLETUNER_BLOCK_SWAP_FAMILIES)}, not {s.family}",
             NONE_OFFERED,
         )
+    if len(s.preset.blocks) > 1:
+        return Refuse(
+            f"SimpleTuner's musubi_blocks_to_swap counts {s.model}'s blocks from the end of its "
+            "block lists taken together, and streams them without prefetch: other blocks, at "
+            "another speed, than sd-scripts' count autofit measured",
+            NONE_OFFERED,
+        )
     return say(musubi_blocks_to_swap=value)
+
+
+def _loaded_by_another(run: RunState) -> bool:
+    """Whether another knob builds the model on the host and loads it onto the GPU itself (a
+    4-bit or fp8 base), leaving the swapped blocks on the host."""
+    return run.knobs["train_mode"] == "qlora" or run.knobs["base_precision"] != "same"
 
 
 def _none(why: str) -> Any:
@@ -58,7 +80,8 @@ class SwapBlocks(Knob):
     kind = int
     minimum = 0
     writes = ("host_parameters", "host_gradients")
-    after = ("train_mode",)  # it moves the weights that train off the GPU with their gradients
+    # It moves the base's weights as train_mode and base_precision left them.
+    after = ("train_mode", "base_precision")
 
     def means(self, value: Any, subject: Subject) -> str:
         if not value:
@@ -76,32 +99,63 @@ class SwapBlocks(Knob):
             return f"swap_blocks={value} is more than {context.model.name} allows (at most {context.model.max_swap_blocks})"
         return None
 
+    def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        if not value or _loaded_by_another(run):
+            return None
+        stack = ExitStack()  # built on the host; apply brings all but the swapped blocks over
+        stack.enter_context(run.host_device)
+        stack.enter_context(run.host())
+        return stack
+
     def apply(self, run: RunState, value: Any) -> None:
         if not value:
             return
-        from autofit.simulator.streaming import stream_parameters
+        from autofit.run_state import Exchange, move_to_device
+        from autofit.simulator.streaming import BlockRing
 
-        every = [block for path in run.preset.blocks for block in run.model.get_submodule(path)]
-        blocks = every[-value:]
-        resident: dict[Any, Any] = {}
-        gradients: dict[Any, Any] = {}
+        if not _loaded_by_another(run):
+            move_to_device(run, run.model, skip=set())
+
+        full = run.knobs["train_mode"] == "full"
+        fused = run.knobs["fused_backward"] != "off"
+
+        def moved(block: Any) -> list[Any]:  # under LoRA the adapters stay on the GPU
+            return [p for p in block.parameters() if full or not p.requires_grad]
+
+        def record(ready_at: float, needed_at: float, link_bytes: int) -> None:
+            run.traffic.exchanges.append(Exchange(ready_at, needed_at, link_bytes))
+
         on_host: list[Any] = []
+        gradients: dict[Any, Any] = {}
+
+        def weights(tensor: Any) -> Any:  # a block brought in is weights, whenever it comes
+            run.tag([tensor], "parameters")
+            return tensor
 
         def to_host_gradient(param: Any) -> None:
             gradients[param] = run.to_host(param.grad)
             param.grad = None
 
-        for block in blocks:
-            for param in block.parameters():
-                resident[param] = run.to_host(param.data)
-                param.data = resident[param]
-                if param.requires_grad:
-                    on_host.append(param)
-                    param.register_post_accumulate_grad_hook(to_host_gradient)
+        counts = run.preset.swapped_per_list(value)
+        for path, swapped in zip(run.preset.blocks, counts, strict=True):
+            blocks = list(run.model.get_submodule(path))
+            if not swapped:
+                continue
+            if full and not fused:  # the blocks that start on the host are updated there
+                for block in blocks[-swapped:]:
+                    for param in block.parameters():
+                        on_host.append(param)
+                        param.register_post_accumulate_grad_hook(to_host_gradient)
+            BlockRing(
+                blocks,
+                len(blocks) - swapped,
+                moved,
+                lambda t: run.to_host(t, counted=False),
+                lambda t: weights(run.to_device(t, counted=False)),
+                lambda: run.traffic.clock(),
+                record,
+            )
         run.host_parameters, run.host_gradients = on_host, gradients
-        stream_parameters(
-            blocks, materialize=lambda p: run.to_device(resident[p]), release=lambda p: resident[p]
-        )
 
     trainers = {
         "simpletuner": _simpletuner,

@@ -113,7 +113,8 @@ class TrainMode(Knob):
     trainers = {
         "simpletuner": {
             "full": say(model_type="full", base_model_precision="no_change"),
-            "lora": say(model_type="lora", lora_type="standard", base_model_precision="no_change"),
+            # the base's precision under LoRA: base_precision's words
+            "lora": say(model_type="lora", lora_type="standard"),
             # QLoRA: the base's linear layers in bitsandbytes NF4, the rest in bf16, as measured.
             "qlora": say(
                 model_type="lora",

@@ -4,9 +4,10 @@ Every ATen op that would launch a kernel costs the longer of its math time (FLOP
 GPU's dense peak for the op's dtype, at an achievable fraction) and its memory time (bytes read
 and written against the GPU's bandwidth, at an achievable fraction), and at least a minimum kernel
 time. Eager PyTorch also spends host time dispatching every op; the GPU runs ahead of the host
-asynchronously, so the step takes the longer of the two totals. Copies over the host link (block
-swap, offload) run on their own stream, overlapped with compute: the step takes at least as long
-as they do. Work the host CPU does itself (an offloaded optimizer step) waits for the GPU and the
+asynchronously, so the step takes the longer of the two totals. Copies over the host link
+(offload) run on their own stream, overlapped with compute: the step takes at least as long as
+they do. Block swap's exchanges are scheduled one by one (`exchange_wait`): each may start when
+the block it evicts is done, and the GPU waits when the block it brings is needed first. Work the host CPU does itself (an offloaded optimizer step) waits for the GPU and the
 GPU waits for it, so its time adds on. Collectives between the run's GPUs (ZeRO across GPUs) are
 overlapped with compute, as DeepSpeed's `overlap_comm` does.
 
@@ -18,8 +19,9 @@ HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -31,6 +33,9 @@ from torch.utils.flop_counter import (
 )
 
 from autofit.gpus import GpuSpec
+
+if TYPE_CHECKING:
+    from autofit.run_state import Exchange
 
 # Fractions of peak that large kernels reach in practice (first estimates).
 MATMUL_EFFICIENCY = 0.70  # cuBLAS GEMMs of training size
@@ -145,6 +150,7 @@ class StepCost:
     link_seconds: float = 0.0  # host-to-device and back
     peer_seconds: float = 0.0  # collectives between the run's GPUs
     host_compute_seconds: float = 0.0  # updates the host CPU runs
+    exchange_wait_seconds: float = 0.0  # the GPU waiting for block swap's exchanges
 
     @property
     def host_seconds(self) -> float:
@@ -153,9 +159,40 @@ class StepCost:
     @property
     def step_seconds(self) -> float:
         overlapped = max(
-            self.device_seconds, self.host_seconds, self.link_seconds, self.peer_seconds
+            self.device_seconds + self.exchange_wait_seconds,
+            self.host_seconds,
+            self.link_seconds,
+            self.peer_seconds,
         )
         return overlapped + self.host_compute_seconds
+
+
+def exchange_wait(exchanges: Sequence[Exchange], link_gbs: float) -> float:
+    """How long the GPU waits for block swap's exchanges over one step.
+
+    The exchanges run on the host link one after another (sd-scripts' single swap thread), each
+    from the moment the block it evicts is done; the GPU stalls when a block is needed before its
+    exchange ends, and every later moment moves by the stall. Times are the roofline's device
+    times, which count no stall."""
+    import bisect
+
+    stalled_at: list[float] = []  # device times (unstalled) from which each delay holds
+    delays: list[float] = []  # total delay from that time on
+    link_free = 0.0
+
+    def delay_at(time: float) -> float:
+        index = bisect.bisect_right(stalled_at, time)
+        return delays[index - 1] if index else 0.0
+
+    for exchange in exchanges:
+        start = max(exchange.ready_at + delay_at(exchange.ready_at), link_free)
+        link_free = start + exchange.link_bytes / (link_gbs * 1e9)
+        needed = exchange.needed_at + delay_at(exchange.needed_at)
+        if link_free > needed:
+            total = delay_at(exchange.needed_at) + link_free - needed
+            stalled_at.append(exchange.needed_at)
+            delays.append(total)
+    return delays[-1] if delays else 0.0
 
 
 class RooflineCounter(TorchDispatchMode):
@@ -188,9 +225,16 @@ class RooflineCounter(TorchDispatchMode):
         self.cost.device_seconds += max(seconds, KERNEL_FLOOR_S)
         return out
 
-    def add_traffic(self, link_bytes: int, host_compute_bytes: int, peer_bytes: int) -> None:
-        """Price what the step moved over the host link and to the other GPUs, and what the host
-        CPU computed."""
+    def add_traffic(
+        self,
+        link_bytes: int,
+        host_compute_bytes: int,
+        peer_bytes: int,
+        exchanges: Sequence[Exchange] = (),
+    ) -> None:
+        """Price what the step moved over the host link and to the other GPUs, what the host CPU
+        computed, and the waits for block swap's exchanges."""
+        self.cost.exchange_wait_seconds += exchange_wait(exchanges, self.gpu.host_link_gbs)
         self.cost.link_seconds += link_bytes / (self.gpu.host_link_gbs * 1e9)
         self.cost.peer_seconds += peer_bytes / (self.gpu.peer_link_gbs * 1e9)
         self.cost.host_compute_seconds += host_compute_bytes / (HOST_MEMORY_GBS * 1e9)

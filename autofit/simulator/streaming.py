@@ -71,3 +71,69 @@ def stream_parameters(
     modules: list[nn.Module], materialize: Materialize, release: Release
 ) -> list[ParameterStream]:
     return [ParameterStream(module, materialize, release) for module in modules]
+
+
+class BlockRing:
+    """sd-scripts' block swap over one list of blocks: the first `resident` blocks start on the
+    GPU, the rest in host memory, and never more than `resident` of them are on the GPU.
+
+    A block that must run (forward, or backward) and is not there takes the slot of the block
+    used longest ago: in forward the block `resident` places before it, done with its forward; in
+    backward the one `resident` places after it, done with its backward. That block's weights go
+    to the host and the needed block's come in, one exchange at a time (sd-scripts' single swap
+    thread), each on the host link both ways. sd-scripts issues the exchange as soon as the
+    evicted block is done, so it overlaps the compute of the blocks in between; `on_swap` is told
+    when each exchange could start and when it was needed, on the caller's clock, to price that.
+    """
+
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        resident: int,
+        params: Callable[[nn.Module], list[nn.Parameter]],
+        to_host: Callable[[torch.Tensor], torch.Tensor],
+        to_device: Callable[[torch.Tensor], torch.Tensor],
+        clock: Callable[[], float],
+        on_swap: Callable[[float, float, int], None],
+    ) -> None:
+        assert 0 < resident < len(blocks)
+        self.params = {block: params(block) for block in blocks}
+        self.to_host, self.to_device, self.clock, self.on_swap = to_host, to_device, clock, on_swap
+        self.host: dict[nn.Parameter, torch.Tensor] = {}
+        self.present: dict[nn.Module, None] = dict.fromkeys(blocks[:resident])  # oldest use first
+        self.done_at: dict[nn.Module, float] = {}
+        for block in blocks[resident:]:
+            self._evict(block)
+        for block in blocks:
+            block.register_forward_pre_hook(lambda module, *_: self._need(module))
+            block.register_forward_hook(lambda module, *_: self._done(module))
+            block.register_full_backward_pre_hook(lambda module, *_: self._need(module))
+            block.register_full_backward_hook(lambda module, *_: self._done(module))
+
+    def _evict(self, block: nn.Module) -> int:
+        moved = 0
+        for param in self.params[block]:
+            self.host[param] = self.to_host(param.data)
+            param.data = self.host[param]
+            moved += param.numel() * param.element_size()
+        return moved
+
+    def _bring(self, block: nn.Module) -> int:
+        moved = 0
+        for param in self.params[block]:
+            param.data = self.to_device(self.host.pop(param))
+            moved += param.numel() * param.element_size()
+        return moved
+
+    def _need(self, block: nn.Module) -> None:
+        if block in self.present:
+            self.present[block] = self.present.pop(block)  # most recently used now
+            return
+        oldest = next(iter(self.present))
+        del self.present[oldest]
+        moved = self._evict(oldest) + self._bring(block)
+        self.present[block] = None
+        self.on_swap(self.done_at.get(oldest, 0.0), self.clock(), moved)
+
+    def _done(self, block: nn.Module) -> None:
+        self.done_at[block] = self.clock()
