@@ -51,6 +51,9 @@ class BasePrecision(Knob):
     per_sample_memory = False
     reads = ("dtypes",)
 
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        return "same" if value == "fp8" else None  # a cast per layer per pass buys it
+
     def applies(self, config: Any, preset: Any) -> bool:
         return config.get("train_mode", "full") == "lora"
 
