@@ -418,7 +418,7 @@ INVALID = [
     ({"zero_stage": 2, "world_size": 4}, "a40", "cpu", "simulate"),
     ({"world_size": 2}, "a40", "simulate", "zero_stage"),
     ({"swap_blocks": 19}, "a40", "simulate", "at most 18"),
-    ({"validation_resolution": "native"}, "a40", "simulate", "validation on or reload"),
+    ({"validation_resolution": "native"}, "a40", "simulate", "validation on, reload or offload"),
     ({"base_precision": "fp8"}, "a40", "simulate", "train_mode=full has no frozen base"),
     ({"base_precision": "fp8", "train_mode": "qlora"}, "a40", "simulate", "4-bit base"),
     ({"fused_backward": "parameter", "precision": "fp16"}, "a40", "simulate", "loss scaler"),

@@ -1,4 +1,4 @@
-"""validation_resolution: the size the validation pass renders at (with validation on or reload).
+"""validation_resolution: the size a validation pass (on, reload or offload) renders at.
 
 - `training`: the training resolution, as SimpleTuner's validation_resolution and kohya's sample
   prompts are usually set.
@@ -57,7 +57,7 @@ class ValidationResolution(Knob):
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value != self.default and context.knobs.get("validation", "off") == "off":
-            return f"validation_resolution={value} sizes a validation pass: it needs validation on or reload"
+            return f"validation_resolution={value} sizes a validation pass: it needs validation on, reload or offload"
         return None
 
     def applies(self, config: Mapping[str, Any], preset: Any) -> bool:
