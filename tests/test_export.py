@@ -491,14 +491,15 @@ def test_the_command_exports_the_latest_study_and_prints_the_launch_command(
     }
     assert "launch:" in (out / "README.txt").read_text()
 
-    assert (
-        main(
-            ["export", "target=kohya", f"study={FLUX}", "point=3", "target.global_batch=8", "out=k"]
-        )
-        == 0
-    )
+    assert main(["export", "target=kohya", f"study={FLUX}", "point=3", "out=k"]) == 0
     train = tomllib.loads((workdir / "k" / "train.toml").read_text())
-    assert train["gradient_accumulation_steps"] == 4 and train["blocks_to_swap"] == 24
+    assert train["blocks_to_swap"] == 24 and train["fused_backward_pass"] is True
+    # Its optimizer step is fused into backward: no gradient accumulation to reach a batch of 8.
+    capsys.readouterr()
+    assert (
+        main(["export", "target=kohya", f"study={FLUX}", "point=3", "target.global_batch=8"]) == 2
+    )
+    assert "fused_backward=parameter" in capsys.readouterr().err
     assert main(["export", "target=hydra", f"from=results/{FLUX}"]) == 0
 
 

@@ -41,6 +41,13 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return Refuse(
             f"sd-scripts swaps at most {most} blocks of {s.model}", f"swap_blocks=0..{most}"
         )
+    if s.config["train_mode"] == "full" and s.config["fused_backward"] == "off":
+        return Refuse(
+            "sd-scripts keeps a swapped block's gradients on the GPU until the optimizer step "
+            "(autofit measured them moved to the host and updated there); with the step fused "
+            "into backward each is freed as it is made",
+            "swap_blocks=0, or swap_blocks with fused_backward=parameter or block",
+        )
     return say(blocks_to_swap=value)
 
 
