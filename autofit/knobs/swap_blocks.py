@@ -93,7 +93,17 @@ class SwapBlocks(Knob):
     def means(self, value: Any, subject: Subject) -> str:
         if not value:
             return "no block swap"
-        return f"keep the last {value} transformer blocks in host memory and stream them in"
+        kept = " and ".join(
+            f"the last {n} of {path}"
+            for path, n in zip(
+                subject.preset.blocks, subject.preset.swapped_per_list(value), strict=True
+            )
+            if n
+        )
+        return (
+            f"keep {kept} in host memory, never more of each list on the GPU than the rest, "
+            "exchanging a block for the one used longest ago as sd-scripts' blocks_to_swap does"
+        )
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         if not value:
