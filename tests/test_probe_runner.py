@@ -44,6 +44,9 @@ def test_timeout_kills_the_whole_process_group(
     pidfile = tmp_path / "grandchild.pid"
     monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
     probe = dataclasses.replace(spec("tiny_mlp"), timeout_s=3.0)
+    # The fork server imports torch before its first fork; on a loaded machine that alone can
+    # outlast the 3-second timeout, and the worker would never start. Warm it first.
+    run_probe(probe, worker="workers.die", launcher=launcher)
     started = time.perf_counter()
     result = run_probe(probe, worker="workers.hang", launcher=launcher)
     assert result.outcome is Outcome.TIMEOUT
