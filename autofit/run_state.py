@@ -211,6 +211,15 @@ class RunState:
         """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host)."""
         return self.tracker.host() if self.tracker else nullcontext()
 
+    def built_on_host(self) -> ExitStack:
+        """Entered while the model is constructed: it is built in host memory, for a knob's
+        apply to load onto the GPU as a loader would (quantizing, casting, or leaving swapped
+        blocks behind), so the whole model never sits there at once."""
+        stack = ExitStack()
+        stack.enter_context(self.host_device)
+        stack.enter_context(self.host())
+        return stack
+
     def stays_on_host(self, module_path: str) -> bool:
         """Whether a module's weights start in host memory: those of the blocks swap_blocks
         swaps, which a loader must never bring onto the GPU."""

@@ -14,7 +14,7 @@ their own dtype.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
@@ -71,10 +71,7 @@ class BasePrecision(Knob):
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if value == "same":
             return None
-        stack = ExitStack()  # built on the host, cast on the way to the GPU (apply)
-        stack.enter_context(run.host_device)
-        stack.enter_context(run.host())
-        return stack
+        return run.built_on_host()  # cast on the way to the GPU (apply)
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":

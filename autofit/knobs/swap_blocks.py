@@ -19,7 +19,7 @@ time: the roofline adds the time the GPU waits (autofit/simulator/roofline.py).
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
@@ -119,10 +119,7 @@ class SwapBlocks(Knob):
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if not value or _loaded_by_another(run):
             return None
-        stack = ExitStack()  # built on the host; apply brings all but the swapped blocks over
-        stack.enter_context(run.host_device)
-        stack.enter_context(run.host())
-        return stack
+        return run.built_on_host()  # apply brings all but the swapped blocks over
 
     def apply(self, run: RunState, value: Any) -> None:
         if not value:

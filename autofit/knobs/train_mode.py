@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
@@ -71,10 +71,7 @@ class TrainMode(Knob):
             return None
         # The 16-bit base is built in host memory and each weight quantized on its way to the
         # GPU (apply), as a quantizing loader does: it never sits there whole.
-        stack = ExitStack()
-        stack.enter_context(run.host_device)
-        stack.enter_context(run.host())
-        return stack
+        return run.built_on_host()
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "full":
