@@ -207,9 +207,10 @@ class RunState:
         with self.tracker.in_phase(name) if self.tracker else nullcontext():
             yield
 
-    def host(self) -> Any:
-        """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host)."""
-        return self.tracker.host() if self.tracker else nullcontext()
+    def host(self, pinned: bool = False) -> Any:
+        """Tensors created inside live in host memory, not on the GPU (see MemoryTracker.host);
+        `pinned`: page-locked, as offload's and swap's staging buffers are."""
+        return self.tracker.host(pinned) if self.tracker else nullcontext()
 
     def built_on_host(self) -> ExitStack:
         """Entered while the model is constructed: it is built in host memory, for a knob's

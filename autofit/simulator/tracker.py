@@ -164,8 +164,10 @@ class MemoryTracker(TorchDispatchMode):
                 self._label(aid, index)
 
     @contextmanager
-    def host(self) -> Iterator[None]:
-        """Storages created inside are host memory: never counted as GPU memory."""
+    def host(self, pinned: bool = False) -> Iterator[None]:
+        """Storages created inside are host memory: never counted as GPU memory. `pinned`:
+        page-locked host memory (the staging buffers of offload and swap), which the host
+        cannot page out."""
         self._host_depth += 1
         try:
             yield
