@@ -1,8 +1,9 @@
 """`target=accelerate`: an accelerate config file (`accelerate_config.yaml`) for the user's own code.
 
 The file says how to launch: processes, mixed precision, and, when the run uses ZeRO, the
-DeepSpeed block accelerate builds its DeepSpeed plugin from (each knob's accelerate words). Every
-other knob is the training script's; the README lists what it must do. The diffusers target
+DeepSpeed block accelerate builds its DeepSpeed plugin from, or with FSDP2 the `fsdp_config`
+block accelerate builds its FullyShardedDataParallelPlugin from (each knob's accelerate words).
+Every other knob is the training script's; the README lists what it must do. The diffusers target
 launches its example scripts with the same file.
 """
 
@@ -45,14 +46,17 @@ def launch_prefix(plan: ExportPlan, config_path: str) -> str:
 
 class Accelerate(Target):
     name = "accelerate"
-    summary = "an accelerate config (processes, mixed precision, DeepSpeed block for ZeRO) for your own code"
+    summary = "an accelerate config (processes, mixed precision, DeepSpeed block for ZeRO, FSDP2 block) for your own code"
     own_code = True
 
     def build(self, plan: ExportPlan) -> None:
         import yaml
 
         plan.note("train.py stands for your training script, which uses accelerate's Accelerator")
-        config = accelerate_config(plan.say_rest())
+        # FSDP's distributed_type (FSDP) replaces the one zero_stage says without ZeRO (NO or
+        # MULTI_GPU): fsdp's rules keep the two from both sharding.
+        fsdp = plan.say("fsdp")
+        config = accelerate_config({**plan.say_rest(), **fsdp})
         path = plan.add(
             "accelerate_config.yaml",
             yaml.safe_dump(config, sort_keys=True),

@@ -24,6 +24,8 @@ from autofit.knobs.batch_size import BatchSize
 from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
+from autofit.knobs.fsdp import Fsdp
+from autofit.knobs.fsdp_offload import FsdpOffload
 from autofit.knobs.fused_backward import FusedBackward
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
@@ -61,6 +63,8 @@ REGISTRY: dict[str, Knob] = {
         ZeroStage(),
         OffloadOptimizer(),
         OffloadParams(),
+        Fsdp(),
+        FsdpOffload(),
         WorldSize(),
         Ema(),
         Validation(),

@@ -1,5 +1,5 @@
-"""world_size: GPUs per run. Memory figures are per GPU, throughput is the whole run's; ZeRO
-partitions across them (only the simulate backend models more than one)."""
+"""world_size: GPUs per run. Memory figures are per GPU, throughput is the whole run's; ZeRO or
+FSDP partitions across them (only the simulate backend models more than one)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
     if value == 1:
         return Say()
     return Refuse(
-        "autofit measured several GPUs only with ZeRO, which Sana has not", offers="world_size=1"
+        "autofit measured several GPUs only with ZeRO or FSDP2, which Sana's train.py has not "
+        "(its use_fsdp is FSDP1)",
+        offers="world_size=1",
     )
 
 
 class WorldSize(Knob):
     name = "world_size"
     default = 1
-    help = "GPUs per run (ZeRO partitions across them)"
+    help = "GPUs per run (ZeRO or FSDP partitions across them)"
     kind = int
     minimum = 1
 
@@ -29,8 +31,9 @@ class WorldSize(Knob):
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value > 1 and context.backend in ("cpu", "cuda"):
             return f"world_size={value}: a probe runs one process, so only the simulate backend models {value} GPUs"
-        if value > 1 and not context.knobs.get("zero_stage"):
-            return f"world_size={value} without ZeRO runs the same memory on each GPU as world_size=1: use zero_stage 1-3"
+        sharded = context.knobs.get("zero_stage") or context.knobs.get("fsdp", "off") != "off"
+        if value > 1 and not sharded:
+            return f"world_size={value} without ZeRO or FSDP runs the same memory on each GPU as world_size=1: use zero_stage 1-3 or fsdp"
         return None
 
     # deepspeed and kohya launch it (--num_gpus, --num_processes): their layouts write it.

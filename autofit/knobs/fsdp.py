@@ -1,0 +1,262 @@
+"""fsdp: PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`), which shards every parameter, its
+gradient and its optimizer state across the run's GPUs, beside DeepSpeed ZeRO.
+
+- `off`: no FSDP.
+- `full_shard`: `fully_shard` on each transformer block (the preset's `blocks`) and on the rest,
+  with `reshard_after_forward=True`: a block's weights are all-gathered before its forward, freed
+  after it, and gathered again for its backward (FSDP1's FULL_SHARD; ZeRO-3's layout).
+- `shard_grad_op`: the same groups with `reshard_after_forward=False`: a block's gathered weights
+  stay from its forward to its backward (FSDP1's SHARD_GRAD_OP; one all-gather fewer per step).
+
+Every group follows accelerate 1.15's `fsdp2_prepare_model` (accelerate/utils/fsdp_utils.py): the
+blocks, a language model's untied input embedding, the tail (final norm and output head, with the
+input embedding when tied) never resharded after forward, and the root for what is left, which
+FSDP2 itself never reshards after forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py).
+
+The mixed-precision policy follows the precision knob, as accelerate builds it from its
+`mixed_precision`: under mixed precision (`bf16`, `fp16`) the sharded weights stay fp32 and are
+gathered in the 16-bit dtype, gradients reduced in it (`MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=bf16)`), the step runs on the fp32 shards; `bf16_pure` shards bf16 weights and
+gathers them as they are (no policy); `fp32` gathers fp32. The companion `fsdp_offload` keeps
+the shards, their gradients and the optimizer step in host memory (FSDP2's CPUOffloadPolicy).
+
+`simulate`, and every world size above one, use the emulation in autofit/simulator/fsdp.py (one
+rank's memory, byte for byte as FSDP2 lays it out); the `cpu` and `cuda` backends run
+`fully_shard` itself in a one-process group. LoRA and QLoRA shard every weight and train only the
+adapters; a QLoRA base shards its packed 4-bit weights stored as bf16 (bitsandbytes'
+`bnb_4bit_quant_storage=bfloat16`, as FSDP-QLoRA needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+
+if TYPE_CHECKING:
+    from autofit.models import ModelPreset
+    from autofit.run_state import RunState
+
+RESHARD_AFTER_FORWARD = {"full_shard": True, "shard_grad_op": False}
+NOT_FSDP = "fsdp=off"
+FOUR_BIT = ("qlora", "qdora")  # a 4-bit NF4 base (train_mode)
+# Knobs FSDP is not modelled with, at the value that asks nothing of it.
+NOT_WITH = (
+    ("zero_stage", 0, "DeepSpeed ZeRO shards the same states: use one or the other"),
+    ("swap_blocks", 0, "block swap is not modelled with it"),
+    ("fused_backward", "off", "the step fused into backward is not modelled with it"),
+    ("ema", "off", "an EMA copy of sharded weights is not modelled"),
+    ("validation", "off", "validation with sharded weights is not modelled"),
+    ("base_precision", "same", "an fp8 base is not modelled with it"),
+)
+
+
+def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | None:
+    """Why FSDP's knobs cannot go together as set, or None."""
+    value = config.get("fsdp", "off")
+    if value == "off":
+        if config.get("fsdp_offload", "none") != "none":
+            return (
+                "fsdp_offload=cpu is FSDP2's CPU offload: it needs fsdp=full_shard or shard_grad_op"
+            )
+        return None
+    for knob, off, why in NOT_WITH:
+        if config.get(knob, off) != off:
+            return f"fsdp={value} with {knob}={config[knob]}: {why}"
+    if config.get("fsdp_offload", "none") == "cpu" and config.get("optimizer") == "paged_adamw8bit":
+        return "fsdp_offload=cpu steps on the host, where paged_adamw8bit has no GPU pages to page: use adamw8bit"
+    if backend == "cpu":
+        # torch 2.13 runs fully_shard on the CPU in a one-process gloo group (shard_for_real), but
+        # FSDP2 frees and re-allocates gathered weights by resizing their storage in place
+        # (_fsdp_param.free_storage / alloc_storage), which the cpu backend's dispatch tracker
+        # cannot see: it would count every gathered weight as live from its first gather on.
+        return f"fsdp={value} on the cpu backend: FSDP2 frees gathered weights by resizing storage in place, which its tracker cannot see (use simulate, or cuda)"
+    if backend == "cuda" and config.get("train_mode") in FOUR_BIT:
+        return (
+            f"fsdp={value} with train_mode={config['train_mode']} on the cuda backend: its "
+            "bitsandbytes layers keep 4-bit weights as uint8, which fully_shard cannot shard"
+        )
+    if backend == "cuda" and config.get("optimizer") not in ("adamw", "sgd"):
+        return (
+            f"fsdp={value} on the cuda backend runs fully_shard itself, whose DTensor parameters "
+            "only torch's optimizers step here (optimizer adamw or sgd; or use simulate)"
+        )
+    return None
+
+
+_BLOCK_CLASSES: dict[str, tuple[str, ...]] = {}  # preset fingerprint -> class names
+
+
+def _block_classes(preset: ModelPreset) -> tuple[str, ...]:
+    known = _BLOCK_CLASSES.get(preset.fingerprint())
+    if known is not None:
+        return known
+    import torch
+
+    from autofit.workloads import workload_for
+
+    with torch.device("meta"):  # no memory: only the classes are wanted
+        model = workload_for(preset).build_model(torch.bfloat16)
+    names: dict[str, None] = {}
+    for path in preset.blocks:
+        names.update(dict.fromkeys(type(block).__name__ for block in model.get_submodule(path)))
+    _BLOCK_CLASSES[preset.fingerprint()] = tuple(names)
+    return tuple(names)
+
+
+def block_classes(preset: ModelPreset) -> str:
+    """The class names of the preset's transformer blocks, comma-separated, as accelerate's
+    `fsdp_transformer_layer_cls_to_wrap` takes them (Flux: its double and single blocks)."""
+    return ",".join(_block_classes(preset))
+
+
+# -- trainers ---------------------------------------------------------------------------------
+
+
+def checked(words: Any) -> Any:
+    """Trainer words that first check FSDP's rules (an export may read a hand-edited study)."""
+
+    def express(value: Any, s: Subject) -> Say | Refuse:
+        broken = fsdp_rule(s.config)
+        if broken:
+            return Refuse(broken, NOT_FSDP)
+        return Say() if value == "off" else words(value, s)
+
+    return express
+
+
+def _ram_efficient(s: Subject) -> bool:
+    # accelerate loads a 4-bit base whole on every GPU before sharding it (fsdp2_prepare_model
+    # skips cpu_ram_efficient_loading for Params4bit); any other model is built on the meta
+    # device and its shards loaded from rank 0, as the probe builds it on the host.
+    return s.config["train_mode"] not in FOUR_BIT
+
+
+def _accelerate(value: Any, s: Subject) -> Say | Refuse:
+    if s.config["precision"] == "bf16_autocast":
+        return Refuse(
+            "under FSDP2 with mixed precision accelerate upcasts the trained weights to fp32 "
+            "(fsdp2_prepare_model), so the run is precision=bf16, not bf16 weights",
+            NOT_FSDP,
+        )
+    block = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": RESHARD_AFTER_FORWARD[value],
+        "fsdp_offload_params": s.config["fsdp_offload"] == "cpu",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": block_classes(s.preset),
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": _ram_efficient(s),
+        # The training code checkpoints the blocks itself (the checkpointing knob's note).
+        "fsdp_activation_checkpointing": False,
+    }
+    note = ""
+    if s.config["train_mode"] in FOUR_BIT:
+        note = (
+            f"train_mode={s.config['train_mode']} under FSDP: load the 4-bit base with "
+            "BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16), so fully_shard can "
+            "shard its packed weights (uint8 ones it leaves whole on every GPU)"
+        )
+    return say(note=note, distributed_type="FSDP", fsdp_config=block)
+
+
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
+    """SimpleTuner's FSDP2 flags (documentation/FSDP2.md; its 4.10.1 option list): full-model
+    runs only."""
+    if s.config["train_mode"] != "full":
+        return Refuse("SimpleTuner enables FSDP2 only for model_type=full", NOT_FSDP)
+    if s.config["precision"] in ("bf16_pure", "bf16_autocast"):
+        return Refuse(
+            "under FSDP2 accelerate upcasts SimpleTuner's bf16 trained weights to fp32 master "
+            "weights (fsdp2_prepare_model): the run is precision=bf16, not bf16 weights",
+            NOT_FSDP,
+        )
+    return say(
+        fsdp_enable=True,
+        fsdp_version=2,
+        fsdp_reshard_after_forward=RESHARD_AFTER_FORWARD[value],
+        fsdp_auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+        fsdp_transformer_layer_cls_to_wrap=block_classes(s.preset),
+        fsdp_state_dict_type="SHARDED_STATE_DICT",
+        fsdp_cpu_ram_efficient_loading=True,
+    )
+
+
+FSDP1_ONLY = Refuse(
+    "Sana's train.use_fsdp runs accelerate's FSDP1 (set_fsdp_env in train_scripts/train.py sets "
+    "no FSDP_VERSION), whose flat parameters lay memory out otherwise than the FSDP2 measured",
+    NOT_FSDP,
+)
+NO_FSDP = "sd-scripts has no FSDP (it shards with DeepSpeed)"
+ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
+
+
+class Fsdp(Knob):
+    name = "fsdp"
+    default = "off"
+    help = "PyTorch FSDP2 (fully_shard) across the run's GPUs: off | full_shard | shard_grad_op"
+    values = {
+        "off": "no FSDP",
+        "full_shard": "FSDP2 fully_shard on each transformer block and the root, "
+        "reshard_after_forward=True (weights gathered for forward, freed, gathered again for "
+        "backward); mixed precision as the precision knob says (fp32 shards gathered in bf16)",
+        "shard_grad_op": "FSDP2 fully_shard on each transformer block and the root, "
+        "reshard_after_forward=False (gathered weights kept from forward to backward)",
+    }
+    reads = ("optimizer",)  # fully_shard's parameters replace the ones it was built over
+    after = ("train_mode", "base_precision")  # it shards the weights as they are stored
+
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        # Across GPUs resharding saves the gathered blocks at one more all-gather per block; with
+        # one GPU FSDP shards nothing and only adds its buffers.
+        if value == "full_shard" and "shard_grad_op" in searched:
+            return "shard_grad_op"
+        return None
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        broken = fsdp_rule(context.knobs, context.backend)
+        if broken or value == "off":
+            return broken
+        if not context.model.blocks:
+            return f"fsdp={value} shards per transformer block, and {context.model.name} lists none"
+        return None
+
+    def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        if value == "off" or not _emulated(run):
+            return None
+        # The model is built in host memory and each weight's shard placed on the GPU (accelerate's
+        # cpu_ram_efficient_loading, meta-device init): no GPU holds the whole model.
+        return run.host()
+
+    def apply(self, run: RunState, value: Any) -> None:
+        if value == "off":
+            return
+        offload = run.knobs["fsdp_offload"] == "cpu"
+        if _emulated(run):
+            from autofit.simulator.fsdp import FsdpEmulation
+
+            FsdpEmulation(run, RESHARD_AFTER_FORWARD[value], run.knobs["world_size"], offload)
+            return
+        from autofit.simulator.fsdp import shard_for_real
+
+        shard_for_real(run, RESHARD_AFTER_FORWARD[value])
+
+    trainers = {
+        "accelerate": checked(_accelerate),
+        # The accelerate config the script is launched with carries it.
+        "diffusers": checked(lambda v, s: Say()),
+        "simpletuner": checked(_simpletuner),
+        "sana": {"off": Say(), "full_shard": FSDP1_ONLY, "shard_grad_op": FSDP1_ONLY},
+        "deepspeed": {
+            "off": Say(),
+            "full_shard": Refuse(ZERO_NOT_FSDP, "fsdp=off, with zero_stage=3"),
+            "shard_grad_op": Refuse(ZERO_NOT_FSDP, "fsdp=off, with zero_stage=2"),
+        },
+        "kohya": {"off": Say(), "full_shard": Refuse(NO_FSDP), "shard_grad_op": Refuse(NO_FSDP)},
+    }
+
+
+def _emulated(run: RunState) -> bool:
+    return run.fake or run.knobs["world_size"] > 1

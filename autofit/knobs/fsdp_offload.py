@@ -1,0 +1,36 @@
+"""fsdp_offload: FSDP2's CPU offload (`CPUOffloadPolicy`, pinned by default): the parameter
+shards, their gradients, the optimizer state and the optimizer step in host memory (`cpu`), or on
+the GPU (`none`). Each block's shards cross the host link before every all-gather, its gradient
+shards on their way back, and the step runs on the host CPU. It needs fsdp (autofit/knobs/fsdp.py
+applies it and writes it into each trainer's FSDP settings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.knobs.base import Knob, Refuse, Say, say
+from autofit.knobs.fsdp import FSDP1_ONLY, NO_FSDP, ZERO_NOT_FSDP, checked
+
+
+class FsdpOffload(Knob):
+    name = "fsdp_offload"
+    default = "none"
+    help = "FSDP2 CPU offload of parameter shards, gradients and optimizer step: none | cpu"
+    values = {
+        "none": "FSDP's shards, gradients and optimizer state on the GPU",
+        "cpu": "FSDP2's CPUOffloadPolicy: the shards, their gradients and the optimizer state "
+        "in pinned host memory, the optimizer step on the host",
+    }
+
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        return "none" if value == "cpu" else None
+
+    trainers = {
+        # fsdp's block carries it (fsdp_offload_params).
+        "accelerate": checked(lambda v, s: Say()),
+        "diffusers": checked(lambda v, s: Say()),
+        "simpletuner": checked(lambda v, s: say(fsdp_cpu_offload=True) if v == "cpu" else Say()),
+        "sana": {"none": Say(), "cpu": FSDP1_ONLY},
+        "deepspeed": {"none": Say(), "cpu": Refuse(ZERO_NOT_FSDP, "fsdp_offload=none")},
+        "kohya": {"none": Say(), "cpu": Refuse(NO_FSDP, "fsdp_offload=none")},
+    }

@@ -1,0 +1,507 @@
+"""PyTorch FSDP2's memory layout (`fully_shard`), emulated for fake tensors and for world sizes
+beyond one GPU, and `fully_shard` itself for real runs in a one-process group.
+
+A probe runs one process, so it cannot run FSDP2 across N GPUs; `FsdpEmulation` lays out rank 0's
+memory as torch 2.13's FSDP2 does (torch/distributed/fsdp/_fully_shard/: _fsdp_param.py,
+_fsdp_param_group.py, _fsdp_collectives.py, _fsdp_state.py) and moves the same bytes:
+
+- Sharding: every parameter is chunked on dim 0 (`torch.chunk`); rank 0 holds the first chunk,
+  ceil(rows / N) rows, in the parameter's own dtype. The groups are those accelerate 1.15 makes
+  (autofit/knobs/fsdp.py): each block, an untied input embedding, the tail (final norm, output
+  head) and the root; tail and root are never resharded after forward.
+- Before a group's forward its parameters are all-gathered in the policy's param dtype: with
+  N > 1 a flat buffer of every rank's shards (the all-gather output; the rank's own input is
+  copied into it from a flat cast copy), then one padded tensor per parameter copied out of it;
+  in forward the flat buffer lives until the next group's copy-out (FSDP2 defers its free to
+  overlap the next all-gather), in backward it is freed at once. With N = 1 each shard is copied
+  (cast) straight into its parameter's tensor. Resharding frees the gathered tensors.
+- Backward: a group is gathered again when the gradient reaches its outputs (unless it never
+  resharded), and the group before it in backward order has its all-gather issued then too
+  (FSDP2's implicit backward prefetch). Once the group's backward is done its gradients (in the
+  param dtype) are copied into one flat reduce-scatter input in the reduce dtype, freed, and
+  reduced into a flat shard that is cast to the parameters' dtype; each sharded gradient is a
+  view of it. The reduce-scatter input lives until the next group's reduction.
+- The optimizer (any of the optimizer knob's) steps the shards, so its state is sharded too.
+  Under LoRA every weight is sharded and only the adapters have gradients and state; a QLoRA
+  base shards its packed 4-bit weights stored as bf16 (bitsandbytes' quant storage for FSDP).
+- CPU offload (`CPUOffloadPolicy`): the shards live in pinned host memory and are copied to the
+  GPU (and cast) before each all-gather; each sharded gradient is copied to pinned host memory;
+  the optimizer step, and its state, run on the host.
+
+Collectives count as `peer_bytes` ((N - 1) / N of each all-gather output and reduce-scatter
+input, ring collectives), host copies as `link_bytes`, the host step as `host_compute_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from autofit.run_state import set_logical_numel
+
+if TYPE_CHECKING:
+    from autofit.models import ModelPreset
+    from autofit.run_state import RunState
+
+QUANT_STORAGE = torch.bfloat16  # FSDP-QLoRA's bnb_4bit_quant_storage
+
+
+def shard_rows(rows: int, world_size: int) -> int:
+    """Rows of a dim-0 chunk rank 0 holds (torch.chunk: every chunk but the last is this size)."""
+    return -(-rows // world_size)
+
+
+# -- the groups accelerate makes ----------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """The modules one `fully_shard` call takes, and whether they reshard after forward."""
+
+    modules: list[nn.Module]
+    reshard_after_forward: bool
+    params: list[nn.Parameter] = field(default_factory=list)
+
+
+def _call(model: nn.Module, method: str) -> Any:
+    try:
+        return getattr(model, method, lambda: None)()
+    except NotImplementedError:  # transformers' base class for models without embeddings
+        return None
+
+
+def final_norm(model: nn.Module) -> nn.Module | None:
+    """accelerate's `_find_final_norm`: the last child of the base model whose class is a norm."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    if not isinstance(base, nn.Module):
+        return None
+    found = None
+    for _, module in base.named_children():
+        if "Norm" in type(module).__name__:
+            found = module
+    return found
+
+
+def fsdp_groups(model: nn.Module, preset: ModelPreset, reshard_after_forward: bool) -> list[Group]:
+    """The `fully_shard` calls accelerate 1.15's fsdp2_prepare_model makes, in its order, each
+    with the parameters it manages (those no earlier call took; a tied weight once)."""
+    groups = [
+        Group([block], reshard_after_forward)
+        for path in preset.blocks
+        for block in model.get_submodule(path)
+    ]
+    embed, head = _call(model, "get_input_embeddings"), _call(model, "get_output_embeddings")
+    tied = embed is not None and head is not None and embed.weight is head.weight
+    if embed is not None and not tied:
+        groups.append(Group([embed], reshard_after_forward))
+    wrapped = {id(m) for g in groups for m in g.modules}
+    tail = [final_norm(model), embed, head] if tied else [final_norm(model), head]
+    tail = [m for m in dict.fromkeys(tail) if m is not None and id(m) not in wrapped]
+    if tail:
+        groups.append(Group(tail, False))
+    groups.append(Group([model], False))  # the root: FSDP2 never reshards it after forward
+    taken: set[int] = set()
+    for group in groups:
+        for module in group.modules:
+            for param in module.parameters():
+                if id(param) not in taken:
+                    taken.add(id(param))
+                    group.params.append(param)
+    return groups
+
+
+# -- the emulation ------------------------------------------------------------------------------
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+class _PostBackward(torch.autograd.Function):
+    """FSDP2's RegisterPostBackwardFunction: an identity on a group's forward inputs whose
+    backward runs once the gradients of those inputs exist, i.e. the group's backward is done."""
+
+    @staticmethod
+    def forward(ctx: Any, group: _GroupState, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.group = group
+        return inputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.group.post_backward()
+        return (None, *grads)
+
+
+class _ParamState:
+    """One parameter's FSDP state on rank 0: its shard, and how it is gathered."""
+
+    def __init__(self, param: nn.Parameter, emulation: FsdpEmulation) -> None:
+        self.param = param
+        run, n = emulation.run, emulation.world_size
+        packed = param.dtype == torch.uint8  # a 4-bit base, stored for FSDP in bf16
+        self.dtype = QUANT_STORAGE if packed else param.dtype
+        if packed:
+            self.shape = torch.Size([math.ceil(param.numel() / QUANT_STORAGE.itemsize), 1])
+        else:
+            self.shape = param.shape if param.dim() else torch.Size([1])
+        rows, rest = self.shape[0], self.shape[1:]
+        self.shard_shape = torch.Size([shard_rows(rows, n), *rest])
+        self.numel = self.shape.numel()
+        self.padded = self.shard_shape.numel() * n  # the gathered tensor: every rank's chunk
+        cast = emulation.param_dtype
+        # FSDP2 casts only floating weights whose dtype differs (init_dtype_attrs).
+        self.gather_dtype = cast if cast and self.dtype.is_floating_point else self.dtype
+        self.trainable = param.requires_grad
+        self.offload = emulation.offload
+        with run.host(pinned=True) if self.offload else nullcontext():
+            device = run.host_device if self.offload else run.device
+            self.shard = torch.empty(self.shard_shape, dtype=self.dtype, device=device)
+        run.tag([self.shard], "parameters")
+        self.view_shape = param.shape  # what the module computes with once gathered
+        if not hasattr(param, "autofit_numel"):  # parameter counts count weights, not shards
+            set_logical_numel(param, param.numel())
+        param.data = self.shard  # the full weight is freed
+
+    @property
+    def shard_bytes(self) -> int:
+        return self.shard.numel() * self.shard.element_size()
+
+    def gather_input(self, run: RunState) -> torch.Tensor:
+        """What FSDP2 all-gathers from this rank: the shard, on the GPU, in the gather dtype
+        (`all_gather_inputs`: a host shard is copied over first, then cast)."""
+        source = self.shard
+        if self.offload:
+            run.traffic.link_bytes += self.shard_bytes
+            source = source.to(run.device, copy=True)
+        return source.to(self.gather_dtype)
+
+    def gathered(self, run: RunState) -> torch.Tensor:
+        """A fresh all-gather output of this parameter: every rank's padded chunk."""
+        output = torch.empty(self.padded, dtype=self.gather_dtype, device=run.device)
+        run.tag([output], "parameters")
+        return output
+
+    def unshard(self, output: torch.Tensor, gathered: dict[int, _ParamState]) -> None:
+        if self.view_shape.numel() == self.numel:
+            self.param.data = output[: self.numel].view(self.view_shape)
+        else:  # a packed 4-bit weight: the layer reads its bytes, not its shape
+            self.param.data = output[: self.numel].view(self.numel, 1)
+        gathered[output.untyped_storage()._cdata] = self
+
+    def reshard(self, gathered: dict[int, _ParamState]) -> None:
+        gathered.pop(self.param.data.untyped_storage()._cdata, None)
+        self.param.data = self.shard
+
+
+class _GroupState:
+    """One `fully_shard` group's runtime: gathered or not, and its hooks."""
+
+    def __init__(self, group: Group, emulation: FsdpEmulation) -> None:
+        self.emulation = emulation
+        self.reshard_after_forward = group.reshard_after_forward
+        self.modules = group.modules
+        self.params = [_ParamState(p, emulation) for p in group.params]
+        trained = [p for p in self.params if p.trainable]
+        self.orig_dtype = trained[0].dtype if trained else None
+        self.reduce_dtype = emulation.param_dtype or self.orig_dtype
+        self.unsharded = False
+        self.pending: torch.Tensor | None = None  # an issued all-gather's flat output
+        self.state = "idle"
+        self.post_forward_indices: list[int] = []
+        for module in group.modules:
+            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            module.register_forward_hook(self._post_forward)
+
+    # -- gathering -------------------------------------------------------------------------------
+
+    def unshard(self) -> None:
+        """FSDP2's `unshard`: issue the all-gather (N > 1: the flat output buffer)."""
+        emulation = self.emulation
+        if self.unsharded or self.pending is not None or emulation.world_size == 1:
+            return
+        run, n = emulation.run, emulation.world_size
+        inputs = [p.gather_input(run) for p in self.params]
+        dtypes = {t.dtype for t in inputs}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.uint8  # mixed dtypes go as bytes
+        total = sum(t.numel() * t.element_size() for t in inputs) // dtype.itemsize
+        casts = [p for p, t in zip(self.params, inputs, strict=True) if t is not p.shard]
+        # The foreach fast path (16-bit params on the GPU) copies the casts into one flat input.
+        foreach = emulation.param_dtype is not None and not emulation.offload and casts
+        flat_input = None
+        if foreach:
+            flat_input = torch.empty(
+                sum(p.shard.numel() for p in casts), dtype=emulation.param_dtype, device=run.device
+            )
+        self.pending = torch.empty(total * n, dtype=dtype, device=run.device)
+        run.traffic.peer_bytes += total * dtype.itemsize * (n - 1)
+        del inputs, flat_input
+
+    def wait_for_unshard(self) -> None:
+        """FSDP2's `wait_for_unshard`: the per-parameter copy-out, and the flat buffer's free."""
+        emulation = self.emulation
+        if self.unsharded:
+            return
+        run = emulation.run
+        forward = self.state == "forward"
+        if emulation.world_size == 1:
+            for param in self.params:
+                source = param.gather_input(run)
+                output = param.gathered(run)
+                output[: source.numel()].view(source.shape).copy_(source)
+                del source
+                param.unshard(output, emulation.gathered)
+        else:
+            if forward:
+                emulation.deferred = None  # the previous group's flat output
+            for param in self.params:
+                param.unshard(param.gathered(run), emulation.gathered)
+            if forward:
+                emulation.deferred = self.pending
+            self.pending = None
+        self.unsharded = True
+
+    def reshard(self) -> None:
+        for param in self.params:
+            param.reshard(self.emulation.gathered)
+        self.unsharded = False
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        entering = self.state != "forward"
+        self.state = "forward"
+        self.unshard()
+        self.wait_for_unshard()
+        if not entering or _in_backward() or not torch.is_grad_enabled():
+            return None
+        flat, spec = tree_flatten((args, kwargs))
+        needs = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needs:
+            wrapped = _PostBackward.apply(self, *(flat[i] for i in needs))
+            for i, tensor in zip(needs, wrapped, strict=True):
+                flat[i] = tensor
+        return tree_unflatten(flat, spec)
+
+    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        emulation = self.emulation
+        if not _in_backward():
+            if self.reshard_after_forward:
+                self.reshard()
+            self.post_forward_indices.append(len(emulation.post_forward_order))
+            emulation.post_forward_order.append(self)
+        self.state = "idle"
+        if module is emulation.run.model:
+            emulation.deferred = None  # the root's post-forward frees the last flat output
+        if torch.is_grad_enabled() and not _in_backward():
+            for tensor in tree_flatten(output)[0]:
+                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                    tensor.register_hook(self._pre_backward)
+
+    def _pre_backward(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.state == "pre_backward":
+            return grad
+        emulation = self.emulation
+        emulation.queue_final_callback()
+        self.state = "pre_backward"
+        self.unshard()
+        self.wait_for_unshard()
+        if self.post_forward_indices:  # the implicit backward prefetch of the next group
+            index = self.post_forward_indices.pop()
+            if index > 0:
+                emulation.post_forward_order[index - 1].unshard()
+        return grad
+
+    def post_backward(self) -> None:
+        emulation = self.emulation
+        self.state = "post_backward"
+        run, n = emulation.run, emulation.world_size
+        with_grad = [p for p in self.params if p.param.grad is not None]
+        grads = [p.param.grad for p in with_grad]
+        for param in with_grad:
+            param.param.grad = None
+        self.reshard()
+        emulation.reduce_scatter_input = None  # at most one reduction in flight
+        if not with_grad:
+            return
+        assert self.reduce_dtype is not None and self.orig_dtype is not None
+        total = sum(p.padded for p in with_grad)
+        emulation.reduce_scatter_input = torch.empty(
+            total, dtype=self.reduce_dtype, device=run.device
+        )
+        run.traffic.peer_bytes += total * self.reduce_dtype.itemsize * (n - 1) // n
+        del grads  # copied in: the unsharded gradients are freed
+        reduced = torch.empty(total // n, dtype=self.reduce_dtype, device=run.device)
+        if self.reduce_dtype != self.orig_dtype:
+            reduced = reduced.to(self.orig_dtype)
+        offset = 0
+        for param in with_grad:
+            numel = param.padded // n
+            shard = reduced.as_strided(param.shard_shape, _contiguous_strides(param), offset)
+            offset += numel
+            if param.offload:
+                run.traffic.link_bytes += shard.numel() * shard.element_size()
+                with run.host(pinned=True):
+                    shard = shard.to(run.host_device, copy=True)
+            param.param.grad = shard
+        run.tag([p.param.grad for p in with_grad], "gradients")
+        del reduced
+
+
+def _contiguous_strides(param: _ParamState) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(param.shard_shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+class FsdpEmulation:
+    """Rank 0's memory under FSDP2 for `run`'s model: its hooks stay installed on the modules."""
+
+    def __init__(
+        self, run: RunState, reshard_after_forward: bool, world_size: int, offload: bool
+    ) -> None:
+        self.run, self.world_size, self.offload = run, world_size, offload
+        # accelerate's MixedPrecisionPolicy from mixed_precision: param and reduce dtype alike
+        self.param_dtype = run.dtypes.autocast
+        self.deferred: torch.Tensor | None = None  # a forward all-gather's flat output
+        self.reduce_scatter_input: torch.Tensor | None = None
+        self.post_forward_order: list[_GroupState] = []
+        self.callback_queued = False
+        self.gathered: dict[int, _ParamState] = {}  # gathered storage -> its parameter
+        self.saving = ExitStack()
+        groups = fsdp_groups(run.model, run.preset, reshard_after_forward)
+        self.groups = [_GroupState(group, self) for group in groups]
+        order = {id(m): i for i, m in enumerate(run.model.modules())}
+        # FSDP2's final callback visits the root's state first, then the others in module order.
+        self.final_order = [self.groups[-1]] + sorted(
+            self.groups[:-1], key=lambda g: order[id(g.modules[0])]
+        )
+        for name, buffer in list(run.model.named_buffers()):  # fully_shard moves buffers over
+            module_name, _, leaf = name.rpartition(".")
+            module = run.model.get_submodule(module_name)
+            module._buffers[leaf] = moved = buffer.to(run.device, copy=True)
+            run.tag([moved], "parameters")
+        if offload:
+            self._step_on_host(run.optimizer)
+        run.model.register_forward_pre_hook(lambda *_: self._save_by_reference())
+        run.model.register_forward_hook(lambda *_: self.saving.close())
+
+    # -- what autograd keeps of a gathered weight ---------------------------------------------------
+
+    def _save_by_reference(self) -> None:
+        """FSDP2 frees a gathered weight by resizing its storage to nothing and gathers it back
+        into the same storage, so what autograd saved of it (the transposed weight a matmul
+        keeps) holds no memory in between and sees the weight again in backward. A saved view
+        of a gathered storage is kept here as where it lies in its parameter, and rebuilt from
+        the parameter's data, gathered again by then, when backward unpacks it."""
+        if torch.is_grad_enabled() and not _in_backward():
+            self.saving.enter_context(
+                torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            )
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        param = self.gathered.get(tensor.untyped_storage()._cdata)
+        if param is None:
+            return tensor
+        return (param, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    @staticmethod
+    def _unpack(saved: Any) -> torch.Tensor:
+        if isinstance(saved, torch.Tensor):
+            return saved
+        param, size, stride, offset = saved
+        return param.param.data.as_strided(size, stride, offset)
+
+    def queue_final_callback(self) -> None:
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._final_callback)
+
+    def _final_callback(self) -> None:
+        """FSDP2's root post-backward callback: groups whose inputs needed no gradient reduce
+        here; every gathered weight is freed, and the last reduce-scatter input."""
+        for group in self.final_order:
+            if group.state != "post_backward":
+                group.post_backward()
+            group.state = "idle"
+            group.post_forward_indices.clear()
+        self.post_forward_order.clear()
+        self.reduce_scatter_input = None
+        self.callback_queued = False
+
+    def _step_on_host(self, optimizer: Any) -> None:
+        """CPUOffloadPolicy: the step runs on the host shards, its state created there."""
+        run, stack = self.run, ExitStack()
+
+        def before(*_: Any) -> None:
+            stack.enter_context(run.host())
+
+        def after(opt: Any, *_: Any) -> None:
+            stack.close()
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    state = opt.state.get(param, {})
+                    states = sum(
+                        t.numel() * t.element_size()
+                        for t in state.values()
+                        if isinstance(t, torch.Tensor)
+                    )
+                    grad = param.numel() * param.element_size() if param.grad is not None else 0
+                    # Read and written: the weight and its states, and the gradient read.
+                    run.traffic.host_compute_bytes += 2 * (grad + states) + grad
+
+        optimizer.register_step_pre_hook(before)
+        optimizer.register_step_post_hook(after)
+
+
+# -- the real thing -----------------------------------------------------------------------------
+
+
+def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
+    """`fully_shard` on `run`'s model in a one-process group (gloo on the CPU, NCCL on a GPU),
+    over the groups accelerate makes, with accelerate's mixed-precision policy; the optimizer
+    built before it is pointed at the sharded (DTensor) parameters that replace the originals."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    if not dist.is_initialized():
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
+            os.environ.setdefault(key, value)
+        backend = "nccl" if run.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=0, world_size=1)
+    mesh = init_device_mesh(run.device.type, (1,))
+    dtype = run.dtypes.autocast
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    offload = CPUOffloadPolicy() if run.knobs["fsdp_offload"] == "cpu" else OffloadPolicy()
+    before = dict(run.model.named_parameters())
+    for group in fsdp_groups(run.model, run.preset, reshard_after_forward):
+        modules = group.modules if len(group.modules) > 1 else group.modules[0]
+        # The root's None: FSDP2's own choice for the root, never resharded after forward.
+        reshard = group.reshard_after_forward if group.modules[0] is not run.model else None
+        fully_shard(
+            modules,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            mp_policy=policy,
+            offload_policy=offload,
+        )
+    after = dict(run.model.named_parameters())
+    replaced = {id(before[name]): after[name] for name in before}
+    for group in run.optimizer.param_groups:
+        group["params"] = [replaced[id(p)] for p in group["params"]]
+    run.tag([p.to_local() for p in run.model.parameters()], "parameters")
