@@ -65,6 +65,8 @@ def trace(
                 run.traffic.host_compute_bytes - before.host_compute_bytes,
                 run.traffic.peer_bytes - before.peer_bytes,
                 run.traffic.exchanges[first_exchange:],
+                run.traffic.nvme_bytes - before.nvme_bytes,
+                run.traffic.nvme_step_bytes - before.nvme_step_bytes,
             )
         run.finish()
     return run, tracker
