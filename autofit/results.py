@@ -1,11 +1,14 @@
 """A study's results folder, `results/<study>/`: what a search writes there, what report and export
 read back, and how any command finds it. The one place its layout is known.
 
-- `summary.json`: study, model, gpu, backend, space, margin, budget, probe counts, wall time, the
-  best run and the Pareto front (each run with `config` holding every knob as applied), and
-  every combination with its status (`Status`) and largest fitting batch or why it has none;
+- `summary.json`: study, model, gpu, backend, space, margin, budget, host budget
+  (`host_budget_bytes`, null when not stated), probe counts, wall time, the best run and the
+  Pareto front (each run with `config` holding every knob as applied, its GPU and host peaks),
+  and every combination with its status (`Status`) and largest fitting batch or why it has none;
 - `trials.csv`: every probe (its outcome, an `Outcome`) and every pruned or invalid combination
-  (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`;
+  (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`, the host
+  peak and budget after `budget_bytes` (studies written before host memory was counted have no
+  such columns, and read as not counted);
 - `pareto.csv`: the Pareto front, the rows `autofit search` prints and `point=N` counts;
 - `best.yaml`: the best run as `autofit probe` overrides, with a header saying what it is.
 
@@ -23,6 +26,7 @@ from typing import Any
 
 from autofit.config import suggest
 from autofit.errors import AutofitError, ConfigError
+from autofit.host import budget_words
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.pareto import run_size
 from autofit.units import parsed_value, size
@@ -31,6 +35,8 @@ from autofit.units import value as show
 RESULTS = Path("results")  # where studies live, under the working directory
 SUMMARY, TRIALS, PARETO, BEST = "summary.json", "trials.csv", "pareto.csv", "best.yaml"
 GIB = 1 << 30
+# trials.csv's host memory columns, after budget_bytes (a study written before them has none).
+HOST_COLUMNS = ("host_peak_gib", "host_peak_bytes", "host_pinned_bytes", "host_budget_bytes")
 
 
 class Status(str, Enum):
@@ -56,6 +62,8 @@ def point(result: ProbeResult) -> dict[str, Any]:
         "step_time_s": result.step_time_s,
         "run_size": run_size(result),
         "breakdown": result.breakdown,
+        "host_peak_bytes": result.host_peak_bytes,
+        "host_pinned_bytes": result.host_pinned_bytes,
     }
 
 
@@ -98,7 +106,8 @@ def _write_trials(
     knob_names: list[str],
 ) -> None:
     columns = ["outcome", "resolution", "batch_size", *knob_names, "peak_gib", "peak_bytes",
-               "budget_bytes", "samples_per_s", "step_time_s", "phase", "backend", "reason"]  # fmt: skip
+               "budget_bytes", *HOST_COLUMNS, "samples_per_s", "step_time_s", "phase", "backend",
+               "reason"]  # fmt: skip
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
@@ -110,6 +119,7 @@ def _write_trials(
                     "peak_gib": round(result.peak_bytes / GIB, 3) if result.peak_bytes else "",
                     "peak_bytes": result.peak_bytes or "",
                     "budget_bytes": result.budget_bytes,
+                    **_host_cells(result),
                     "samples_per_s": result.samples_per_s or "",
                     "step_time_s": result.step_time_s or "",
                     "phase": result.phase or "",
@@ -130,9 +140,22 @@ def _write_trials(
                 )
 
 
+def _host_cells(result: ProbeResult) -> dict[str, Any]:
+    """A result's host memory as trials.csv and pareto.csv write it (empty when not counted)."""
+    peak = result.host_peak_bytes
+    return {
+        "host_peak_gib": round(peak / GIB, 3) if peak is not None else "",
+        "host_peak_bytes": peak if peak is not None else "",
+        "host_pinned_bytes": result.host_pinned_bytes
+        if result.host_pinned_bytes is not None
+        else "",
+        "host_budget_bytes": result.host_budget_bytes or "",
+    }
+
+
 def _write_pareto(path: Path, pareto: list[ProbeResult], knob_names: list[str]) -> None:
     columns = ["resolution", "batch_size", *knob_names, "run_size", "samples_per_s", "peak_gib",
-               "peak_bytes"]  # fmt: skip
+               "peak_bytes", "host_peak_gib", "host_peak_bytes", "host_pinned_bytes"]  # fmt: skip
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
@@ -144,6 +167,7 @@ def _write_pareto(path: Path, pareto: list[ProbeResult], knob_names: list[str]) 
                     "samples_per_s": result.samples_per_s,
                     "peak_gib": round((result.peak_bytes or 0) / GIB, 3),
                     "peak_bytes": result.peak_bytes,
+                    **_host_cells(result),
                 }
             )
 
@@ -155,10 +179,15 @@ def _write_best(path: Path, best: ProbeResult | None, meta: dict[str, Any]) -> N
         path.write_text(f"# Nothing fits {meta['gpu']} in this space: no best configuration.\n")
         return
     how = "estimated" if best.throughput_estimated else "measured"
+    host = (
+        f"; host {size(best.host_peak_bytes)} of {budget_words(best.host_budget_bytes)}"
+        if best.host_peak_bytes is not None
+        else ""
+    )
     header = (
         f"# The fastest configuration of {meta['model']} that fits {meta['gpu']}: peak "
         f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget, "
-        f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}).\n"
+        f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}){host}.\n"
         f"# Re-measure it with: autofit probe model={meta['model']} gpu={meta['gpu']} "
         + " ".join(f"{k}={show(v)}" for k, v in best.config.items())
         + "\n"
@@ -183,6 +212,7 @@ class Probe:
     samples_per_s: float | None
     phase: str
     reason: str
+    host_peak_bytes: int | None = None  # None: not counted (a study from before host memory)
 
     def key(self) -> tuple[Any, ...]:
         """What a configuration is matched by across studies: batch, resolution and knobs."""
@@ -286,6 +316,7 @@ def _read_trials(path: Path) -> tuple[list[Probe], list[str]]:
                 samples_per_s=_number(row["samples_per_s"], float),
                 phase=row.get("phase") or "",
                 reason=row.get("reason") or "",
+                host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
             )
             for row in reader
         ]

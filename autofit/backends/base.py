@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from autofit.gpus import GpuSpec
+from autofit.host import host_ranks, loader_shard_bytes
 from autofit.simulator.allocator import required_memory
-from autofit.simulator.tracker import MemoryTracker
+from autofit.simulator.tracker import HostReport, MemoryTracker
+
+if TYPE_CHECKING:
+    from autofit.probe.spec import ProbeSpec
 
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
 # to show the steady-state peak (state, then activations and gradients on top of it).
@@ -27,7 +32,11 @@ class Measurement:
     `peak_allocated_bytes` includes the cuBLAS workspace; `peak_reserved_bytes` is what the
     allocator held from the driver where memory was plentiful (`max_memory_reserved`);
     `required_reserved_bytes` is the least it needs under a limit, giving its cache back when
-    short (measured runs report what they reserved). The CUDA context comes on top."""
+    short (measured runs report what they reserved). The CUDA context comes on top.
+
+    Host memory (`host_*`) is the machine's, for the whole run: one process's host bytes times
+    the processes sharing the machine (autofit/host.py `host_ranks`), pinned and pageable at the
+    host peak, the phase it happened in and each phase's peak (tracker.py `host_report`)."""
 
     backend: str
     peak_allocated_bytes: int
@@ -44,6 +53,11 @@ class Measurement:
     flops_per_step: int
     param_count: int
     trainable_param_count: int
+    host_peak_bytes: int = 0
+    host_pinned_bytes: int = 0
+    host_pageable_bytes: int = 0
+    host_phase: str = "setup"
+    host_phase_peaks: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -84,3 +98,30 @@ def model_gpu_memory(tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int) ->
         required_reserved=need.required,
         over_budget_phase=None if over is None else tracker.phase_at(max(over, 0)),
     )
+
+
+def model_host_memory(tracker: MemoryTracker, spec: ProbeSpec) -> HostReport:
+    """The host memory of the tracked steps for the whole run: the tracker's host ledger, with a
+    loader holding one shard of the model's library at a time, times the processes sharing the
+    machine."""
+    report = tracker.host_report(loader_shard_bytes(spec.model["family"]))
+    ranks = host_ranks(spec.knobs)
+    return HostReport(
+        peak_bytes=report.peak_bytes * ranks,
+        pinned_bytes=report.pinned_bytes * ranks,
+        pageable_bytes=report.pageable_bytes * ranks,
+        loader_bytes=report.loader_bytes * ranks,
+        phase=report.phase,
+        phase_peaks={phase: peak * ranks for phase, peak in report.phase_peaks.items()},
+    )
+
+
+def host_fields(host: HostReport) -> dict[str, Any]:
+    """A HostReport as Measurement's keyword arguments."""
+    return {
+        "host_peak_bytes": host.peak_bytes,
+        "host_pinned_bytes": host.pinned_bytes,
+        "host_pageable_bytes": host.pageable_bytes,
+        "host_phase": host.phase,
+        "host_phase_peaks": dict(host.phase_peaks),
+    }

@@ -5,6 +5,12 @@ tracker counts real tensors instead of fake ones (with CUDA's autocast policy, a
 so the two must agree on the allocated peak to the byte. Memory is accounted for the target GPU
 exactly as `simulate` accounts it; throughput is this CPU's own, from wall-clock time over steps
 run without the tracker.
+
+Host memory too is counted as `simulate` counts it, from the tracker's host ledger (the storages
+made inside `host()`, pinned ones rounded as torch's CUDA host allocator would round them, though
+nothing is pinned here): this process's own resident memory holds the stand-ins for GPU tensors as
+well, so it says nothing about the host of the GPU run this stands for. For the same reason a CPU
+probe gets no host budget unless `host_memory_gib=` states one.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ from contextlib import nullcontext
 
 import torch
 
-from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
+from autofit.backends.base import (
+    TRACKED_STEPS,
+    Measurement,
+    host_fields,
+    model_gpu_memory,
+    model_host_memory,
+)
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.roofline import RooflineCounter
@@ -70,4 +82,5 @@ def measure(spec: ProbeSpec) -> Measurement:
         flops_per_step=flops.cost.flops,
         param_count=run.param_count,
         trainable_param_count=run.trainable_param_count,
+        **host_fields(model_host_memory(tracker, spec)),
     )

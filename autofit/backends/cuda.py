@@ -5,18 +5,35 @@ the caching allocator (`set_per_process_memory_fraction`), so a probe for a 24 G
 80 GB card where the 24 GB card would. The peak comes from the allocator's own statistics
 (allocated and reserved); the breakdown from the same tracker the other backends use, over the
 first steps; throughput from synchronised wall-clock time over steps run without the tracker.
+
+Host memory is the tracker's ledger (as in the other backends, on real storages), raised to what
+the process itself held where that is more: the peak resident set size of the steps (VmHWM,
+reset after the build by writing 5 to /proc/self/clear_refs, so autofit's own whole-model
+build on the host, which the ledger counts as a trainer's loader would, is not in it) and the
+pinned bytes torch's CUDA host allocator owned at its peak (`host_memory_stats`,
+"allocated_bytes.peak": active and cached blocks, rounded to powers of two). The process's
+figure includes what the ledger does not see (the interpreter, the CUDA libraries, tensors a
+library keeps on the CPU); where the kernel cannot reset the peak, only the ledger is used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
-from autofit.backends.base import TRACKED_STEPS, Measurement, OutOfMemory
+from autofit.backends.base import (
+    TRACKED_STEPS,
+    Measurement,
+    OutOfMemory,
+    host_fields,
+    model_host_memory,
+)
+from autofit.host import host_ranks
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator.roofline import RooflineCounter
-from autofit.simulator.tracker import MemoryTracker
+from autofit.simulator.tracker import HostReport, MemoryTracker
 from autofit.training import TrainingRun
 
 WARMUP_STEPS = 2  # untracked steps before timing: the first ones include allocator growth
@@ -43,6 +60,7 @@ def measure(spec: ProbeSpec) -> Measurement:
     try:
         with tracker:
             run.build()
+            rss_reset = _reset_peak_rss()
             for _ in range(TRACKED_STEPS - 1):
                 run.step()
             with flops:
@@ -63,6 +81,7 @@ def measure(spec: ProbeSpec) -> Measurement:
             str(exc).splitlines()[0], tracker.phase if run.tracker else "timing"
         ) from exc
 
+    host = _with_process(model_host_memory(tracker, spec), rss_reset, host_ranks(spec.knobs))
     allocated = torch.cuda.max_memory_allocated(device)
     reserved = torch.cuda.max_memory_reserved(device)
     budget_left = spec.budget_bytes - context_bytes
@@ -82,4 +101,45 @@ def measure(spec: ProbeSpec) -> Measurement:
         flops_per_step=flops.cost.flops,
         param_count=run.param_count,
         trainable_param_count=run.trainable_param_count,
+        **host_fields(host),
+    )
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (Linux 4.0 and later); False if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set size since the last reset (VmHWM), in bytes."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _with_process(ledger: HostReport, rss_reset: bool, ranks: int) -> HostReport:
+    """The ledger's host peak, raised to the process's own readings (one process per GPU)."""
+    pinned = int(torch.cuda.host_memory_stats().get("allocated_bytes.peak", 0)) * ranks
+    rss = _peak_rss() if rss_reset else None
+    steps = rss * ranks if rss is not None else 0
+    if max(steps, pinned) <= ledger.peak_bytes:
+        return ledger
+    peak = max(steps, pinned, ledger.peak_bytes)
+    pinned = max(pinned, ledger.pinned_bytes)
+    return dataclasses.replace(
+        ledger,
+        peak_bytes=peak,
+        pinned_bytes=pinned,
+        pageable_bytes=peak - pinned,
+        phase="training steps (measured)",
     )

@@ -13,9 +13,9 @@ from autofit.probe.runner import run_probe
 from autofit.probe.spec import Outcome, ProbeSpec
 from autofit.probe.summary import summarize
 
-# Not fitting (oom) and not being able to run here at all (invalid) are answers; a probe that
-# crashed or timed out is a failure of the run, and scripts should hear about it.
-ANSWERED = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
+# Not fitting (oom, oom_host) and not being able to run here at all (invalid) are answers; a
+# probe that crashed or timed out is a failure of the run, and scripts should hear about it.
+ANSWERED = (Outcome.OK, Outcome.OOM, Outcome.OOM_HOST, Outcome.INVALID)
 
 
 def default_output(spec: ProbeSpec) -> Path:

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
+from autofit.host import budget_words, check_host_memory, host_budget_bytes
 from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
@@ -75,6 +76,8 @@ class Progress(SearchListener):
             else:
                 knobs = config_words(result, self.knob_names)
                 peak = size(result.peak_bytes) if result.peak_bytes else "-"
+                if result.host_peak_bytes is not None:
+                    peak += f" (host {size(result.host_peak_bytes)})"
                 speed = f"{result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
                 source = "reused" if reused else f"{result.wall_s or 0:.1f} s"
                 self.stream.write(
@@ -124,6 +127,7 @@ def run_config(cfg: Any) -> int:
     assert isinstance(data, dict)
     preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
     check_settings(data["backend"], data["margin"], data["timeout_s"])
+    check_host_memory(data.get("host_memory_gib"))
     budget = gpu.budget_bytes(data["margin"])
     space = load_space(str(data["space"]), preset)
     target = data.get("target") or {}
@@ -183,9 +187,10 @@ def run_config(cfg: Any) -> int:
         ensure_writable(Path(storage.removeprefix("sqlite:///")))
 
     backend = resolve(data["backend"], gpu, budget)
+    host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
     knob_names = list(space.knobs)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
-            "margin": data["margin"], "storage": storage}  # fmt: skip
+            "margin": data["margin"], "host_budget_bytes": host_budget, "storage": storage}  # fmt: skip
     if trainer:
         meta["trainer"] = trainer
     recorder = StudyRecorder(storage, study_name, {k: v for k, v in meta.items() if k != "storage"})
@@ -193,15 +198,17 @@ def run_config(cfg: Any) -> int:
     print(
         f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
         f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
-        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}; study {study_name}"
+        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}, host budget "
+        f"{budget_words(host_budget)}; study {study_name}"
         + (f"; only runs {trainer} can launch" if trainer else ""),
         flush=True,
     )
     try:
         with launcher_for(backend, preset.family) as launcher:
             prober = Prober(
-                preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher
-            )
+                preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher,
+                host_budget,
+            )  # fmt: skip
             result = Search(
                 space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
                 left_out=left_out,
@@ -226,6 +233,15 @@ def run_config(cfg: Any) -> int:
     )
     if result.best is None:
         smallest = summary["nothing_fits"]["smallest_peak_bytes"]
+        over_host = [r for r in result.results if r.outcome is Outcome.OOM_HOST]
+        if over_host:
+            least = min(r.host_peak_bytes or 0 for r in over_host)
+            raise AutofitError(
+                f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= "
+                f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
+                f"(the least host memory found is {size(least)} against a host budget of "
+                f"{budget_words(host_budget)}; set host_memory_gib= to the machine's RAM)"
+            )
         raise AutofitError(
             f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
             f"the smallest peak found is {size(smallest)} against a budget of {size(budget)}"

@@ -64,7 +64,10 @@ class Ema(Knob):
                 torch._foreach_lerp_(shadow, [p.detach() for p in params], 1 - DECAY)
 
         else:
-            shadow = [run.to_host(p) for p in params]
+            # Pinned: SimpleTuner (ema_device=cpu, as exported) moves the average back to the
+            # host after each update with .to("cpu", non_blocking=True), which pins the copy.
+            with run.host(pinned=True):
+                shadow = [run.to_host(p) for p in params]
 
             def update() -> None:
                 for average, param in zip(shadow, params, strict=True):

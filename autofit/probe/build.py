@@ -45,10 +45,20 @@ def make_spec(
     backend: str = "auto",
     margin: float = DEFAULT_MARGIN,
     timeout_s: float = 900.0,
+    host_memory_bytes: int | None = None,
 ) -> ProbeSpec:
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
-    native one when unset and checked against the model's granularity)."""
+    native one when unset and checked against the model's granularity). `host_memory_bytes`:
+    the host budget, resolved (see `host_budget`); None: no host limit."""
     check_settings(backend, margin, timeout_s)
+    if host_memory_bytes is not None and (
+        isinstance(host_memory_bytes, bool)
+        or not isinstance(host_memory_bytes, int)
+        or host_memory_bytes <= 0
+    ):
+        raise ConfigError(
+            f"host_memory_bytes={host_memory_bytes!r} is not valid; expected bytes > 0 or None"
+        )
     gpu.budget_bytes(margin)  # a reservation that leaves nothing fails here, not in the worker
     if preset.family == "custom":
         from autofit.workloads.custom import load_entry
@@ -65,7 +75,22 @@ def make_spec(
         backend=backend,
         margin=float(margin),
         timeout_s=float(timeout_s),
+        host_memory_bytes=host_memory_bytes,
     )
+
+
+def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int | None:
+    """The host budget of `host_memory_gib=` (checked: a one-line error if it is not a positive
+    number): as set, else this machine's RAM when the probe runs on the local GPU (backend
+    `cuda`, or `auto` finding a GPU large enough here), else None."""
+    from autofit.host import check_host_memory, host_budget_bytes
+
+    gib = check_host_memory(setting)
+    if gib is None and backend != "simulate" and backend != "cpu":
+        from autofit.backends import resolve
+
+        backend = resolve(backend, gpu, gpu.budget_bytes(margin))
+    return host_budget_bytes(gib, backend)
 
 
 def spec_from_config(cfg: Any) -> ProbeSpec:
@@ -77,11 +102,16 @@ def spec_from_config(cfg: Any) -> ProbeSpec:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     knob_values = {name: data[name] for name in registry()}
+    gpu = gpu_from_config(data["gpu"])
+    check_settings(data["backend"], data["margin"], data["timeout_s"])
     return make_spec(
         preset_from_config(data["model"]),
-        gpu_from_config(data["gpu"]),
+        gpu,
         knob_values,
         backend=data["backend"],
         margin=data["margin"],
         timeout_s=data["timeout_s"],
+        host_memory_bytes=host_budget(
+            data.get("host_memory_gib"), data["backend"], gpu, data["margin"]
+        ),
     )

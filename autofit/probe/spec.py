@@ -16,18 +16,22 @@ class Outcome(str, Enum):
 
     OK = "ok"  # ran and fits the budget
     OOM = "oom"  # ran out of the budget (simulated) or out of memory (real)
+    OOM_HOST = "oom_host"  # fits the GPU, but its host memory exceeds the host budget
     TIMEOUT = "timeout"  # ran past its time limit and was killed
     CRASH = "crash"  # the worker died or raised something other than out-of-memory
     INVALID = "invalid"  # cannot run on this GPU and model at all; decided before running
 
 
 DEFAULT_MARGIN = 0.05  # the share of a GPU's memory a probe keeps free unless told otherwise
+# Outcomes that say the configuration does not fit: the search treats them alike.
+DOES_NOT_FIT = (Outcome.OOM, Outcome.OOM_HOST)
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
     """One configuration to measure: the model preset and GPU entry in full, every knob's value
-    (resolution resolved), the backend, and the limits."""
+    (resolution resolved), the backend, and the limits: the GPU's budget (its memory less the
+    margin) and the host's (`host_memory_bytes`; None: not stated, no host limit)."""
 
     model: dict[str, Any]
     gpu: dict[str, Any]
@@ -35,6 +39,7 @@ class ProbeSpec:
     backend: str = "auto"
     margin: float = DEFAULT_MARGIN
     timeout_s: float = 900.0
+    host_memory_bytes: int | None = None
 
     @property
     def gpu_spec(self) -> GpuSpec:
@@ -56,7 +61,10 @@ class ProbeSpec:
 class ProbeResult:
     """One probe's answer. Memory fields are bytes; `peak_bytes` is what the GPU must hold at the
     peak (allocator reservation and fixed overheads included), `breakdown` what was live at the
-    allocated peak plus `overhead` (so its values sum to `peak_bytes`)."""
+    allocated peak plus `overhead` (so its values sum to `peak_bytes`). `host_peak_bytes` is the
+    host memory the run held at its host peak (`host_pinned_bytes` page-locked plus
+    `host_pageable_bytes`), in `host_phase`, against `host_budget_bytes` (None: not stated);
+    results written before autofit counted host memory have None there."""
 
     outcome: Outcome
     backend: str
@@ -71,6 +79,11 @@ class ProbeResult:
     overhead_detail: dict[str, int] | None = None
     phase: str | None = None
     phase_peaks: dict[str, int] | None = None
+    host_peak_bytes: int | None = None
+    host_pinned_bytes: int | None = None
+    host_pageable_bytes: int | None = None
+    host_phase: str | None = None
+    host_budget_bytes: int | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None  # language models: samples/s times the sequence length
     units_per_sample: int | None = None  # pixels (or tokens) one sample carries
@@ -99,6 +112,7 @@ class ProbeResult:
             model=spec.model["name"],
             config=dict(spec.knobs),
             budget_bytes=spec.budget_bytes,
+            host_budget_bytes=spec.host_memory_bytes,
             error={"message": message, "log_tail": log_tail},
         )
 

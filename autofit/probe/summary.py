@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autofit.host import NOT_STATED
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.units import count, flops, seconds, size, value
 
@@ -14,14 +15,22 @@ def summarize(result: ProbeResult) -> str:
         f"{result.model} on {result.gpu} [{result.backend}]: {result.outcome.value}",
         f"  config     {config}",
     ]
-    if result.outcome in (Outcome.OK, Outcome.OOM) and result.peak_bytes is not None:
+    answered = (Outcome.OK, Outcome.OOM, Outcome.OOM_HOST)
+    if result.outcome in answered and result.peak_bytes is not None:
         share = result.peak_bytes / result.budget_bytes
-        verdict = "fits" if result.outcome is Outcome.OK else "does not fit"
-        where = "at its peak in" if result.outcome is Outcome.OK else "first over budget in"
+        if result.outcome is Outcome.OOM:
+            verdict = f"does not fit; first over budget in {result.phase}"
+        elif result.outcome is Outcome.OOM_HOST:
+            verdict = "fits"
+        else:
+            verdict = f"fits; at its peak in {result.phase}"
         lines.append(
             f"  peak       {size(result.peak_bytes)} of a {size(result.budget_bytes)} budget "
-            f"({share:.0%}): {verdict}; {where} {result.phase}"
+            f"({share:.0%}): {verdict}"
         )
+        host = host_line(result)
+        if host:
+            lines.append(f"  host       {host}")
         if result.breakdown:
             parts = " | ".join(
                 f"{k.replace('_', ' ')} {size(v)}" for k, v in result.breakdown.items()
@@ -47,6 +56,26 @@ def summarize(result: ProbeResult) -> str:
             lines.append("  last lines of the worker's log:")
             lines.extend(f"    {line}" for line in tail)
     return "\n".join(lines)
+
+
+def host_line(result: ProbeResult) -> str | None:
+    """The host memory of a result in words, or None for a result from before autofit counted
+    it."""
+    if result.host_peak_bytes is None:
+        return None
+    peak = (
+        f"{size(result.host_peak_bytes)} ({size(result.host_pinned_bytes or 0)} pinned, "
+        f"{size(result.host_pageable_bytes or 0)} pageable)"
+    )
+    budget = result.host_budget_bytes
+    if budget is None:
+        return f"{peak}, at its peak in {result.host_phase}; host budget: {NOT_STATED}"
+    share = result.host_peak_bytes / budget
+    if result.outcome is Outcome.OOM_HOST:
+        verdict = f"does not fit; first over budget in {result.phase}"
+    else:
+        verdict = f"fits; at its peak in {result.host_phase}"
+    return f"{peak} of a {size(budget)} host budget ({share:.0%}): {verdict}"
 
 
 def _message(result: ProbeResult) -> str:

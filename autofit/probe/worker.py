@@ -46,6 +46,15 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
 
     batch = spec.knobs["batch_size"]
     fits = measured.peak_bytes <= spec.budget_bytes
+    host_budget = spec.host_memory_bytes
+    # The GPU first: a run over both budgets is `oom`, as it would stop there first.
+    over_host = fits and host_budget is not None and measured.host_peak_bytes > host_budget
+    if not fits:
+        outcome, phase = Outcome.OOM, measured.over_budget_phase or measured.phase
+    elif over_host:
+        outcome, phase = Outcome.OOM_HOST, _first_over(measured.host_phase_peaks, host_budget)
+    else:
+        outcome, phase = Outcome.OK, measured.phase
     preset = ModelPreset.from_dict(spec.model)
     units = preset.units_per_sample(spec.knobs["resolution"])
     # Every GPU of the run trains its own micro-batch.
@@ -55,7 +64,7 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         else None
     )
     return ProbeResult(
-        outcome=Outcome.OK if fits else Outcome.OOM,
+        outcome=outcome,
         backend=measured.backend,
         gpu=spec.gpu["name"],
         model=spec.model["name"],
@@ -66,8 +75,13 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         peak_reserved_bytes=measured.peak_reserved_bytes,
         breakdown=measured.breakdown(),
         overhead_detail=measured.overhead_detail(),
-        phase=measured.phase if fits else (measured.over_budget_phase or measured.phase),
+        phase=phase,
         phase_peaks=measured.phase_peaks,
+        host_peak_bytes=measured.host_peak_bytes,
+        host_pinned_bytes=measured.host_pinned_bytes,
+        host_pageable_bytes=measured.host_pageable_bytes,
+        host_phase=measured.host_phase,
+        host_budget_bytes=host_budget,
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * units if samples_per_s and preset.unit == "tokens" else None,
         units_per_sample=units,
@@ -77,6 +91,11 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         param_count=measured.param_count,
         trainable_param_count=measured.trainable_param_count,
     )
+
+
+def _first_over(phase_peaks: dict[str, int], budget: int) -> str | None:
+    """The first phase whose peak is over `budget` (phase peaks are in the order phases ran)."""
+    return next((phase for phase, peak in phase_peaks.items() if peak > budget), None)
 
 
 def execute(spec: ProbeSpec) -> ProbeResult:

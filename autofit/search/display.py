@@ -4,6 +4,7 @@ best configuration, and why the other combinations lost."""
 from __future__ import annotations
 
 from autofit.probe.spec import ProbeResult
+from autofit.probe.summary import host_line
 from autofit.results import Status
 from autofit.search.engine import Combination
 from autofit.units import size, value
@@ -15,12 +16,14 @@ def config_words(result: ProbeResult, knob_names: list[str]) -> str:
 
 def best_block(best: ProbeResult, knob_names: list[str]) -> str:
     how = "roofline estimate" if best.throughput_estimated else "measured"
+    host = host_line(best)
     return "\n".join(
         [
             f"best: batch_size={best.config['batch_size']} resolution={best.config['resolution']} "
             f"{config_words(best, knob_names)}",
             f"  {best.samples_per_s:.3f} samples/s ({how}), peak {size(best.peak_bytes)} of a "
             f"{size(best.budget_bytes)} budget",
+            *([f"  host {host}"] if host else []),
         ]
     )
 

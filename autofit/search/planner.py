@@ -36,9 +36,13 @@ class Observation:
 
     @classmethod
     def of(cls, batch: int, result: ProbeResult) -> Observation:
-        """What a probe's result tells the planner: fits or not (ok or oom), or nothing."""
+        """What a probe's result tells the planner: fits or not (ok or oom), or nothing. Over
+        the host budget (oom_host) does not fit either; its GPU peak, under the GPU's budget,
+        says nothing of where the host's boundary is, so it is kept out of the lines."""
         if result.outcome in (Outcome.OK, Outcome.OOM):
             return cls(batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks)
+        if result.outcome is Outcome.OOM_HOST:
+            return cls(batch, False)
         return cls(batch, None)
 
     def curves(self) -> dict[str, int]:

@@ -27,9 +27,11 @@ class Prober:
         timeout_s: float,
         recorder: StudyRecorder,
         launcher: Launcher,
+        host_memory_bytes: int | None = None,
     ) -> None:
         self.preset, self.gpu, self.backend = preset, gpu, backend
         self.margin, self.timeout_s = margin, timeout_s
+        self.host_budget = host_memory_bytes  # None: no host limit
         self.recorder, self.launcher = recorder, launcher
         self.budget = gpu.budget_bytes(margin)
         self.fingerprints = (preset.fingerprint(), gpu.fingerprint())  # the same for every probe
@@ -39,8 +41,11 @@ class Prober:
     def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
         """The result for these knob values, and whether it was reused from the study."""
         # make_spec fills every knob left out with its default
-        spec = make_spec(self.preset, self.gpu, knobs, self.backend, self.margin, self.timeout_s)
-        key = probe_key(spec.knobs, self.backend, self.budget, *self.fingerprints)
+        spec = make_spec(
+            self.preset, self.gpu, knobs, self.backend, self.margin, self.timeout_s,
+            self.host_budget,
+        )  # fmt: skip
+        key = probe_key(spec.knobs, self.backend, self.budget, *self.fingerprints, self.host_budget)
         result = self.recorder.finished(key)
         if result is not None:
             return result, True

@@ -59,14 +59,23 @@ def _significant(knobs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in knobs.items() if k not in REGISTRY or not at_default(k, v)}
 
 
-def probe_key(knobs: dict[str, Any], backend: str, budget_bytes: int, model: str, gpu: str) -> str:
+def probe_key(
+    knobs: dict[str, Any],
+    backend: str,
+    budget_bytes: int,
+    model: str,
+    gpu: str,
+    host_budget_bytes: int | None = None,
+) -> str:
     """What makes two probes the same probe: a study reuses a finished one only under this key,
-    so a changed preset (`model` is its fingerprint), GPU entry or budget measures again."""
-    return json.dumps(
-        {"knobs": _significant(knobs), "backend": backend, "budget": budget_bytes,
-         "model": model, "gpu": gpu},
-        sort_keys=True,
-    )  # fmt: skip
+    so a changed preset (`model` is its fingerprint), GPU entry or budget measures again. A host
+    budget is part of the key only when stated: a probe without one has the key it had before
+    autofit counted host memory."""
+    key = {"knobs": _significant(knobs), "backend": backend, "budget": budget_bytes,
+           "model": model, "gpu": gpu}  # fmt: skip
+    if host_budget_bytes is not None:
+        key["host_budget"] = host_budget_bytes
+    return json.dumps(key, sort_keys=True)
 
 
 def pruned_key(knobs: dict[str, Any]) -> str:
@@ -176,6 +185,8 @@ class StudyRecorder:
             "backend": result.backend,
             "peak_bytes": result.peak_bytes,
             "budget_bytes": result.budget_bytes,
+            "host_peak_bytes": result.host_peak_bytes,
+            "host_budget_bytes": result.host_budget_bytes,
             "breakdown": result.breakdown,
             "phase": result.phase,
             "samples_per_s": result.samples_per_s,

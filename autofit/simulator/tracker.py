@@ -16,7 +16,23 @@ category for its whole life, so the breakdown at the peak says what each live by
 Host memory (offloaded optimizer state, swapped blocks, a CPU copy of the EMA weights, paged
 optimizer state) is not GPU memory. On a real GPU the tracker counts only storages on the GPU; on
 the CPU backends, where every tensor is on the CPU, storages created inside `host()` are marked
-host memory and never counted, whatever later happens to them.
+host memory and never counted as GPU memory, whatever later happens to them.
+
+Host memory is counted on its own ledger (`host_report`), from the storages created inside
+`host()` on every backend (storages a library makes on the CPU outside it, the process itself and
+its libraries are not: the `cuda` backend reads the real process for those):
+
+- pinned (`host(pinned=True)`: page-locked staging buffers) as torch's CachingHostAllocator holds
+  them: each request rounded up to the next power of two, and a freed block kept for the next
+  request of the same size, never handed back to the OS while training runs
+  (aten/src/ATen/core/CachingHostAllocator.h, `allocate`: `PowerOf2Ceil(size)`; its
+  `host_memory_stats` counts the same "active + cached" bytes);
+- pageable: the bytes of the live storages, as malloc hands them out;
+- the model as a trainer loads it: a model autofit builds whole in host memory and then moves to
+  the GPU stands for a checkpoint the trainer reads a shard at a time, so pageable storages made
+  during setup and freed before setup ends (the loader's working set) count for at most
+  `loader_cap` bytes at once (autofit/host.py says how large a shard is); what a loader leaves
+  in host memory (swapped blocks, an offloaded pipeline) is resident and counts in full.
 """
 
 from __future__ import annotations
@@ -53,6 +69,27 @@ class PeakReport:
     phase_peaks: dict[str, int]
 
 
+def round_pinned(nbytes: int) -> int:
+    """The bytes torch's CUDA host allocator takes for a pinned request: the next power of two."""
+    if nbytes <= 0:
+        return 0
+    return 1 << (nbytes - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """The host memory peak of the tracked steps and what it held (bytes). `pinned_bytes` and
+    `pageable_bytes` sum to `peak_bytes`; `loader_bytes` is the part of the pageable bytes that
+    was a loader's working set (capped at one shard)."""
+
+    peak_bytes: int
+    pinned_bytes: int
+    pageable_bytes: int
+    loader_bytes: int
+    phase: str
+    phase_peaks: dict[str, int]
+
+
 class MemoryTracker(TorchDispatchMode):
     """Counts storages created under it. Enter it inside a FakeTensorMode to count fake tensors."""
 
@@ -60,7 +97,14 @@ class MemoryTracker(TorchDispatchMode):
         super().__init__()
         self.device_type = device_type  # storages elsewhere are host memory
         self._host_depth = 0
+        self._pinned_depth = 0  # host() contexts open with pinned=True
         self._host: dict[int, weakref.ref[Any]] = {}  # host storages: address -> weak ref
+        # The host ledger: host allocation id -> bytes and pinned or not; events as for the GPU
+        # (id, ~id when freed), each with the phase it happened in.
+        self.host_sizes: list[int] = []
+        self.host_pinned: list[bool] = []
+        self.host_events: list[int] = []
+        self.host_event_phases: list[str] = []
         self._live: dict[int, int] = {}  # storage address -> allocation id, live storages only
         self._refs: dict[
             int, weakref.ref[Any]
@@ -106,7 +150,12 @@ class MemoryTracker(TorchDispatchMode):
         if key in self._host:
             return None
         if self._host_depth or storage.device.type != self.device_type:
-            self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host.pop(key, None))
+            # On a real GPU a storage made on it inside host() is still not host memory.
+            off_gpu = self.device_type != "cuda" or storage.device.type != "cuda"
+            hid = self._host_allocated(storage.nbytes()) if self._host_depth and off_gpu else None
+            self._host[key] = weakref.ref(
+                storage, lambda _ref, key=key, hid=hid: self._host_freed(key, hid)
+            )
             return None
         size = round_allocation(storage.nbytes())
         if size == 0:  # CUDA hands out no block for an empty tensor
@@ -125,6 +174,23 @@ class MemoryTracker(TorchDispatchMode):
         if self.current > self.phase_peaks.get(self.phase, 0):
             self.phase_peaks[self.phase] = self.current
         return aid
+
+    def _host_allocated(self, nbytes: int) -> int | None:
+        if nbytes <= 0:
+            return None
+        pinned = self._pinned_depth > 0
+        hid = len(self.host_sizes)
+        self.host_sizes.append(round_pinned(nbytes) if pinned else nbytes)
+        self.host_pinned.append(pinned)
+        self.host_events.append(hid)
+        self.host_event_phases.append(self.phase)
+        return hid
+
+    def _host_freed(self, key: int, hid: int | None) -> None:
+        self._host.pop(key, None)
+        if hid is not None:
+            self.host_events.append(~hid)
+            self.host_event_phases.append(self.phase)
 
     def _freed(self, key: int, aid: int) -> None:
         if self._live.get(key) == aid:
@@ -165,14 +231,16 @@ class MemoryTracker(TorchDispatchMode):
 
     @contextmanager
     def host(self, pinned: bool = False) -> Iterator[None]:
-        """Storages created inside are host memory: never counted as GPU memory. `pinned`:
-        page-locked host memory (the staging buffers of offload and swap), which the host
-        cannot page out."""
+        """Storages created inside are host memory: never counted as GPU memory, counted on the
+        host ledger. `pinned`: page-locked host memory (the staging buffers of offload and swap),
+        which the host cannot page out; inside any pinned context, storages are pinned."""
         self._host_depth += 1
+        self._pinned_depth += pinned
         try:
             yield
         finally:
             self._host_depth -= 1
+            self._pinned_depth -= pinned
 
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -220,3 +288,64 @@ class MemoryTracker(TorchDispatchMode):
         return PeakReport(
             self.peak, self.peak_phase, breakdown, self.peak_event, dict(self.phase_peaks)
         )
+
+    # -- host memory ---------------------------------------------------------------------------
+
+    def host_live_bytes(self, pinned: bool | None = None) -> int:
+        """Host bytes of live storages now (or when the tracker was exited), pinned ones rounded
+        as the host allocator rounds them (its cache aside); `pinned` picks one kind."""
+        live: dict[int, None] = {}
+        for event in self.host_events:
+            if event >= 0:
+                live[event] = None
+            else:
+                live.pop(~event, None)
+        return sum(
+            self.host_sizes[hid]
+            for hid in live
+            if pinned is None or self.host_pinned[hid] == pinned
+        )
+
+    def _loader_working_set(self) -> set[int]:
+        """Pageable host allocations made during setup and freed before it ended."""
+        born: set[int] = set()
+        transient: set[int] = set()
+        for event, phase in zip(self.host_events, self.host_event_phases, strict=True):
+            if phase != "setup":
+                break
+            if event >= 0:
+                if not self.host_pinned[event]:
+                    born.add(event)
+            elif ~event in born:
+                transient.add(~event)
+        return transient
+
+    def host_report(self, loader_cap: int | None = None) -> HostReport:
+        """The host peak (module docstring: pinned as the caching host allocator holds it,
+        pageable live, the loader's working set at most `loader_cap`; None: counted in full)."""
+        transient = self._loader_working_set()
+        cached: dict[int, int] = {}  # pinned block size -> blocks the allocator holds
+        in_use: dict[int, int] = {}  # pinned block size -> blocks handed out now
+        pinned = pageable = loading = 0
+        best = (0, 0, 0, 0, "setup")
+        phase_peaks: dict[str, int] = {}
+        for event, phase in zip(self.host_events, self.host_event_phases, strict=True):
+            hid = event if event >= 0 else ~event
+            size, sign = self.host_sizes[hid], (1 if event >= 0 else -1)
+            if self.host_pinned[hid]:
+                in_use[size] = in_use.get(size, 0) + sign
+                if in_use[size] > cached.get(size, 0):
+                    cached[size] = in_use[size]
+                    pinned += size
+            elif hid in transient:
+                loading += sign * size
+            else:
+                pageable += sign * size
+            loader = loading if loader_cap is None else min(loading, loader_cap)
+            total = pinned + pageable + loader
+            if total > best[0]:
+                best = (total, pinned, pageable + loader, loader, phase)
+            if total > phase_peaks.get(phase, 0):
+                phase_peaks[phase] = total
+        peak, pinned_at, pageable_at, loader_at, phase_at = best
+        return HostReport(peak, pinned_at, pageable_at, loader_at, phase_at, phase_peaks)

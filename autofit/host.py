@@ -1,0 +1,100 @@
+"""Host memory: the budget a run has there, and how a trainer's loader fills it.
+
+A run ends as surely when the host's RAM runs out as when the GPU's does: offloaded optimizer
+state and parameters, swapped blocks, a CPU copy of the EMA weights and the checkpoint being
+loaded all live there. Every probe reports the host's peak (simulator/tracker.py counts it); this
+module decides what it is compared against.
+
+- `host_memory_gib=` sets the budget (GiB of the machine's RAM the run may use; a run of several
+  GPUs on one machine shares it, see `host_ranks`). Unset, a probe on the local GPU gets this
+  machine's RAM (MemTotal); a probe simulated for a GPU that is not here, or run on the CPU
+  backend (which stands for a GPU elsewhere, as `simulate` does), has no host limit, and says so.
+- The model as a trainer loads it: see `loader_shard_bytes`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from autofit.errors import ConfigError
+
+GIB = 1 << 30
+
+# The largest checkpoint shard a loader holds at once (bytes; "5GB" means 5 * 10**9 bytes to
+# huggingface_hub's size parser). diffusers' ModelMixin.save_pretrained writes shards of at most
+# max_shard_size="10GB", and from_pretrained (models/modeling_utils.py) loads one shard file at a
+# time: model_loading_utils.load_state_dict (safetensors.torch.load_file), then its tensors placed.
+# The language-model checkpoints on the hub were written by transformers 4.x with its default
+# max_shard_size="5GB" (Llama 3.1 70B: 30 files of at most 5 GB); transformers 5 memory-maps every
+# shard and materialises tensors as it assigns them (modeling_utils.py, `_load_pretrained_model`:
+# safe_open(..., backend="mmap") and get_slice; core_model_loading.py, at most 4 loading threads),
+# so one shard is an upper bound on its working set. Under ZeRO-3 the same code gives rank 0 the
+# whole checkpoint (`load_state_dict(..., map_location="cpu")` for every file): not modelled.
+DIFFUSERS_SHARD_BYTES = 10 * 10**9
+TRANSFORMERS_SHARD_BYTES = 5 * 10**9
+_TRANSFORMERS_FAMILIES = ("llm",)
+
+
+def loader_shard_bytes(family: str) -> int:
+    """The loader's working set for a model family, in bytes.
+
+    The rule: a trainer never holds the whole 16-bit model in host memory while it places it on
+    the GPU (casting or quantizing each weight on the way); it reads the checkpoint a shard at a
+    time. autofit builds the whole model on the host and then moves it; the host ledger counts
+    that transient (pageable storages made and freed during setup) as at most one shard of the
+    library that loads this family. A model built straight on the GPU has no loader transient."""
+    return TRANSFORMERS_SHARD_BYTES if family in _TRANSFORMERS_FAMILIES else DIFFUSERS_SHARD_BYTES
+
+
+def host_ranks(knobs: dict[str, Any]) -> int:
+    """Processes sharing one machine's RAM: a probe measures one GPU's process, and a run of
+    `world_size` GPUs runs one such process per GPU; autofit takes them to share one machine (a
+    node of up to 8 GPUs), so the host holds world_size times one process's host memory."""
+    return int(knobs.get("world_size", 1) or 1)
+
+
+def machine_ram_bytes() -> int:
+    """This machine's RAM (MemTotal), from sysconf, else /proc/meminfo."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("cannot read this machine's RAM (no SC_PHYS_PAGES, no MemTotal)")
+
+
+def check_host_memory(value: Any) -> float | None:
+    """`host_memory_gib=`: a positive number of GiB, or unset (null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(
+            f"host_memory_gib={value!r} is not valid; expected a positive number of GiB "
+            "(e.g. 128), or null for the default"
+        )
+    if value == float("inf"):
+        raise ConfigError(f"host_memory_gib={value!r} is not valid; expected a finite number")
+    return float(value)
+
+
+def host_budget_bytes(setting: float | None, backend: str) -> int | None:
+    """The host budget of a probe (bytes): the setting, else this machine's RAM when the probe
+    runs on the local GPU (`backend`, resolved: cuda), else None (not stated)."""
+    if setting is not None:
+        return int(setting * GIB)
+    if backend == "cuda":
+        return machine_ram_bytes()
+    return None
+
+
+NOT_STATED = "not stated (simulated for a GPU not here); set host_memory_gib="
+
+
+def budget_words(budget: int | None) -> str:
+    from autofit.units import size
+
+    return size(budget) if budget is not None else NOT_STATED
