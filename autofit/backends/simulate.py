@@ -25,7 +25,13 @@ from contextlib import nullcontext
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autofit.backends.base import TRACKED_STEPS, Measurement, model_gpu_memory
+from autofit.backends.base import (
+    TRACKED_STEPS,
+    Measurement,
+    host_fields,
+    model_gpu_memory,
+    model_host_memory,
+)
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
@@ -94,4 +100,5 @@ def measure(spec: ProbeSpec) -> Measurement:
         flops_per_step=roofline.cost.flops,
         param_count=run.param_count,
         trainable_param_count=run.trainable_param_count,
+        **host_fields(model_host_memory(tracker, spec)),
     )

@@ -146,6 +146,12 @@ class SwapBlocks(Knob):
             run.tag([tensor], "parameters")
             return tensor
 
+        def evict(tensor: Any) -> Any:
+            # Pinned: sd-scripts moves a block's weights out with .to("cpu", non_blocking=True)
+            # from the GPU (library/custom_offloading_utils.py), which pins the copy.
+            with run.host(pinned=True):
+                return run.to_host(tensor, counted=False)
+
         def to_host_gradient(param: Any) -> None:
             gradients[param] = run.to_host(param.grad)
             param.grad = None
@@ -164,7 +170,7 @@ class SwapBlocks(Knob):
                 blocks,
                 len(blocks) - swapped,
                 moved,
-                lambda t: run.to_host(t, counted=False),
+                evict,
                 lambda t: weights(run.to_device(t, counted=False)),
                 lambda: run.traffic.clock(),
                 record,
