@@ -37,6 +37,7 @@ from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution
 from autofit.knobs.swap_blocks import SwapBlocks
 from autofit.knobs.train_mode import TrainMode
+from autofit.knobs.trainable_layers import TrainableLayers
 from autofit.knobs.validation import Validation
 from autofit.knobs.validation_resolution import ValidationResolution
 from autofit.knobs.world_size import WorldSize
@@ -50,6 +51,7 @@ REGISTRY: dict[str, Knob] = {
         Resolution(),
         Precision(),
         TrainMode(),
+        TrainableLayers(),
         BasePrecision(),
         LoraRank(),
         LoraTargets(),

@@ -62,8 +62,9 @@ class BasePrecision(Knob):
             return None
         mode = context.knobs.get("train_mode", "full")
         if mode != "lora":
-            what = "a 4-bit base already" if mode == "qlora" else "no frozen base"
-            return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} has {what}; use train_mode=lora"
+            what = {"qlora": "has a 4-bit base already", "qdora": "has a 4-bit base already",
+                    "full": "has no frozen base"}.get(mode, "is measured with a 16-bit base only")  # fmt: skip
+            return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} {what}; use train_mode=lora"
         if context.knobs.get("zero_stage"):
             return f"base_precision={value}: DeepSpeed ZeRO keeps the whole model in its 16-bit dtype; use zero_stage=0"
         return None

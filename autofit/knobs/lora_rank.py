@@ -1,4 +1,5 @@
-"""lora_rank: the rank of the LoRA adapters (train_mode lora or qlora; meaningless otherwise)."""
+"""lora_rank: the rank of the LoRA or DoRA adapters (train_mode lora, qlora, dora, qdora;
+meaningless otherwise)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.knobs.base import Knob, Subject, say
+from autofit.knobs.lora_targets import ADAPTER_MODES
 from autofit.models import ModelPreset
 
 
 class LoraRank(Knob):
     name = "lora_rank"
     default = 16
-    help = "rank of the LoRA adapters (train_mode=lora or qlora)"
+    help = "rank of the LoRA or DoRA adapters (train_mode=lora, qlora, dora or qdora)"
     kind = int
     minimum = 1
     per_sample_memory = False
@@ -23,7 +25,7 @@ class LoraRank(Knob):
         return "the rank of the LoRA adapters"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return config.get("train_mode", "full") != "full"
+        return config.get("train_mode", "full") in ADAPTER_MODES
 
     trainers = {
         "simpletuner": lambda v, s: say(lora_rank=v),

@@ -1,4 +1,4 @@
-"""lora_targets: which modules the LoRA adapters adapt (train_mode lora or qlora).
+"""lora_targets: which modules the LoRA or DoRA adapters adapt (train_mode lora, qlora, dora, qdora).
 
 `preset` is the list the preset gives (its trainers' usual default); the others name module sets
 that published recipes use, per model family: `qv` the attention's query and value projections
@@ -19,6 +19,7 @@ from autofit.models import ModelPreset
 LLM_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 LLM_MLP = ["gate_proj", "up_proj", "down_proj"]
 DIFFUSION_ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
+ADAPTER_MODES = ("lora", "qlora", "dora", "qdora")  # the train_mode values that train adapters
 SETS: dict[str, dict[str, list[str]]] = {
     "llm": {"qv": ["q_proj", "v_proj"], "attention": LLM_ATTENTION, "mlp": LLM_MLP,
             "all_linear": LLM_ATTENTION + LLM_MLP},
@@ -65,10 +66,10 @@ class LoraTargets(Knob):
         return f"{what} ({', '.join(target_modules(value, subject.preset))})"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return config.get("train_mode", "full") != "full"
+        return config.get("train_mode", "full") in ADAPTER_MODES
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if context.knobs.get("train_mode", "full") == "full" or value == "preset":
+        if not self.applies(context.knobs, context.model) or value == "preset":
             return None
         known = SETS.get(context.model.family, {})
         if value not in known:

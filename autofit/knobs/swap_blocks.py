@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.train_mode import FOUR_BIT_MODES
 from autofit.trainers import SIMPLETUNER_BLOCK_SWAP_FAMILIES, kohya_max_blocks_to_swap
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
 def _loaded_by_another(run: RunState) -> bool:
     """Whether another knob builds the model on the host and loads it onto the GPU itself (a
     4-bit or fp8 base), leaving the swapped blocks on the host."""
-    return run.knobs["train_mode"] == "qlora" or run.knobs["base_precision"] != "same"
+    return run.knobs["train_mode"] in FOUR_BIT_MODES or run.knobs["base_precision"] != "same"
 
 
 def _none(why: str) -> Any:

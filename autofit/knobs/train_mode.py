@@ -6,6 +6,23 @@
   mixed precision the adapters are fp32, as the diffusers scripts cast them.
 - `qlora`: as `lora`, on a base whose linear layers are quantized to 4-bit NF4 with double
   quantization through bitsandbytes (a stand-in with the same layout on fake tensors).
+- `dora`, `qdora`: as `lora` and `qlora`, with peft's weight-decomposed adapters (DoRA,
+  `use_dora=True`; peft/tuners/lora/dora.py). Besides the adapters each adapted layer trains a
+  magnitude vector (one value per output feature), and its forward rebuilds the whole weight:
+  B@A through the adapters applied to an identity matrix (in_features squared), the 16-bit (or
+  dequantized 4-bit) base weight plus the scaled product, and its row norms. Those are
+  temporaries of the layer's forward (the norm is detached, so autograd keeps none of them), and
+  gradient checkpointing recomputes them in backward. What it keeps for backward is per sample:
+  the base layer's output and the adapter's output, each the size of the layer's output, which
+  plain LoRA does not keep. peft runs DoRA on bitsandbytes' 4-bit layers (QDoRA, dequantizing
+  the weight for every forward; peft/tuners/lora/bnb.py); it refuses it only on
+  nn.MultiheadAttention and on parameters targeted directly, which autofit's targets never are.
+- `freeze`: freeze tuning (LLaMA-Factory's `finetuning_type: freeze`): the last
+  `trainable_layers` blocks train in full, the rest of the model (the earlier blocks, the
+  embeddings, the output head) is frozen in its 16-bit dtype with no gradient or optimizer state.
+  Under mixed precision the trained blocks are kept in fp32, as full fine-tuning keeps its
+  weights (LLaMA-Factory's `cast_trainable_params_to_fp32`). No gradient flows into the frozen
+  blocks before the first trained one, so autograd keeps none of their activations.
 """
 
 from __future__ import annotations
@@ -14,14 +31,27 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
-from autofit.knobs.lora_targets import target_modules
+from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
+from autofit.knobs.trainable_layers import last_blocks
 from autofit.trainers import DIFFUSERS_SCRIPTS, KOHYA_SCRIPTS, diffusers_script
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
 
+FOUR_BIT_MODES = ("qlora", "qdora")  # adapters on a 4-bit NF4 base
+DORA_MODES = ("dora", "qdora")
+
 
 # -- trainers ---------------------------------------------------------------------------------
+
+NO_DORA_KOHYA = Refuse(
+    "sd-scripts' own LoRA networks have no DoRA (LyCORIS's dora_wd, which it can load, "
+    "decomposes the weight its own way, not as peft's DoRA autofit measured)"
+)
+NO_FREEZE_KOHYA = Refuse(
+    "sd-scripts trains every block of the model it fine-tunes (sd3_train.py's "
+    "num_last_block_to_freeze freezes the last blocks, the opposite of training them)"
+)
 
 
 def _kohya(value: Any, s: Subject) -> Say | Refuse:
@@ -29,6 +59,10 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return Refuse(
             "sd-scripts quantizes a base model to fp8 at most (fp8_base), not to 4-bit NF4"
         )
+    if value in DORA_MODES:
+        return NO_DORA_KOHYA
+    if value == "freeze":
+        return NO_FREEZE_KOHYA
     if value == "full" or s.family not in KOHYA_SCRIPTS:
         return Say()  # the full fine-tune script (the family's check refuses other families)
     # autofit trains the denoiser's adapters only
@@ -38,6 +72,11 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     if diffusers_script(s.family, value) is not None:
         return Say()  # which script runs is the layout's
+    if value in DORA_MODES and diffusers_script(s.family, "lora") is not None:
+        return Refuse(
+            f"{diffusers_script(s.family, 'lora').file} has no --use_dora (of the diffusers "  # type: ignore[union-attr]
+            "examples, train_dreambooth_lora_sdxl.py and the advanced scripts have it)"
+        )
     offered = ", ".join(mode for family, mode in DIFFUSERS_SCRIPTS if family == s.family)
     return Refuse(f"the diffusers examples train {s.family} only as: {offered or 'nothing'}")
 
@@ -46,28 +85,57 @@ SANA_FULL_ONLY = Refuse(
     "Sana's train.py trains the whole model; for LoRA use target=diffusers "
     "(train_dreambooth_lora_sana.py, which Sana's own train_lora.sh runs)"
 )
+SANA_WHOLE_MODEL = Refuse(
+    "Sana's train.py trains the whole model, with no adapters or frozen blocks"
+)
+SIMPLETUNER_LORA = {"model_type": "lora", "lora_type": "standard"}
+# QLoRA: the base's linear layers in bitsandbytes NF4, the rest in bf16, as measured.
+SIMPLETUNER_NF4 = {"base_model_precision": "nf4-bnb", "base_model_default_dtype": "bf16"}
 
 
 class TrainMode(Knob):
     name = "train_mode"
     default = "full"
-    help = "which weights train: full | lora | qlora (4-bit base)"
+    help = (
+        "which weights train: full | lora | qlora (4-bit base) | dora | qdora (DoRA, on a 16-bit "
+        "or 4-bit base) | freeze (the last trainable_layers blocks)"
+    )
     values = {
         "full": "every weight of the model trains",
         "lora": "LoRA adapters on the frozen 16-bit model (fp32 adapters under mixed precision)",
         "qlora": "LoRA adapters on a 4-bit NF4 base (bitsandbytes, double quantization)",
+        "dora": "DoRA adapters (peft use_dora=True: LoRA and a trained magnitude per output "
+        "feature) on the frozen 16-bit model",
+        "qdora": "DoRA adapters (peft use_dora=True) on a 4-bit NF4 base (bitsandbytes, double "
+        "quantization)",
+        "freeze": "the last trainable_layers blocks train in full; the other blocks, the "
+        "embeddings and the output head are frozen in 16-bit",
     }
-    per_sample_memory = False
+    # LoRA keeps each adapter's input, DoRA also the layer's outputs, freeze nothing of the
+    # frozen blocks before the trained ones: the memory per sample differs between them.
+    per_sample_memory = True
     reads = ("dtypes",)
     after = ("base_precision",)  # its adapters wrap the base's layers as that knob stores them
 
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        # Freeze tuning trains part of what a full fine-tune trains, in less memory (and no
+        # slower): worth searching only at batches the full fine-tune cannot fit.
+        return "full" if value == "freeze" and "full" in searched else None
+
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if value != "full" and not context.model.lora_targets:
-            return f"train_mode={value} needs the modules LoRA adapts, which {context.model.name} does not list"
+        model = context.model
+        if value in ADAPTER_MODES and not model.lora_targets:
+            return f"train_mode={value} needs the modules LoRA adapts, which {model.name} does not list"
+        if value != "freeze":
+            return None
+        if not model.blocks:
+            return f"train_mode=freeze trains the model's last blocks, which {model.name} does not list"
+        if context.knobs.get("swap_blocks"):
+            return "train_mode=freeze trains the last blocks, which swap_blocks keeps in host memory; use swap_blocks=0"
         return None
 
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
-        if value != "qlora":
+        if value not in FOUR_BIT_MODES:
             return None
         # The 16-bit base is built in host memory and each weight quantized on its way to the
         # GPU (apply), as a quantizing loader does: it never sits there whole.
@@ -76,51 +144,80 @@ class TrainMode(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "full":
             return
-        import torch
-        from peft import LoraConfig, inject_adapter_in_model
-
-        from autofit.run_state import default_dtype, move_to_device, set_logical_numel
-
-        model = run.model
-        model.requires_grad_(False)
-        if value == "qlora":
-            from autofit.quantization import quantize_linears, quantized_tensors
-
-            compute = run.dtypes.autocast or run.dtypes.weights
-            layers = quantize_linears(
-                model, compute if compute != torch.float32 else torch.bfloat16, run.fake, run.device
-            )
-            quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
-            for layer in layers:  # param_count counts weights, not the bytes packing them
-                set_logical_numel(layer.weight, layer.in_features * layer.out_features)
-            move_to_device(run, model, skip=quantized)
-            for layer in layers:
-                run.tag(quantized_tensors(layer), "parameters")
-        rank = run.knobs["lora_rank"]
-        targets = target_modules(run.knobs["lora_targets"], run.preset)
-        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets)
-        # Adapters are created in the base's dtype (peft would move them there anyway).
-        with default_dtype(run.dtypes.weights), run.device:
-            inject_adapter_in_model(config, model)
-        for param in model.parameters():
-            if param.requires_grad and param.dtype != run.dtypes.trained:
-                param.data = param.data.to(run.dtypes.trained)  # diffusers' cast_training_params
-        run.tag([p for p in model.parameters() if p.requires_grad], "parameters")
+        run.model.requires_grad_(False)
+        if value == "freeze":
+            _train_last_blocks(run)
+        else:
+            _add_adapters(run, value)
+        run.tag(run.trainable_parameters(), "parameters")
 
     trainers = {
         "simpletuner": {
             "full": say(model_type="full", base_model_precision="no_change"),
             # the base's precision under LoRA: base_precision's words
-            "lora": say(model_type="lora", lora_type="standard"),
-            # QLoRA: the base's linear layers in bitsandbytes NF4, the rest in bf16, as measured.
-            "qlora": say(
-                model_type="lora",
-                lora_type="standard",
-                base_model_precision="nf4-bnb",
-                base_model_default_dtype="bf16",
+            "lora": Say(settings=SIMPLETUNER_LORA),
+            "qlora": Say(settings={**SIMPLETUNER_LORA, **SIMPLETUNER_NF4}),
+            # SimpleTuner builds its adapters with peft's LoraConfig(use_dora=...), refusing DoRA
+            # only on a quanto base (helpers/configuration/cmd_args.py, bghira/SimpleTuner bc8e6ab)
+            "dora": Say(settings={**SIMPLETUNER_LORA, "use_dora": True}),
+            "qdora": Say(settings={**SIMPLETUNER_LORA, **SIMPLETUNER_NF4, "use_dora": True}),
+            "freeze": Refuse(
+                "SimpleTuner trains the whole model or adapters: it has no option to train only "
+                "the last blocks (its layer_freeze_strategy offers none or bitfit)"
             ),
         },
         "kohya": _kohya,
-        "sana": {"full": Say(), "lora": SANA_FULL_ONLY, "qlora": SANA_FULL_ONLY},
+        "sana": {
+            "full": Say(),
+            "lora": SANA_FULL_ONLY,
+            "qlora": SANA_FULL_ONLY,
+            "dora": SANA_WHOLE_MODEL,
+            "qdora": SANA_WHOLE_MODEL,
+            "freeze": SANA_WHOLE_MODEL,
+        },
         "diffusers": _diffusers,
     }
+
+
+def _add_adapters(run: RunState, value: str) -> None:
+    """peft's LoRA or DoRA adapters on the target modules, on a 16-bit or 4-bit base."""
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from autofit.run_state import default_dtype, move_to_device, set_logical_numel
+
+    model = run.model
+    if value in FOUR_BIT_MODES:
+        from autofit.quantization import quantize_linears, quantized_tensors
+
+        compute = run.dtypes.autocast or run.dtypes.weights
+        layers = quantize_linears(
+            model, compute if compute != torch.float32 else torch.bfloat16, run.fake, run.device
+        )
+        quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
+        for layer in layers:  # param_count counts weights, not the bytes packing them
+            set_logical_numel(layer.weight, layer.in_features * layer.out_features)
+        move_to_device(run, model, skip=quantized)
+        for layer in layers:
+            run.tag(quantized_tensors(layer), "parameters")
+    rank = run.knobs["lora_rank"]
+    targets = target_modules(run.knobs["lora_targets"], run.preset)
+    config = LoraConfig(
+        r=rank, lora_alpha=rank, target_modules=targets, use_dora=value in DORA_MODES
+    )
+    # Adapters are created in the base's dtype (peft would move them there anyway).
+    with default_dtype(run.dtypes.weights), run.device:
+        inject_adapter_in_model(config, model)
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != run.dtypes.trained:
+            param.data = param.data.to(run.dtypes.trained)  # diffusers' cast_training_params
+
+
+def _train_last_blocks(run: RunState) -> None:
+    """The last `trainable_layers` blocks train, in the trained dtype (fp32 master weights under
+    mixed precision, cast from the 16-bit model as LLaMA-Factory casts them)."""
+    for block in last_blocks(run.model, run.preset, run.knobs["trainable_layers"]):
+        for param in block.parameters():
+            param.requires_grad_(True)
+            if param.dtype != run.dtypes.trained:
+                param.data = param.data.to(run.dtypes.trained)

@@ -7,7 +7,10 @@ default QLoRA setting): the packed weight (two 4-bit values per byte), one uint8
 of 64 values, one fp32 scale per 256 of those, the 16-entry NF4 code and the 256-entry code of the
 nested scales, and an offset. Like bitsandbytes' matmul, its forward dequantizes the weight into a
 temporary in the compute dtype, multiplies and drops it, and its backward dequantizes again for
-the input's gradient; nothing but the packed weight is kept for backward.
+the input's gradient; nothing but the packed weight is kept for backward. For DoRA (QDoRA),
+peft asks the layer for its whole weight every forward (`dequantize`): bitsandbytes dequantizes
+the nested scales into a temporary fp32 absmax, then the weight into the dtype it was quantized
+from.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Nf4LinearLayout(nn.Linear):
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
+        self.quantized_from = linear.weight.dtype  # what dequantize() gives back, as bitsandbytes
         n = linear.in_features * linear.out_features
         blocks = -(-n // BLOCKSIZE)
         self.weight = nn.Parameter(
@@ -70,3 +74,19 @@ class Nf4LinearLayout(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _Matmul4bit.apply(x.to(self.compute_dtype), self, self.bias)
         return out.to(x.dtype)
+
+    # peft's dequantize_module_weight (peft/utils/integrations.py), which DoRA calls for the base
+    # weight, asks a layer that has `W_q` (HQQ's name for its packed weight) to dequantize itself.
+    @property
+    def W_q(self) -> torch.Tensor:  # noqa: N802 (peft's name)
+        return self.weight
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight, as bitsandbytes' dequantize_4bit makes it: the nested absmax scales
+        into an fp32 temporary first, then the weight in the dtype it was quantized from."""
+        absmax = torch.empty(self.absmax.numel(), device=self.weight.device)
+        weight = torch.empty(
+            self.out_features, self.in_features, dtype=self.quantized_from, device=absmax.device
+        )
+        del absmax
+        return weight
