@@ -200,6 +200,19 @@ def test_dora_rebuilds_each_adapted_weight_in_temporaries_every_forward(
         assert not any(still_live[:5])
 
 
+def test_dora_keeps_each_adapted_layers_outputs_for_backward() -> None:
+    """Per sample (64 tokens), DoRA keeps what LoRA keeps and, for each adapted layer, the base
+    layer's output and the adapter's output (the magnitude's gradient needs both): 2 x 64 x
+    (256 + 64) fp32 values more."""
+
+    def kept(mode: str, batch: int) -> int:
+        _, tracker = simulate.trace(_mlp(mode, batch))
+        return _live_at_phase(tracker, "backward", "activations")
+
+    extra = [kept("dora", batch) - kept("lora", batch) for batch in (2, 4)]
+    assert (extra[1] - extra[0]) // 2 == 2 * 64 * (256 + 64) * F32
+
+
 def test_dora_allocates_on_fake_tensors_what_it_allocates_for_real() -> None:
     _same_allocations(_mlp("dora"))
 
