@@ -86,6 +86,11 @@ class HostTraffic:
     link_bytes: int = 0  # copied between host and GPU (offload, EMA on the CPU), block swap aside
     peer_bytes: int = 0  # sent to other GPUs of the run by collectives (ZeRO across GPUs)
     host_compute_bytes: int = 0  # read and written by updates the host CPU runs
+    # Read from and written to NVMe (ZeRO-Infinity): `nvme_bytes` while the GPU computes
+    # (weight fetches, gradient writes, overlapped as DeepSpeed prefetches), `nvme_step_bytes`
+    # by the host's optimizer step, between its own updates (DeepSpeed's default: no pipelining).
+    nvme_bytes: int = 0
+    nvme_step_bytes: int = 0
     exchanges: list[Exchange] = field(default_factory=list)
     clock: Callable[[], float] = lambda: 0.0
 

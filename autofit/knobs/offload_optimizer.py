@@ -1,13 +1,14 @@
-"""offload_optimizer: ZeRO-Offload, the optimizer state and update in host memory (`cpu`), or on
-the GPU (`none`). It needs a ZeRO stage (autofit/knobs/zero_stage.py applies it, and writes the
-device into DeepSpeed's `zero_optimization` block)."""
+"""offload_optimizer: ZeRO-Offload, the optimizer state and update in host memory (`cpu`), on an
+NVMe drive through pinned host buffers (`nvme`, ZeRO-Infinity, stage 3), or on the GPU (`none`).
+It needs a ZeRO stage (autofit/knobs/zero_stage.py applies it, and writes the device into
+DeepSpeed's `zero_optimization` block; autofit/simulator/nvme.py emulates the drive)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
-from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
+from autofit.knobs.zero_stage import NO_DEEPSPEED, NVME_PATH, zero_checked
 
 SWAPS_THE_OPTIMIZER = (
     "offload_optimizer=cpu: accelerate.prepare() swaps your torch AdamW for DeepSpeed's CPU Adam "
@@ -18,14 +19,18 @@ SWAPS_THE_OPTIMIZER = (
 class OffloadOptimizer(Knob):
     name = "offload_optimizer"
     default = "none"
-    help = "ZeRO-Offload: optimizer state and update in host memory: none | cpu"
+    help = "ZeRO-Offload: optimizer state and update in host memory or on NVMe: none | cpu | nvme"
     values = {
         "none": "the optimizer state and update on the GPU",
         "cpu": "ZeRO-Offload: the optimizer state and its update in host memory",
+        "nvme": "ZeRO-Infinity: the optimizer state on an NVMe drive, updated on the host through "
+        "pinned buffers (zero_stage 3)",
     }
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        return "none" if value == "cpu" else None
+        # NVMe saves host memory over cpu, not GPU memory: the search, which fits GPU memory,
+        # needs it only where host memory runs out.
+        return {"cpu": "none", "nvme": "cpu"}.get(value)
 
     trainers = {
         "accelerate": zero_checked(
@@ -33,9 +38,18 @@ class OffloadOptimizer(Knob):
         ),
         "deepspeed": zero_checked(),
         "kohya": zero_checked(
-            lambda v, s: say(offload_optimizer_device=v) if v != "none" else Say()
+            lambda v, s: (
+                say(offload_optimizer_device=v, **kohya_nvme_path("offload_optimizer", v))
+                if v != "none"
+                else Say()
+            )
         ),
         "simpletuner": zero_checked(),  # in the DeepSpeed config the export writes beside
         "diffusers": zero_checked(),  # in the accelerate config the script is launched with
-        "sana": {"none": Say(), "cpu": NO_DEEPSPEED},
+        "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
     }
+
+
+def kohya_nvme_path(prefix: str, value: Any) -> dict[str, Any]:
+    """sd-scripts' flag for the drive's directory (its deepspeed_utils arguments)."""
+    return {f"{prefix}kohya_nvme_path": NVME_PATH} if value == "nvme" else {}

@@ -30,12 +30,19 @@ GRADIENT_CLIPPING = 1.0
 
 def zero_rule(config: Mapping[str, Any]) -> str | None:
     """Why ZeRO's knobs cannot go together as set, or None: offload is ZeRO-Offload, weights
-    are offloaded by stage 3 only, and ZeRO runs a 16-bit model with fp32 master weights."""
+    are offloaded by stage 3 only, NVMe is stage 3's (ZeRO-Infinity), and ZeRO runs a 16-bit
+    model with fp32 master weights."""
     stage = config.get("zero_stage", 0)
-    if not stage and config.get("offload_optimizer", "none") != "none":
-        return "offload_optimizer=cpu is ZeRO-Offload: it needs zero_stage 1, 2 or 3"
-    if config.get("offload_params", "none") != "none" and stage != 3:
-        return "offload_params=cpu needs zero_stage=3"
+    optimizer = config.get("offload_optimizer", "none")
+    if not stage and optimizer != "none":
+        return f"offload_optimizer={optimizer} is ZeRO-Offload: it needs zero_stage 1, 2 or 3"
+    if optimizer == "nvme" and stage != 3:
+        # deepspeed/runtime/zero/stage_1_and_2.py takes any offload device as the CPU: the
+        # state would sit in host memory, not on the drive.
+        return f"offload_optimizer=nvme needs zero_stage=3 (DeepSpeed's stage {stage} keeps it in host memory)"
+    params = config.get("offload_params", "none")
+    if params != "none" and stage != 3:
+        return f"offload_params={params} needs zero_stage=3"
     if stage and config.get("precision") not in ("bf16", "fp16"):
         return f"zero_stage={stage} runs DeepSpeed's 16-bit model with fp32 master weights: use precision=bf16 or fp16"
     return None
@@ -49,14 +56,32 @@ def sixteen_bit_block(precision: str) -> dict[str, Any]:
     return {precision: block}
 
 
+# Where ZeRO-Infinity's exported config puts its swap files: a directory on a local NVMe drive,
+# which the user must name (DeepSpeed's own tutorial writes /local_nvme).
+NVME_PATH = "/local_nvme"
+
+
 def zero_optimization(config: Mapping[str, Any], pin_memory: bool) -> dict[str, Any]:
-    """DeepSpeed's `zero_optimization` block: the stage and where offloaded state lives."""
+    """DeepSpeed's `zero_optimization` block: the stage and where offloaded state lives (the
+    NVMe buffers at DeepSpeed's defaults, which autofit/simulator/nvme.py emulates)."""
     zero: dict[str, Any] = {"stage": config["zero_stage"]}
-    if config["offload_optimizer"] == "cpu":
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
-    if config["offload_params"] == "cpu":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
+    for knob, key in (
+        ("offload_optimizer", "offload_optimizer"),
+        ("offload_params", "offload_param"),
+    ):
+        device = config[knob]
+        if device != "none":
+            zero[key] = {"device": device, "pin_memory": pin_memory}
+            if device == "nvme":
+                zero[key]["nvme_path"] = NVME_PATH
     return zero
+
+
+NVME_NOTE = (
+    f"NVMe offload: point nvme_path ({NVME_PATH}) at a directory on a local NVMe drive with room "
+    "for the offloaded states; offload_param.buffer_size must hold the largest weight's share "
+    "(DeepSpeed asserts it)"
+)
 
 
 def probe_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,9 +172,40 @@ def _accelerate(stage: Any, s: Subject) -> Say:
         "zero3_init_flag": stage == 3,
         "zero_stage": stage,
     }
+    for knob in ("offload_optimizer", "offload_params"):
+        if s.config[knob] == "nvme":
+            key = "offload_optimizer" if knob == "offload_optimizer" else "offload_param"
+            block[f"{key}_nvme_path"] = NVME_PATH
     if stage == 3:
         block["zero3_save_16bit_model"] = True
-    return say(distributed_type="DEEPSPEED", deepspeed_config=block)
+    return say(note=_lora_note(stage, s), distributed_type="DEEPSPEED", deepspeed_config=block)
+
+
+def _lora_note(stage: Any, s: Subject) -> str:
+    """What one's own code must do for ZeRO with adapters, and for NVMe offload (nothing of it
+    is a DeepSpeed key: the 4-bit storage dtype is an argument of the model's loading)."""
+    notes = []
+    if s.config.get("train_mode") in ("lora", "qlora"):
+        notes.append(
+            "ZeRO with LoRA: give the optimizer only the adapters (peft's get_peft_model freezes "
+            "the base); DeepSpeed keeps master weights, moments and gradients for them alone"
+        )
+    if stage == 3 and s.config.get("train_mode") == "qlora":
+        notes.append(
+            "ZeRO-3 with QLoRA: load the base with BitsAndBytesConfig(..., "
+            "bnb_4bit_quant_storage=torch.bfloat16) and torch_dtype=torch.bfloat16 (the 16-bit "
+            "dtype) so ZeRO-3 can partition the packed 4-bit weights, as peft's DeepSpeed guide says"
+        )
+    if "nvme" in (s.config.get("offload_optimizer"), s.config.get("offload_params")):
+        notes.append(NVME_NOTE)
+    return "; ".join(notes)
+
+
+def _deepspeed(stage: Any, s: Subject) -> Say:
+    return say(
+        note=_lora_note(stage, s) if stage else "",
+        zero_optimization=zero_optimization(s.config, pin_memory=True),
+    )
 
 
 def _kohya(stage: Any, s: Subject) -> Say:
@@ -194,9 +250,22 @@ class ZeroStage(Knob):
             return broken
         if knobs.get("optimizer") != "adamw":
             return f"zero_stage={value} runs DeepSpeed's fused AdamW: optimizer={knobs.get('optimizer')} is not supported with it"
-        for knob, off in (("train_mode", "full"), ("swap_blocks", 0), ("ema", "off")):
+        mode = knobs.get("train_mode", "full")
+        if mode not in ("full", "lora", "qlora"):
+            return f"zero_stage={value} with train_mode={mode} is not modelled"
+        if mode == "qlora" and context.backend != "simulate":
+            # DeepSpeed casts the module to its 16-bit dtype, and ZeRO-3 needs the packed weights
+            # stored in it (bnb_4bit_quant_storage): bitsandbytes' 4-bit layers on the CPU are
+            # not run that way here.
+            return (
+                f"zero_stage={value} with train_mode=qlora is emulated only: use backend=simulate"
+            )
+        for knob, off in (("swap_blocks", 0), ("ema", "off")):
             if knobs.get(knob, off) != off:
                 return f"zero_stage={value} with {knob}={knobs[knob]} is not modelled"
+        nvme = [k for k in ("offload_optimizer", "offload_params") if knobs.get(k) == "nvme"]
+        if nvme and context.backend != "simulate":
+            return f"{nvme[0]}=nvme needs DeepSpeed's async I/O op and a drive: it is emulated only, use backend=simulate"
         if value == 3 and knobs.get("validation", "off") != "off":
             return f"zero_stage=3 with validation={knobs['validation']} is not modelled (the pipeline needs gathered weights)"
         return None
@@ -222,9 +291,8 @@ class ZeroStage(Knob):
             from autofit.simulator.zero import ZeroEmulation
 
             emulation = ZeroEmulation(
-                run, value, knobs["world_size"], knobs["offload_optimizer"] == "cpu",
-                knobs["offload_params"] == "cpu",
-            )  # fmt: skip
+                run, value, knobs["world_size"], knobs["offload_optimizer"], knobs["offload_params"]
+            )
             run.stepper = PlainStep(emulation, None, grads_set_to_none=True)
             return
         import deepspeed
@@ -237,16 +305,31 @@ class ZeroStage(Knob):
 
     trainers = {
         "accelerate": zero_checked(_accelerate),
-        "deepspeed": zero_checked(
-            lambda v, s: say(zero_optimization=zero_optimization(s.config, pin_memory=True))
-        ),
+        "deepspeed": zero_checked(_deepspeed),
         "kohya": zero_checked(_kohya),
         "simpletuner": zero_checked(
             lambda v, s: (
-                say(deepspeed_config=f"config/{SIMPLETUNER_ENV}/ds_config.json") if v else Say()
+                _no_quant_storage(v, s, "SimpleTuner")
+                or (
+                    say(deepspeed_config=f"config/{SIMPLETUNER_ENV}/ds_config.json") if v else Say()
+                )
             )
         ),
         "sana": {0: Say(), 1: NO_DEEPSPEED, 2: NO_DEEPSPEED, 3: NO_DEEPSPEED},
         # The accelerate config the script is launched with carries it (its accelerate words).
-        "diffusers": zero_checked(),
+        "diffusers": zero_checked(
+            lambda v, s: _no_quant_storage(v, s, "the diffusers example scripts") or Say()
+        ),
     }
+
+
+def _no_quant_storage(stage: Any, s: Subject, trainer: str) -> Refuse | None:
+    """ZeRO-3 partitions a 4-bit base only if it is stored in the 16-bit dtype, a loading
+    argument a trainer without a setting for it cannot give."""
+    if stage == 3 and s.config.get("train_mode") == "qlora":
+        return Refuse(
+            f"{trainer} cannot set bnb_4bit_quant_storage, which ZeRO-3 needs to partition a "
+            "4-bit base",
+            "zero_stage=0, 1, 2",
+        )
+    return None

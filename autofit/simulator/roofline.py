@@ -7,9 +7,12 @@ time. Eager PyTorch also spends host time dispatching every op; the GPU runs ahe
 asynchronously, so the step takes the longer of the two totals. Copies over the host link
 (offload) run on their own stream, overlapped with compute: the step takes at least as long as
 they do. Block swap's exchanges are scheduled one by one (`exchange_wait`): each may start when
-the block it evicts is done, and the GPU waits when the block it brings is needed first. Work the host CPU does itself (an offloaded optimizer step) waits for the GPU and the
-GPU waits for it, so its time adds on. Collectives between the run's GPUs (ZeRO across GPUs) are
-overlapped with compute, as DeepSpeed's `overlap_comm` does.
+the block it evicts is done, and the GPU waits when the block it brings is needed first. Work the
+host CPU does itself (an offloaded optimizer step) waits for the GPU and the GPU waits for it, so
+its time adds on. Collectives between the run's GPUs (ZeRO across GPUs) are overlapped with
+compute, as DeepSpeed's `overlap_comm` does. NVMe reads and writes (ZeRO-Infinity) run at the
+drive's bandwidth (`NVME_GBS`): weight fetches and gradient writes overlap with compute, as
+DeepSpeed prefetches them; the optimizer's swaps run between its own updates, so they add on.
 
 FLOPs come from PyTorch's own formulas (torch.utils.flop_counter) for matmuls, convolutions and
 attention; element-wise ops count no FLOPs and are bound by memory anyway. The kernel efficiencies below
@@ -51,6 +54,11 @@ HOST_SECONDS_PER_OP = 21e-6
 # Updates run by the host CPU (an offloaded optimizer) are bound by host memory bandwidth; a
 # multi-threaded CPU Adam sustains a fraction of a server's DRAM bandwidth.
 HOST_MEMORY_GBS = 40.0
+# One NVMe SSD on PCIe 4.0 x4, the drive ZeRO-Infinity offloads to on a workstation: Samsung 990
+# PRO's datasheet gives 7.45 GB/s sequential read and 6.9 GB/s sequential write; the lower, since
+# a step's reads and writes share the drive. (The ZeRO-Infinity paper, Rajbhandari et al. 2021,
+# counts about 25 GB/s per DGX-2 node, from several drives.)
+NVME_GBS = 6.9
 
 aten = torch.ops.aten
 _NO_KERNEL = {
@@ -150,6 +158,8 @@ class StepCost:
     link_seconds: float = 0.0  # host-to-device and back
     peer_seconds: float = 0.0  # collectives between the run's GPUs
     host_compute_seconds: float = 0.0  # updates the host CPU runs
+    nvme_seconds: float = 0.0  # NVMe reads and writes overlapped with compute
+    nvme_step_seconds: float = 0.0  # the optimizer step's NVMe swaps, between its updates
     exchange_wait_seconds: float = 0.0  # the GPU waiting for block swap's exchanges
 
     @property
@@ -163,8 +173,9 @@ class StepCost:
             self.host_seconds,
             self.link_seconds,
             self.peer_seconds,
+            self.nvme_seconds,
         )
-        return overlapped + self.host_compute_seconds
+        return overlapped + self.host_compute_seconds + self.nvme_step_seconds
 
 
 def exchange_wait(exchanges: Sequence[Exchange], link_gbs: float) -> float:
@@ -231,13 +242,17 @@ class RooflineCounter(TorchDispatchMode):
         host_compute_bytes: int,
         peer_bytes: int,
         exchanges: Sequence[Exchange] = (),
+        nvme_bytes: int = 0,
+        nvme_step_bytes: int = 0,
     ) -> None:
-        """Price what the step moved over the host link and to the other GPUs, what the host CPU
-        computed, and the waits for block swap's exchanges."""
+        """Price what the step moved over the host link, to the other GPUs and to NVMe, what the
+        host CPU computed, and the waits for block swap's exchanges."""
         self.cost.exchange_wait_seconds += exchange_wait(exchanges, self.gpu.host_link_gbs)
         self.cost.link_seconds += link_bytes / (self.gpu.host_link_gbs * 1e9)
         self.cost.peer_seconds += peer_bytes / (self.gpu.peer_link_gbs * 1e9)
         self.cost.host_compute_seconds += host_compute_bytes / (HOST_MEMORY_GBS * 1e9)
+        self.cost.nvme_seconds += nvme_bytes / (NVME_GBS * 1e9)
+        self.cost.nvme_step_seconds += nvme_step_bytes / (NVME_GBS * 1e9)
 
     def _math_rate(self, packet: Any, dtype: torch.dtype | None) -> float:
         tflops = self.gpu.tflops

@@ -15,6 +15,18 @@ which tests/test_zero.py checks) and moves the same bytes:
 - `offload_optimizer=cpu` keeps the shares of master weights, moments and gradients in host
   memory and runs the update there (gradients cross the host link once, updated weights once);
   `offload_params=cpu` (stage 3) keeps the weight shares there too.
+- NVMe (ZeRO-Infinity, stage 3; autofit/simulator/nvme.py has DeepSpeed's figures):
+  `offload_optimizer=nvme` keeps the optimizer's sub-groups of at least 1 MiB on the drive and
+  holds only DeepSpeed's pinned swap buffers in host memory, through which each sub-group is read,
+  updated and written back; `offload_params=nvme` keeps the weight shares on the drive (the
+  trained ones up to `max_in_cpu` elements stay in pinned host memory) and reads each through
+  DeepSpeed's pinned parameter buffers when its module gathers it.
+
+Only the trained parameters have master weights, moments and gradients (LoRA: the adapters); stage
+3 partitions every weight, the frozen base's too, as DeepSpeed's zero.Init does. A QLoRA base's
+packed 4-bit weights are partitioned in the 16-bit storage dtype they must be given for it
+(`bnb_4bit_quant_storage`: peft's docs/source/accelerate/deepspeed.md, "Use PEFT QLoRA and
+DeepSpeed with ZeRO3"); their quantization state (scales, codes) stays whole on every rank.
 
 The update is torch's fused AdamW over the flat share, as DeepSpeed's fused Adam does it. With
 DeepSpeed's default configuration every stage also holds a 16-bit gradient bucket of 5e8
@@ -32,6 +44,7 @@ from torch import nn
 
 from autofit.optimizers import LEARNING_RATE
 from autofit.run_state import logical_numel, set_logical_numel
+from autofit.simulator.nvme import PARAM_MAX_IN_CPU, OptimizerSwap, ParameterSwap
 from autofit.simulator.streaming import ParameterStream
 
 if TYPE_CHECKING:
@@ -54,32 +67,49 @@ class ZeroEmulation:
         run: RunState,
         stage: int,
         world_size: int,
-        offload_optimizer: bool,
-        offload_params: bool,
+        offload_optimizer: str,
+        offload_params: str,
     ) -> None:
         self.run, self.stage, self.world_size = run, stage, world_size
-        self.offload = offload_optimizer
+        self.offload = offload_optimizer != "none"
         self.params = run.trainable_parameters()
         self.offsets: dict[nn.Parameter, int] = {}
-        total = 0
-        for param in self.params:
-            self.offsets[param] = total
-            total += share(param.numel(), world_size)
         half = self.params[0].dtype
         device = run.device
-        place = run.host if offload_optimizer else nullcontext
-        with place():
-            host_device = run.host_device if offload_optimizer else device
+        # ZeRO-Infinity: the optimizer's large sub-groups live on NVMe, read and written through
+        # pinned buffers; the rest of its state stays in host memory as with ZeRO-Offload.
+        self.swap = (
+            OptimizerSwap(run, [share(p.numel(), world_size) for p in self.params])
+            if offload_optimizer == "nvme"
+            else None
+        )
+        total = 0
+        for index, param in enumerate(self.params):
+            if self.swap and index in self.swap.swapped:
+                self.offsets[param] = -1 - index  # on NVMe: its sub-group's slot in the buffers
+                continue
+            self.offsets[param] = total
+            total += share(param.numel(), world_size)
+
+        # DeepSpeed pins the master weights and gradients it offloads (pin_memory: true, as
+        # exported); the moments are the CPU optimizer's own, pageable.
+        def pinned() -> Any:
+            return run.host(pinned=True) if self.offload else nullcontext()
+
+        with pinned():
+            host_device = run.host_device if self.offload else device
             self.master = torch.zeros(total, dtype=torch.float32, device=host_device)
+            self.grads32 = torch.zeros_like(self.master)
+        with run.host() if self.offload else nullcontext():
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
-            self.grads32 = torch.zeros_like(self.master)
+            self.step_count = torch.zeros((), dtype=torch.float32, device=host_device)
+        with pinned():
             # Stages 1 and 2 reduce gradients into a 16-bit share and cast it to fp32 for the step;
             # stage 3 reduces them straight into the fp32 share.
             self.grads = (
                 self.grads32 if stage == 3 else torch.zeros(total, dtype=half, device=host_device)
             )
-            self.step_count = torch.zeros((), dtype=torch.float32, device=host_device)
         # The bucket gradients are gathered into before each reduction (`reduce_bucket_size`,
         # 5e8 elements by default): DeepSpeed allocates it whole, whatever the model's size.
         self.bucket = torch.empty(REDUCE_BUCKET_ELEMENTS, dtype=half, device=device)
@@ -96,37 +126,66 @@ class ZeroEmulation:
             for buffer in (self.grads, self.grads32):
                 run.tracker.tag(buffer, "gradients")
         self.shards: dict[nn.Parameter, torch.Tensor] = {}
+        # Per step each rank sends (N-1)/N of what each collective carries (ring collectives): the
+        # trained weights' 16-bit gradients once (reduce-scatter), and the weights once after the
+        # step in stages 1 and 2 (the updated trained ones), twice in stage 3 (every weight,
+        # gathered for forward and again for backward): the ZeRO paper's 2x and 3x the model.
+        self.collective_bytes = sum(p.numel() * p.element_size() for p in self.params)
         if stage == 3:
             self._partition_weights(offload_params)
-        # Per step each rank sends (N-1)/N of the 16-bit weights once per all-gather and of the
-        # 16-bit gradients once per reduce-scatter (ring collectives).
-        self.sixteen_bit_bytes = 2 * sum(logical_numel(p) for p in self.params)
+            self.collective_bytes += 2 * sum(
+                s.numel() * s.element_size() * world_size for s in self.shards.values()
+            )
+        else:
+            self.collective_bytes *= 2
         for param in self.params:
             param.register_post_accumulate_grad_hook(self._reduce_scatter)
 
     # -- stage 3: weights partitioned, gathered around each module -------------------------------
 
-    def _partition_weights(self, offload_params: bool) -> None:
+    def _partition_weights(self, offload_params: str) -> None:
         run = self.run
-        place = run.host if offload_params else nullcontext
-        self.full_shapes = {param: param.shape for param in run.model.parameters()}
-        for param in run.model.parameters():
-            set_logical_numel(param, param.numel())
-            with place():
-                device = run.host_device if offload_params else run.device
-                self.shards[param] = torch.empty(
-                    share(param.numel(), self.world_size), dtype=param.dtype, device=device
-                )
+        params = list(run.model.parameters())
+        # offload_params=nvme: the trained shares up to `max_in_cpu` elements stay in pinned host
+        # memory (stage3.py, _create_param_groups_fp16_flat_cpu_memory); every other share lives
+        # on the drive, read into one of DeepSpeed's pinned buffers as its module gathers it.
+        in_cpu = PARAM_MAX_IN_CPU
+        on_nvme: set[nn.Parameter] = set()
+        if offload_params == "nvme":
+            largest = max(_partition_layout(p, run)[1] for p in params)
+            self.param_buffers = ParameterSwap(run, share(largest, self.world_size))
+            for param in params:
+                n = share(param.numel(), self.world_size)
+                if param.requires_grad and n <= in_cpu:
+                    in_cpu -= n
+                else:
+                    on_nvme.add(param)
+        self.full_shapes = {param: (param.shape, param.dtype) for param in params}
+        for param in params:
+            set_logical_numel(param, logical_numel(param))  # weights, not the shard's elements
+            shard_dtype, numel = _partition_layout(param, run)
+            if param in on_nvme:
+                place, device, numel = nullcontext(), run.device, 0  # a placeholder, as DeepSpeed's
+            elif offload_params != "none":
+                place, device = run.host(pinned=True), run.host_device
+                numel = share(numel, self.world_size)
+            else:
+                place, device = nullcontext(), run.device
+                numel = share(numel, self.world_size)
+            with place:
+                self.shards[param] = torch.empty(numel, dtype=shard_dtype, device=device)
             if run.tracker:
                 run.tracker.tag(self.shards[param], "parameters")
             param.data = self.shards[param]  # the full weight is freed
 
         def gather(param: nn.Parameter) -> torch.Tensor:
-            if offload_params:
-                run.traffic.link_bytes += (
-                    self.shards[param].numel() * self.shards[param].element_size()
-                )
-            return torch.empty(self.full_shapes[param], dtype=param.dtype, device=run.device)
+            shape, dtype = self.full_shapes[param]
+            nbytes = share(shape.numel() * dtype.itemsize, self.world_size)
+            if param in on_nvme:  # drive -> pinned buffer -> GPU
+                run.traffic.nvme_bytes += nbytes
+            if offload_params != "none":
+                run.traffic.link_bytes += nbytes
+            return torch.empty(shape, dtype=dtype, device=run.device)
 
         def release(param: nn.Parameter) -> torch.Tensor:
             return self.shards[param]
@@ -143,7 +202,11 @@ class ZeroEmulation:
         n = share(param.numel(), self.world_size)
         start = self.offsets[param]
         grad = param.grad.reshape(-1)[:n]
-        if self.offload:
+        if start < 0:  # its sub-group is on NVMe: through the pinned buffers to the drive
+            self.run.traffic.link_bytes += n * grad.element_size()
+            self.run.traffic.nvme_bytes += 4 * n
+            self.swap.receive(-1 - start, grad)
+        elif self.offload:
             self.run.traffic.link_bytes += n * grad.element_size()
             with self.run.host():
                 self.grads[start : start + n].copy_(grad.to(self.run.host_device))
@@ -157,38 +220,66 @@ class ZeroEmulation:
     # -- the step ------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
-        # One all-gather and one reduce-scatter in stages 1 and 2; stage 3 gathers the weights
-        # for forward and again for backward.
-        collectives = 4 if self.stage == 3 else 2
         self.run.traffic.peer_bytes += (
-            collectives * self.sixteen_bit_bytes * (self.world_size - 1) // self.world_size
+            self.collective_bytes * (self.world_size - 1) // self.world_size
         )
         place = self.run.host if self.offload else nullcontext
         with place():
             if self.grads is not self.grads32:
                 self.grads32.copy_(self.grads)
-            torch._fused_adamw_(
-                [self.master], [self.grads32], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
-                lr=LEARNING_RATE, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
-            )  # fmt: skip
+            _adamw(self.master, self.grads32, self.exp_avg, self.exp_avg_sq, self.step_count)
         if self.offload:
             self.run.traffic.host_compute_bytes += self.master.numel() * (4 * 7 + 2)
-        # All-gather the updated 16-bit weights (this rank writes its share of each).
         for param in self.params:
-            n, start = share(param.numel(), self.world_size), self.offsets[param]
-            target = self.shards.get(param, param.data).reshape(-1)[:n]
-            source = self.master[start : start + n]
-            if self.offload:
-                self.run.traffic.link_bytes += n * target.element_size()
-                with self.run.host():
-                    source = source.to(target.dtype)
-                target.copy_(source.to(target.device))
-            else:
-                target.copy_(source)
+            start = self.offsets[param]
+            if start >= 0:
+                n = share(param.numel(), self.world_size)
+                self._publish(param, self.master[start : start + n])
+        if self.swap:  # each sub-group on NVMe: read, updated, written back
+            self.swap.step(
+                lambda *states: _adamw(*states, self.step_count),
+                lambda index, source: self._publish(self.params[index], source),
+            )
+
+    def _publish(self, param: nn.Parameter, source: torch.Tensor) -> None:
+        """Write this rank's updated share of a 16-bit weight (all-gathered to the others)."""
+        n = source.numel()
+        target = self.shards.get(param, param.data).reshape(-1)[:n]
+        if target.numel() == 0:  # its share lives on NVMe: written there from the host
+            self.run.traffic.nvme_step_bytes += n * param.element_size()
+        elif self.offload:
+            self.run.traffic.link_bytes += n * target.element_size()
+            with self.run.host():
+                source = source.to(target.dtype)
+            target.copy_(source.to(target.device))
+        else:
+            target.copy_(source)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
             param.grad = None
+
+
+def _adamw(
+    master: torch.Tensor,
+    grads: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor,
+) -> None:
+    torch._fused_adamw_(
+        [master], [grads], [exp_avg], [exp_avg_sq], [], [step],
+        lr=LEARNING_RATE, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+    )  # fmt: skip
+
+
+def _partition_layout(param: nn.Parameter, run: RunState) -> tuple[torch.dtype, int]:
+    """The dtype and element count ZeRO-3 partitions a weight in. A packed 4-bit weight (uint8)
+    is stored in the run's 16-bit dtype (`bnb_4bit_quant_storage`), two bytes per element."""
+    if param.dtype == torch.uint8:
+        storage = run.dtypes.weights
+        return storage, -(-param.numel() // storage.itemsize)
+    return param.dtype, param.numel()
 
 
 def _holds(param: nn.Parameter, tensor: torch.Tensor) -> bool:
@@ -217,4 +308,10 @@ class _ModuleWeights(ParameterStream):
                 param.data = self.release(param)
 
     def _after_backward(self, *_: Any) -> None:
+        # A frozen weight (a LoRA base) has no gradient hook: its module's backward is done now.
+        # (Its output needed a gradient only through an input that needs one, so the hook is
+        # not early for it.)
         self.in_backward = False
+        for param in self.params:
+            if not param.requires_grad and not _holds(param, self.release(param)):
+                param.data = self.release(param)
