@@ -22,6 +22,10 @@ WEIGHTS = {
     "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
     "llama3_8b": "meta-llama/Meta-Llama-3-8B",
     "qwen2_5_7b": "Qwen/Qwen2.5-7B",
+    "llama3_1_70b": "meta-llama/Llama-3.1-70B",
+    "qwen2_5_14b": "Qwen/Qwen2.5-14B",
+    "qwen2_5_32b": "Qwen/Qwen2.5-32B",
+    "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
 }
 
 

@@ -1,11 +1,32 @@
 """Causal language models (transformers): next-token cross-entropy on sequences of random token
 ids. For this family the `resolution` knob is the sequence length in tokens, and throughput is
-reported in tokens per second as well."""
+reported in tokens per second as well.
+
+Mixture-of-experts models (Qwen3-MoE) run transformers' own experts code, `grouped_mm` (the
+default experts implementation of transformers 5): the router's top-k picks are sorted by expert,
+counted with `histc` into offsets, and each projection is one grouped GEMM over all
+tokens x top_k rows. No shape depends on the routing, so the step runs on fake tensors, but
+torch's meta kernel for `_grouped_mm` insists on bf16 (the CUDA fast path's rule; CUDA and the
+CPU run other dtypes through a per-expert fallback) and torch's FLOP counter has no formula for
+it. Under fake tensors autofit therefore computes each grouped GEMM as a batched GEMM in which
+every expert takes an equal share of the rows (`equal_share_grouped_mm`).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+import transformers.integrations.moe as transformers_moe
+from torch._subclasses.fake_tensor import FakeTensor
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import token_ids
@@ -13,14 +34,58 @@ from autofit.workloads.diffusion import token_ids
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
+MIXTURES_OF_EXPERTS = ("qwen3_moe",)
+
+_library_grouped_mm = transformers_moe._grouped_mm
+
+
+def equal_share_grouped_mm(
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """transformers' grouped GEMM (`rows` sorted by expert, `weight` (experts, in, out)), with
+    every expert given an equal share of the rows whatever `offsets` say: tokens x top_k /
+    experts each, as perfectly balanced routing would send them.
+
+    What it allocates is what the grouped GEMM allocates for any routing: one (rows, out) output
+    in forward, and in backward one (rows, in) input gradient and one (experts, in, out) weight
+    gradient. Real routing is uneven, and that changes no tensor's size here: an expert that gets
+    more tokens leaves fewer to the others, and the rows add up to tokens x top_k all the same.
+    What unevenness changes is time (the most crowded expert's GEMM runs longest, and CUDA's
+    fallback for dtypes other than bf16 loops over the experts) and, with expert parallelism,
+    which GPU holds which rows, neither of which a one-GPU memory measurement sees. Rows that do
+    not divide evenly are padded to the next multiple of the expert count (at most experts - 1
+    rows more)."""
+    rows = rows.to(weight.dtype)  # as the library's dispatcher does before its kernel
+    experts, count = weight.shape[0], rows.shape[0]
+    share = -(-count // experts)
+    if share * experts != count:
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, share * experts - count))
+    # torch's grouped GEMM has no autocast rule (it runs in the weight's dtype): nor may this.
+    with torch.autocast(rows.device.type, enabled=False):
+        out = torch.bmm(rows.view(experts, share, -1), weight).view(share * experts, -1)
+    return out if share * experts == count else out[:count]
+
+
+def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> Any:
+    """The library's grouped GEMM for real tensors; the equal share for fake ones."""
+    if isinstance(weight, FakeTensor):
+        return equal_share_grouped_mm(rows, weight, offs)
+    return _library_grouped_mm(rows, weight, offs)
 
 
 class CausalLMWorkload(Workload):
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
-        config_class, model_class = ARCHITECTURES[self.preset.architecture["kind"]]
+        kind = self.preset.architecture["kind"]
+        config_class, model_class = ARCHITECTURES[kind]
         config = config_class(**self.preset.architecture["config"])
         config._attn_implementation = "sdpa"  # fused attention, as training scripts ask for
+        if kind in MIXTURES_OF_EXPERTS:
+            # transformers' experts code looks its grouped GEMM up by this module-level name
+            # (transformers/integrations/moe.py, 5.23); the stand-in changes only fake tensors.
+            transformers_moe._grouped_mm = _grouped_mm
+            config._experts_implementation = "grouped_mm"  # the library's default, said
         return model_class(config)
 
     def make_batch(
