@@ -29,6 +29,7 @@ from autofit.knobs.fsdp_offload import FsdpOffload
 from autofit.knobs.fused_backward import FusedBackward
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
+from autofit.knobs.loss import Loss
 from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
@@ -57,6 +58,7 @@ REGISTRY: dict[str, Knob] = {
         LoraTargets(),
         Checkpointing(),
         Attention(),
+        Loss(),
         Encoders(),
         SwapBlocks(),
         Optimizer(),

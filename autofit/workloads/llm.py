@@ -14,6 +14,9 @@ every expert takes an equal share of the rows (`equal_share_grouped_mm`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -75,6 +78,64 @@ def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) ->
     return _library_grouped_mm(rows, weight, offs)
 
 
+IGNORE_INDEX = -100  # the label cross-entropy skips (torch's and transformers' default)
+# How many chunks of the sequence the output projection and the loss run in; 0: the model's own
+# loss over the full logits. The loss knob sets it around each forward pass (loss_chunks).
+_LOSS_CHUNKS: ContextVar[int] = ContextVar("loss_chunks", default=0)
+
+
+@contextmanager
+def loss_chunks(chunks: int) -> Iterator[None]:
+    """Inside, `CausalLMWorkload.loss` runs the output projection and the loss in `chunks`."""
+    token = _LOSS_CHUNKS.set(chunks)
+    try:
+        yield
+    finally:
+        _LOSS_CHUNKS.reset(token)
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers *ForCausalLM inside what the forward pass calls: a DeepSpeed engine's
+    module, PEFT's wrapper's base model (with its adapters in place), or the model itself."""
+    model = getattr(model, "module", model)
+    base = getattr(model, "get_base_model", None)
+    return base() if base is not None else model
+
+
+def chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunks: int) -> torch.Tensor:
+    """Next-token cross-entropy with the output projection and the fp32 upcast run over `chunks`
+    slices of the tokens in turn (autofit/knobs/loss.py says whose recipe this is). The targets
+    are made as transformers' loss makes them (each position predicts the next token, the last
+    predicts nothing) and the loss is their mean, as there.
+
+    The slices are of the batch's tokens in order (batch x sequence flattened), which for one
+    sequence is the sequence cut in `chunks`: a contiguous slice is what the output projection
+    saves for backward, where a slice across the batch would be copied first."""
+    lm = causal_lm(model)
+    hidden = lm.model(input_ids=input_ids).last_hidden_state
+    targets = torch.nn.functional.pad(input_ids, (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
+    total = None
+    for states, labels in zip(
+        hidden.flatten(0, 1).tensor_split(chunks),
+        targets.flatten().tensor_split(chunks),
+        strict=True,
+    ):
+        part = _summed_cross_entropy(lm.lm_head, states, labels)
+        total = part if total is None else total + part
+    return total / (input_ids.shape[0] * (input_ids.shape[1] - 1))  # type: ignore[operator]
+
+
+def _summed_cross_entropy(
+    head: torch.nn.Module, states: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """One chunk's summed loss; its logits and their fp32 copy are freed on return (what
+    backward needs, the log-probabilities, stays with the autograd graph)."""
+    logits = head(states).float()
+    return torch.nn.functional.cross_entropy(
+        logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
 class CausalLMWorkload(Workload):
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         kind = self.preset.architecture["kind"]
@@ -95,6 +156,9 @@ class CausalLMWorkload(Workload):
         return {"input_ids": token_ids(batch_size, resolution, vocab, device)}
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        chunks = _LOSS_CHUNKS.get()
+        if chunks:
+            return chunked_cross_entropy(model, batch["input_ids"], chunks)
         # The labels are the inputs: the model shifts them and upcasts the logits for the loss,
         # as a fine-tuning run does.
         return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
