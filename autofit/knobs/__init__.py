@@ -30,6 +30,7 @@ from autofit.knobs.fused_backward import FusedBackward
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
 from autofit.knobs.loss import Loss
+from autofit.knobs.offload_activations import OffloadActivations
 from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
@@ -67,6 +68,7 @@ REGISTRY: dict[str, Knob] = {
         ZeroStage(),
         OffloadOptimizer(),
         OffloadParams(),
+        OffloadActivations(),
         Fsdp(),
         FsdpOffload(),
         WorldSize(),

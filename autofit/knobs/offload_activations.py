@@ -1,0 +1,137 @@
+"""offload_activations: the tensors forward saves for backward copied to pinned host memory as
+they are saved, and brought back as backward needs them.
+
+- `off`: saved activations stay on the GPU until backward frees them.
+- `cpu`: torchtune's activation offloading (torchtune/training/_activation_offloading.py,
+  `OffloadActivations`; TRL's copy of it): a `saved_tensors_hooks` pair around forward. Each saved
+  tensor of at least 1 KiB (`min_offload_size`) that is not a weight is copied to a pinned host
+  buffer of its own on a side stream; the GPU copy is kept only until the copy is done (the
+  last `max_fwd_stash_size`, 5, offloaded tensors stay alive on the GPU, torchtune's stash) and is
+  freed once nothing else holds it; backward brings each back when its node runs. A tensor saved
+  twice is copied once (TRL's dedup); weights are never copied, their views included (TRL
+  filters them by storage; torchtune by type).
+
+With gradient checkpointing, what forward saves is each checkpointed block's inputs (the
+non-reentrant checkpoint saves them as saved tensors, and the block's own activations are
+recomputed): those are offloaded, and the recomputed ones stay on the GPU for the block's
+backward. The copies cross the host link both ways, on their own stream, overlapped with compute
+(the roofline prices them as host-link traffic). Any model family; with ZeRO and FSDP the
+gathered weights are weights, not copied (torchtune runs it under FSDP2).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from autofit.knobs.base import Knob, Refuse, Say
+
+if TYPE_CHECKING:
+    import torch
+
+    from autofit.run_state import RunState
+
+MIN_OFFLOAD_BYTES = 1024  # torchtune's min_offload_size: smaller tensors are not worth a copy
+FORWARD_STASH = 5  # torchtune's max_fwd_stash_size: offloaded tensors kept alive while copying
+
+
+class _Offloaded:
+    """A saved tensor's pinned host copy (what autograd holds between pack and unpack)."""
+
+    __slots__ = ("host", "__weakref__")
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host = host
+
+
+class ActivationOffload:
+    """The pack and unpack hooks of one run, and what they keep between them."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+        # Saved tensors offloaded in this forward, by what they are (a tensor saved again shares
+        # its copy); an entry dies with the last saved reference to its copy.
+        self.copies: weakref.WeakValueDictionary[tuple[Any, ...], _Offloaded] = (
+            weakref.WeakValueDictionary()
+        )
+        self.stash: deque[torch.Tensor] = deque(maxlen=FORWARD_STASH)
+
+    def context(self) -> AbstractContextManager[Any]:
+        import torch
+
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        import torch
+
+        base = tensor if tensor._base is None else tensor._base
+        if (
+            isinstance(base, torch.nn.Parameter)
+            or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
+        ):
+            return tensor
+        key = (
+            tensor.untyped_storage()._cdata, tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()), tensor.dtype,
+        )  # fmt: skip
+        offloaded = self.copies.get(key)
+        if offloaded is None:
+            with self.run.host(pinned=True):
+                host = torch.empty_like(tensor, device=self.run.host_device)
+                host.copy_(tensor.detach())
+            self.run.traffic.link_bytes += tensor.numel() * tensor.element_size()
+            offloaded = self.copies[key] = _Offloaded(host)
+            self.stash.append(tensor)  # alive until the side stream's copy is surely done
+        return offloaded
+
+    def unpack(self, saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _Offloaded):
+            return saved
+        self.stash.clear()  # backward has begun: every forward copy is done
+        return self.run.to_device(saved.host)
+
+
+class OffloadActivations(Knob):
+    name = "offload_activations"
+    default = "off"
+    help = "saved activations copied to pinned host memory in forward, back in backward: off | cpu"
+    values = {
+        "off": "saved activations stay on the GPU",
+        "cpu": "every saved activation of 1 KiB or more copied to pinned host memory as forward "
+        "saves it and brought back in backward (torchtune's OffloadActivations, TRL's "
+        "activation_offloading)",
+    }
+
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        return "off" if value == "cpu" else None
+
+    def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
+        if value != "cpu":
+            return None
+        # One per forward: autograd keeps its hooks and copies until backward is done with them.
+        return ActivationOffload(run).context()
+
+    trainers = {
+        "kohya": {
+            "off": Say(),
+            "cpu": Refuse(
+                "sd-scripts' --cpu_offload_checkpointing moves only the checkpointed blocks' "
+                "inputs (Flux, SD3), in pageable memory with blocking copies, not every saved "
+                "activation as measured"
+            ),
+        },
+        "simpletuner": {
+            "off": Say(),
+            "cpu": Refuse(
+                "SimpleTuner has no setting that offloads every saved activation (its unsloth "
+                "checkpointing backend offloads checkpointed inputs its own way)"
+            ),
+        },
+        "sana": {"off": Say(), "cpu": Refuse("Sana's train.py has no activation offloading")},
+        "diffusers": {
+            "off": Say(),
+            "cpu": Refuse("the diffusers example scripts have no activation offloading"),
+        },
+    }
