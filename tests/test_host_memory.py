@@ -323,6 +323,8 @@ def test_a_search_with_a_small_host_budget_leaves_out_what_the_host_cannot_hold(
     assert {row["host_peak_bytes"] for row in rows if row["ema"] == "cpu"} == {"198912"}
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["best"]["config"]["ema"] == "off"
+    (lost,) = [c for c in summary["combinations"] if c["knobs"]["ema"] == "cpu"]
+    assert lost["status"] == "none_fit" and "host memory (oom_host)" in lost["reason"]
     assert summary["host_budget_bytes"] == int(0.0001 * GIB)
 
     _old_format(folder)

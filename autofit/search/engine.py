@@ -23,7 +23,7 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
-from autofit.probe.spec import ProbeResult
+from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.planner import Observation, largest_fitting_batch
@@ -113,6 +113,7 @@ class Search:
         self._new = self._reused = 0
         self._slopes: dict[tuple[Any, ...], dict[str, float]] = {}
         self._best: dict[tuple[Any, ...], int | None] = {}  # (knobs, resolution) -> b*
+        self._over_host: set[tuple[Any, ...]] = set()  # (knobs, resolution, batch): oom_host
 
     # -- probing -------------------------------------------------------------------------------
 
@@ -128,6 +129,9 @@ class Search:
                 else:
                     self._new += 1
             combination.probes += 1
+            if result.outcome is Outcome.OOM_HOST:
+                with self._lock:
+                    self._over_host.add((_frozen(combination.knobs), combination.resolution, batch))
             self.listener.on_probe(result, reused)
             return Observation.of(batch, result)
 
@@ -181,6 +185,8 @@ class Search:
         else:
             combination.status = Status.NONE_FIT
             combination.reason = f"batch {self.space.min_batch} does not fit"
+            if (_frozen(knobs), resolution, self.space.min_batch) in self._over_host:
+                combination.reason += " the host memory (oom_host)"
         self.listener.on_combination(combination)
 
     def _prune(self, combination: Combination, reason: str) -> None:
