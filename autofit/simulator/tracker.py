@@ -26,8 +26,14 @@ its libraries are not: the `cuda` backend reads the real process for those):
   them: each request rounded up to the next power of two, and a freed block kept for the next
   request of the same size, never handed back to the OS while training runs
   (aten/src/ATen/core/CachingHostAllocator.h, `allocate`: `PowerOf2Ceil(size)`; its
-  `host_memory_stats` counts the same "active + cached" bytes);
-- pageable: the bytes of the live storages, as malloc hands them out;
+  `host_memory_stats` counts the same "active + cached" bytes; pytorch/pytorch#95823 and #150517
+  report the resulting up-to-2x host use). DeepSpeed's pinned offload buffers
+  (get_accelerator().pin_memory) and a non-blocking copy from the GPU to the CPU both go through it;
+- pageable: the bytes of the live storages, as malloc hands them out. Paged optimizer state
+  (bitsandbytes' paged optimizers, CUDA unified memory) counts here: its pages stay on the GPU
+  until the GPU runs short, then the driver moves them to ordinary (not page-locked) host RAM,
+  and a run at the edge of its GPU budget is when that happens, so the host must hold all of it
+  (an upper bound: on a GPU with room to spare the host holds none);
 - the model as a trainer loads it: a model autofit builds whole in host memory and then moves to
   the GPU stands for a checkpoint the trainer reads a shard at a time, so pageable storages made
   during setup and freed before setup ends (the loader's working set) count for at most
