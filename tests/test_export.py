@@ -42,12 +42,15 @@ WORKDIR = "/WORKDIR"  # the test's temporary folder, in golden files
 
 SANA = "sana_1600m-a40-default"
 FLUX = "flux_dev-rtx4090-default"
+LLAMA = "llama3_2_1b-a40-offload"  # QLoRA under ZeRO-3 with NVMe and activation offload
 # (target, study, Pareto point or None for the best, target.global_batch, golden case)
 CASES = [
     ("accelerate", SANA, None, None, "sana_best"),
     ("accelerate", SANA, 6, 96, "sana_zero2_offload"),
     ("deepspeed", SANA, None, None, "sana_best"),
     ("deepspeed", SANA, 6, 96, "sana_zero2_offload"),
+    ("deepspeed", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    ("accelerate", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
     ("simpletuner", SANA, None, None, "sana_best"),
     ("simpletuner", SANA, 5, None, "sana_8bit_ema_validation"),
     ("simpletuner", SANA, 6, None, "sana_zero2_offload"),
@@ -85,8 +88,18 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 AUTOCASTING = ("simpletuner", "kohya")
 
 
+def _summary(study: str) -> Path:
+    """A study's summary under results/; LLAMA's is copied there only where a case asks for it
+    (the tests of the `export` command see the two fixed studies)."""
+    path = Path("results") / study / "summary.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True)
+        shutil.copy(FIXTURES / study / "summary.json", path)
+    return path
+
+
 def point_for(target: str, study: str, point: int | None, batch: int | None = None) -> Any:
-    loaded = load_point(Path("results") / study / "summary.json", point, batch)
+    loaded = load_point(_summary(study), point, batch)
     if target in AUTOCASTING and loaded.config["precision"] == "bf16_pure":
         loaded = dataclasses.replace(loaded, config={**loaded.config, "precision": "bf16_autocast"})
     if (target, loaded.model, loaded.config["train_mode"]) == ("diffusers", "flux_dev", "lora"):
@@ -160,7 +173,7 @@ def test_accelerate_configs_load_and_launch_with_accelerate(
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     exports = _all(workdir, "accelerate") + _all(workdir, "diffusers")
-    assert len(exports) == 4
+    assert len(exports) == 5
     for out, point in exports:
         path = out / "accelerate_config.yaml"
         config = load_config_from_file(str(path))
@@ -219,7 +232,7 @@ def test_deepspeed_configs_pass_deepspeeds_parser(
         for out, point in _all(workdir, "simpletuner")
         if (out / "ds_config.json").exists()
     ]
-    assert len(exports) == 3
+    assert len(exports) == 4
     for out, point in exports:
         ds = DeepSpeedConfig(str(out / "ds_config.json"), mpu=_DataParallel(point.world_size))
         assert ds.train_micro_batch_size_per_gpu == point.micro_batch
@@ -449,7 +462,7 @@ def test_a_knob_the_exporter_does_not_know_is_an_error(workdir: Path) -> None:
     for name, study, point, batch, _ in CASES:
         if name == "hydra":
             continue  # it writes every knob as an override; autofit probe judges them
-        loaded = load_point(Path("results") / study / "summary.json", point, batch)
+        loaded = load_point(_summary(study), point, batch)
         loaded = dataclasses.replace(loaded, config={**loaded.config, "fp8": "on"})
         with pytest.raises(
             ConfigError, match=f"target={name} does not know the knob\\(s\\) fp8=on"
