@@ -14,6 +14,8 @@ pinned bytes torch's CUDA host allocator owned at its peak (`host_memory_stats`,
 "allocated_bytes.peak": active and cached blocks, rounded to powers of two). The process's
 figure includes what the ledger does not see (the interpreter, the CUDA libraries, tensors a
 library keeps on the CPU); where the kernel cannot reset the peak, only the ledger is used.
+autofit's own stand-ins for offload and swap do not pin what they keep on the host: the ledger
+says what the trainer would pin, and the allocator's figure only raises it.
 """
 
 from __future__ import annotations
