@@ -367,3 +367,21 @@ def test_a_bad_host_memory_gib_is_a_one_line_error(bad: str, tmp_path: Path) -> 
 def test_host_memory_gib_takes_positive_numbers() -> None:
     assert check_host_memory(64) == 64.0 and check_host_memory(0.5) == 0.5
     assert check_host_memory(None) is None
+
+
+def test_a_real_gpu_run_takes_the_process_figure_where_it_is_larger() -> None:
+    """The cuda backend's reading of its own process (no GPU needed to read it): the peak resident
+    set since the reset after the build, times the processes of the run, raises the ledger's
+    figure; where the peak cannot be reset, the ledger stands alone."""
+    from autofit.backends.cuda import _peak_rss, _reset_peak_rss, _with_process
+    from autofit.simulator.tracker import HostReport
+
+    ledger = HostReport(4096, 1024, 3072, 0, "optimizer", {"setup": 1024, "optimizer": 4096})
+    assert _with_process(ledger, False, 2) is ledger
+    if not _reset_peak_rss():
+        pytest.skip("this kernel cannot reset the peak resident set size")
+    raised = _with_process(ledger, True, 2)
+    rss = _peak_rss()
+    assert rss is not None and raised.peak_bytes <= 2 * rss  # the peak only grows since
+    assert raised.peak_bytes > ledger.peak_bytes and raised.phase == "training steps (measured)"
+    assert raised.pinned_bytes + raised.pageable_bytes == raised.peak_bytes
