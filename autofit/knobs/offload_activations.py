@@ -8,8 +8,10 @@ they are saved, and brought back as backward needs them.
   buffer of its own on a side stream; the GPU copy is kept only until the copy is done (the
   last `max_fwd_stash_size`, 5, offloaded tensors stay alive on the GPU, torchtune's stash) and is
   freed once nothing else holds it; backward brings each back when its node runs. A tensor saved
-  twice is copied once (TRL's dedup); weights are never copied, their views included (TRL
-  filters them by storage; torchtune by type).
+  twice is copied once, and weights are never copied, their views included, as TRL's version
+  does since huggingface/trl#4247 ("tensor dedup", "filters out model parameters"); torchtune's
+  own class copies each save and tells weights by type (nn.Parameter), which a weight's
+  transposed view, what a linear layer saves, is not.
 
 With gradient checkpointing, what forward saves is each checkpointed block's inputs (the
 non-reentrant checkpoint saves them as saved tensors, and the block's own activations are
