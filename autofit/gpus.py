@@ -14,6 +14,12 @@ MIB = 1 << 20
 MATH_MODES = ("fp32", "tf32", "fp16", "bf16")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # it names studies and result files
 _CAPABILITY = re.compile(r"\d+\.\d+\Z")
+# The NVMe drive ZeRO-Infinity offloads to, in the machine the card sits in, unless its entry
+# says otherwise: one NVMe SSD on PCIe 4.0 x4. Samsung 990 PRO's datasheet gives 7.45 GB/s
+# sequential read and 6.9 GB/s sequential write; the lower, since a step's reads and writes share
+# the drive. (The ZeRO-Infinity paper, Rajbhandari et al. 2021, counts about 25 GB/s per DGX-2
+# node, from several drives: `gpu.nvme_gbs=25`.)
+NVME_GBS = 6.9
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,10 @@ class GpuSpec:
     `bf16` (tensor cores, FP32 accumulation); `fp32` and `fp16` are required, `bf16` is there
     exactly when `bf16` is true. `host_link_gbs` is the effective host-to-device bandwidth, for
     offload and block swap; `peer_link_gbs` the bus bandwidth a collective reaches between GPUs
-    of one node (NVLink or PCIe), for ZeRO across GPUs. The two overheads are what a fake run
-    cannot see: the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace (inside
-    it). `reserved_mib` is memory something else holds on this card (a display, other
+    of one node (NVLink or PCIe), for ZeRO across GPUs; `nvme_gbs` the NVMe drive's bandwidth in
+    the machine the card sits in, for ZeRO-Infinity's NVMe offload. The two overheads are what a
+    fake run cannot see: the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace
+    (inside it). `reserved_mib` is memory something else holds on this card (a display, other
     processes): it comes out of every budget.
     """
 
@@ -44,6 +51,7 @@ class GpuSpec:
     cuda_context_mib: float
     cublas_workspace_mib: float
     reserved_mib: int = 0
+    nvme_gbs: float = NVME_GBS
     notes: str = ""
 
     @classmethod
@@ -162,6 +170,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "memory_bandwidth_gbs": _NUMBER,
     "peer_link_gbs": _NUMBER,
     "host_link_gbs": _NUMBER,
+    "nvme_gbs": _NUMBER,
     "cuda_context_mib": _SIZE,
     "cublas_workspace_mib": _SIZE,
     "reserved_mib": (lambda v: _is_int(v) and v >= 0,

@@ -4,6 +4,7 @@ combination that cannot run refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import torch
 from helpers import spec, with_blocks
 
 from autofit.backends import cpu, simulate
-from autofit.gpus import load_gpu
+from autofit.gpus import NVME_GBS, load_gpu
 from autofit.knobs import REGISTRY, invalid_reason
 from autofit.knobs.base import Refuse, Say, Subject
 from autofit.knobs.offload_activations import ActivationOffload
@@ -26,7 +27,7 @@ from autofit.simulator.nvme import (
     aligned,
     sub_groups,
 )
-from autofit.simulator.roofline import NVME_GBS, RooflineCounter
+from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.tracker import round_allocation, round_pinned
 from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 
@@ -218,6 +219,10 @@ def test_the_step_waits_for_nvme_as_the_figures_say() -> None:
     assert overlapped.cost.step_seconds == 1.0  # half a second of reads hides behind compute
     overlapped.add_traffic(0, 0, 0, nvme_bytes=int(NVME_GBS * 1e9))
     assert overlapped.cost.step_seconds == pytest.approx(1.5)
+    # A faster drive, as the GPU entry may say (gpu.nvme_gbs=25: the ZeRO-Infinity paper's node).
+    striped = RooflineCounter(dataclasses.replace(gpu, nvme_gbs=25.0))
+    striped.add_traffic(0, 0, 0, nvme_step_bytes=int(50e9))
+    assert striped.cost.step_seconds == pytest.approx(2.0)
 
 
 def test_nvme_makes_the_simulated_step_slower_than_host_memory() -> None:

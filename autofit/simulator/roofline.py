@@ -11,7 +11,7 @@ the block it evicts is done, and the GPU waits when the block it brings is neede
 host CPU does itself (an offloaded optimizer step) waits for the GPU and the GPU waits for it, so
 its time adds on. Collectives between the run's GPUs (ZeRO across GPUs) are overlapped with
 compute, as DeepSpeed's `overlap_comm` does. NVMe reads and writes (ZeRO-Infinity) run at the
-drive's bandwidth (`NVME_GBS`): weight fetches and gradient writes overlap with compute, as
+drive's bandwidth (the GPU entry's `nvme_gbs`): weight fetches and gradient writes overlap with compute, as
 DeepSpeed prefetches them; the optimizer's swaps run between its own updates, so they add on.
 
 FLOPs come from PyTorch's own formulas (torch.utils.flop_counter) for matmuls, convolutions and
@@ -54,11 +54,6 @@ HOST_SECONDS_PER_OP = 21e-6
 # Updates run by the host CPU (an offloaded optimizer) are bound by host memory bandwidth; a
 # multi-threaded CPU Adam sustains a fraction of a server's DRAM bandwidth.
 HOST_MEMORY_GBS = 40.0
-# One NVMe SSD on PCIe 4.0 x4, the drive ZeRO-Infinity offloads to on a workstation: Samsung 990
-# PRO's datasheet gives 7.45 GB/s sequential read and 6.9 GB/s sequential write; the lower, since
-# a step's reads and writes share the drive. (The ZeRO-Infinity paper, Rajbhandari et al. 2021,
-# counts about 25 GB/s per DGX-2 node, from several drives.)
-NVME_GBS = 6.9
 
 aten = torch.ops.aten
 _NO_KERNEL = {
@@ -251,8 +246,8 @@ class RooflineCounter(TorchDispatchMode):
         self.cost.link_seconds += link_bytes / (self.gpu.host_link_gbs * 1e9)
         self.cost.peer_seconds += peer_bytes / (self.gpu.peer_link_gbs * 1e9)
         self.cost.host_compute_seconds += host_compute_bytes / (HOST_MEMORY_GBS * 1e9)
-        self.cost.nvme_seconds += nvme_bytes / (NVME_GBS * 1e9)
-        self.cost.nvme_step_seconds += nvme_step_bytes / (NVME_GBS * 1e9)
+        self.cost.nvme_seconds += nvme_bytes / (self.gpu.nvme_gbs * 1e9)
+        self.cost.nvme_step_seconds += nvme_step_bytes / (self.gpu.nvme_gbs * 1e9)
 
     def _math_rate(self, packet: Any, dtype: torch.dtype | None) -> float:
         tflops = self.gpu.tflops
