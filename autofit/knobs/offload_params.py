@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
-from autofit.knobs.offload_optimizer import kohya_nvme_path
+from autofit.knobs.offload_optimizer import kohya_nvme_path, nvme_saves_over
 from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
 
 
@@ -23,7 +23,7 @@ class OffloadParams(Knob):
     }
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        return {"cpu": "none", "nvme": "cpu"}.get(value)  # nvme: host memory, not GPU memory
+        return nvme_saves_over(value, searched)
 
     trainers = {
         "accelerate": zero_checked(),
