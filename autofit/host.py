@@ -30,7 +30,8 @@ GIB = 1 << 30
 # shard and materialises tensors as it assigns them (modeling_utils.py, `_load_pretrained_model`:
 # safe_open(..., backend="mmap") and get_slice; core_model_loading.py, at most 4 loading threads),
 # so one shard is an upper bound on its working set. Under ZeRO-3 the same code gives rank 0 the
-# whole checkpoint (`load_state_dict(..., map_location="cpu")` for every file): not modelled.
+# whole checkpoint (`load_state_dict(..., map_location="cpu")` for every file, merged) and the
+# other ranks only its shapes (map_location="meta"): see `loader`.
 DIFFUSERS_SHARD_BYTES = 10 * 10**9
 TRANSFORMERS_SHARD_BYTES = 5 * 10**9
 _TRANSFORMERS_FAMILIES = ("llm",)
@@ -45,6 +46,20 @@ def loader_shard_bytes(family: str) -> int:
     that transient (pageable storages made and freed during setup) as at most one shard of the
     library that loads this family. A model built straight on the GPU has no loader transient."""
     return TRANSFORMERS_SHARD_BYTES if family in _TRANSFORMERS_FAMILIES else DIFFUSERS_SHARD_BYTES
+
+
+def loader(family: str, knobs: dict[str, Any]) -> tuple[int | None, int]:
+    """How a run's processes read the checkpoint: what each reader holds at most (bytes; None:
+    all of it) and how many processes read. A transformers model under ZeRO-3 is read whole by
+    rank 0 alone (modeling_utils.py, `_load_pretrained_model` when is_deepspeed_zero3_enabled
+    and the model is not quantized); otherwise every process reads it a shard at a time
+    (`loader_shard_bytes`)."""
+    from autofit.knobs.train_mode import FOUR_BIT_MODES
+
+    quantized = knobs.get("train_mode") in FOUR_BIT_MODES
+    if knobs.get("zero_stage") == 3 and family in _TRANSFORMERS_FAMILIES and not quantized:
+        return None, 1
+    return loader_shard_bytes(family), host_ranks(knobs)
 
 
 def host_ranks(knobs: dict[str, Any]) -> int:

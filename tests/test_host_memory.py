@@ -385,3 +385,23 @@ def test_a_real_gpu_run_takes_the_process_figure_where_it_is_larger() -> None:
     assert rss is not None and raised.peak_bytes <= 2 * rss  # the peak only grows since
     assert raised.peak_bytes > ledger.peak_bytes and raised.phase == "training steps (measured)"
     assert raised.pinned_bytes + raised.pageable_bytes == raised.peak_bytes
+
+
+def test_under_zero3_rank_0_alone_reads_a_transformers_checkpoint_whole() -> None:
+    """transformers under ZeRO-3 materialises every checkpoint file on rank 0 and gives the other
+    ranks shapes only; otherwise each process reads a shard at a time."""
+    from autofit.host import loader
+
+    assert loader("llm", {"zero_stage": 3, "world_size": 8, "train_mode": "full"}) == (None, 1)
+    assert loader("llm", {"zero_stage": 3, "world_size": 8, "train_mode": "qlora"}) == (
+        5 * 10**9,
+        8,
+    )
+    assert loader("sana", {"zero_stage": 3, "world_size": 8}) == (10 * 10**9, 8)
+    assert loader("llm", {"zero_stage": 0, "world_size": 2}) == (5 * 10**9, 2)
+    _, tracker, _ = _swap_figures()
+    one = tracker.host_report()
+    both = tracker.host_report(None, ranks=2, loader_ranks=1)
+    # Setup: two processes' resident bytes, one process's loader (here the whole tiny model).
+    assert both.phase_peaks["optimizer"] == 2 * one.phase_peaks["optimizer"]
+    assert both.phase_peaks["setup"] < 2 * one.phase_peaks["setup"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autofit.gpus import GpuSpec
-from autofit.host import host_ranks, loader_shard_bytes
+from autofit.host import host_ranks, loader
 from autofit.simulator.allocator import required_memory
 from autofit.simulator.tracker import HostReport, MemoryTracker
 
@@ -101,19 +101,11 @@ def model_gpu_memory(tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int) ->
 
 
 def model_host_memory(tracker: MemoryTracker, spec: ProbeSpec) -> HostReport:
-    """The host memory of the tracked steps for the whole run: the tracker's host ledger, with a
-    loader holding one shard of the model's library at a time, times the processes sharing the
-    machine."""
-    report = tracker.host_report(loader_shard_bytes(spec.model["family"]))
-    ranks = host_ranks(spec.knobs)
-    return HostReport(
-        peak_bytes=report.peak_bytes * ranks,
-        pinned_bytes=report.pinned_bytes * ranks,
-        pageable_bytes=report.pageable_bytes * ranks,
-        loader_bytes=report.loader_bytes * ranks,
-        phase=report.phase,
-        phase_peaks={phase: peak * ranks for phase, peak in report.phase_peaks.items()},
-    )
+    """The host memory of the tracked steps for the whole run: the tracker's host ledger times
+    the processes sharing the machine, with the loader's working set as autofit/host.py
+    `loader` says (how much each reader holds, and how many processes read)."""
+    cap, readers = loader(spec.model["family"], spec.knobs)
+    return tracker.host_report(cap, host_ranks(spec.knobs), readers)
 
 
 def host_fields(host: HostReport) -> dict[str, Any]:

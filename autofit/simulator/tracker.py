@@ -326,9 +326,14 @@ class MemoryTracker(TorchDispatchMode):
                 transient.add(~event)
         return transient
 
-    def host_report(self, loader_cap: int | None = None) -> HostReport:
+    def host_report(
+        self, loader_cap: int | None = None, ranks: int = 1, loader_ranks: int | None = None
+    ) -> HostReport:
         """The host peak (module docstring: pinned as the caching host allocator holds it,
-        pageable live, the loader's working set at most `loader_cap`; None: counted in full)."""
+        pageable live, the loader's working set at most `loader_cap`; None: counted in full),
+        of `ranks` processes like this one on one machine, `loader_ranks` of which (default:
+        all) read the checkpoint."""
+        readers = ranks if loader_ranks is None else loader_ranks
         transient = self._loader_working_set()
         cached: dict[int, int] = {}  # pinned block size -> blocks the allocator holds
         in_use: dict[int, int] = {}  # pinned block size -> blocks handed out now
@@ -347,10 +352,10 @@ class MemoryTracker(TorchDispatchMode):
                 loading += sign * size
             else:
                 pageable += sign * size
-            loader = loading if loader_cap is None else min(loading, loader_cap)
-            total = pinned + pageable + loader
+            loader = readers * (loading if loader_cap is None else min(loading, loader_cap))
+            total = ranks * (pinned + pageable) + loader
             if total > best[0]:
-                best = (total, pinned, pageable + loader, loader, phase)
+                best = (total, ranks * pinned, ranks * pageable + loader, loader, phase)
             if total > phase_peaks.get(phase, 0):
                 phase_peaks[phase] = total
         peak, pinned_at, pageable_at, loader_at, phase_at = best
