@@ -239,6 +239,7 @@ def _offload_run() -> SimpleNamespace:
     run = SimpleNamespace(
         host=lambda pinned=False: nullcontext(),
         host_device=torch.device("cpu"),
+        device=torch.device("cpu"),
         traffic=traffic,
     )
     run.to_device = lambda t: (

@@ -80,9 +80,10 @@ class ActivationOffload:
         )  # fmt: skip
         offloaded = self.copies.get(key)
         if offloaded is None:
-            with self.run.host(pinned=True):
-                host = torch.empty_like(tensor, device=self.run.host_device)
-                host.copy_(tensor.detach())
+            with self.run.host(pinned=True):  # page-locked where there is a GPU to copy from
+                pinned = self.run.device.type == "cuda"
+                host = torch.empty_like(tensor, device=self.run.host_device, pin_memory=pinned)
+                host.copy_(tensor.detach(), non_blocking=pinned)
             self.run.traffic.link_bytes += tensor.numel() * tensor.element_size()
             offloaded = self.copies[key] = _Offloaded(host)
             self.stash.append(tensor)  # alive until the side stream's copy is surely done
