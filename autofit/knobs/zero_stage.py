@@ -253,13 +253,11 @@ class ZeroStage(Knob):
         mode = knobs.get("train_mode", "full")
         if mode not in ("full", "lora", "qlora"):
             return f"zero_stage={value} with train_mode={mode} is not modelled"
-        if mode == "qlora" and context.backend != "simulate":
-            # DeepSpeed casts the module to its 16-bit dtype, and ZeRO-3 needs the packed weights
-            # stored in it (bnb_4bit_quant_storage): bitsandbytes' 4-bit layers on the CPU are
-            # not run that way here.
-            return (
-                f"zero_stage={value} with train_mode=qlora is emulated only: use backend=simulate"
-            )
+        if mode == "qlora" and value == 3 and context.backend != "simulate":
+            # ZeRO-3 partitions only weights stored in the 16-bit dtype (bnb_4bit_quant_storage);
+            # the bitsandbytes layers the real backends build keep theirs in uint8, which
+            # DeepSpeed's zero.Init cannot partition (stages 1 and 2 run for real).
+            return "zero_stage=3 with train_mode=qlora is emulated only (the 4-bit weights in 16-bit storage): use backend=simulate"
         for knob, off in (("swap_blocks", 0), ("ema", "off")):
             if knobs.get(knob, off) != off:
                 return f"zero_stage={value} with {knob}={knobs[knob]} is not modelled"
