@@ -316,6 +316,7 @@ INVALID = [
     ({"offload_optimizer": "nvme"}, "simulate", "offload_optimizer=nvme is ZeRO-Offload"),
     ({"zero_stage": 3, "offload_optimizer": "nvme"}, "cpu", "emulated only"),
     ({"zero_stage": 3, "train_mode": "qlora"}, "cpu", "train_mode=qlora is emulated only"),
+    ({"offload_activations": "cpu", "fsdp": "full_shard", "world_size": 2}, "simulate", "fsdp=full_shard is not modelled"),
 ]  # fmt: skip
 
 

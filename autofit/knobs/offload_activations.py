@@ -17,8 +17,9 @@ With gradient checkpointing, what forward saves is each checkpointed block's inp
 non-reentrant checkpoint saves them as saved tensors, and the block's own activations are
 recomputed): those are offloaded, and the recomputed ones stay on the GPU for the block's
 backward. The copies cross the host link both ways, on their own stream, overlapped with compute
-(the roofline prices them as host-link traffic). Any model family; with ZeRO and FSDP the
-gathered weights are weights, not copied (torchtune runs it under FSDP2).
+(the roofline prices them as host-link traffic). Any model family; with ZeRO-3 the gathered
+weights are weights, not copied. Not with FSDP here (torchtune runs it under FSDP2, but the FSDP
+emulation keeps saved-tensor hooks of its own, which these cannot wrap).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, Refuse, Say
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +110,14 @@ class OffloadActivations(Knob):
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         return "off" if value == "cpu" else None
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        fsdp = context.knobs.get("fsdp", "off")
+        if value == "cpu" and fsdp != "off":
+            # The FSDP emulation (autofit/simulator/fsdp.py) saves gathered weights by reference
+            # through saved-tensor hooks of its own, inside which these would not run.
+            return f"offload_activations=cpu with fsdp={fsdp} is not modelled"
+        return None
 
     def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if value != "cpu":
