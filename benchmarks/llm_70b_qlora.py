@@ -29,41 +29,27 @@ OUT = Path("results/benchmarks/llm_70b_qlora")
 SPACE = "llm_70b_qlora"
 
 
-def search(model: str, card: str, jobs: int) -> dict:
-    out = OUT / f"{model}-{card}"
-    command = [
-        sys.executable, "-m", "autofit", "search", f"model={model}", f"gpu={card}",
-        f"space={SPACE}", "backend=simulate", f"jobs={jobs}", f"out={out}",
-        f"storage=sqlite:///{OUT / 'studies.db'}",
-    ]  # fmt: skip
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    row: dict = {
-        "card": card,
-        "exit": done.returncode,
-        "wall_s": round(time.perf_counter() - started),
-    }
-    trials = out / "trials.csv"
-    if not trials.exists():  # the search stopped before its first probe
-        row["error"] = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        return row
+def read_trials(trials: Path) -> dict:
+    """A search's trials.csv, per sequence length: the largest batch that fits and the fastest
+    run at it, or the least peak of those that did not fit."""
+    found: dict = {}
     with trials.open() as f:
         probes = [t for t in csv.DictReader(f) if t["outcome"] in ("ok", "oom", "oom_host")]
-    row["probes"] = len(probes)
-    row["lengths"] = {}
+    found["probes"] = len(probes)
+    found["lengths"] = {}
     for length in sorted({int(t["resolution"]) for t in probes}):
         at = [t for t in probes if int(t["resolution"]) == length]
         fits = [t for t in at if t["outcome"] == "ok"]
         if not fits:
             least = min(at, key=lambda t: float(t["peak_gib"] or "inf"))
-            row["lengths"][length] = {"fits": False, "least_peak_gib": least["peak_gib"]}
+            found["lengths"][length] = {"fits": False, "least_peak_gib": least["peak_gib"]}
             continue
         batch = max(int(t["batch_size"]) for t in fits)
         fastest = max(
             (t for t in fits if int(t["batch_size"]) == batch),
             key=lambda t: float(t["samples_per_s"] or 0),
         )
-        row["lengths"][length] = {
+        found["lengths"][length] = {
             "fits": True,
             "batch": batch,
             "checkpointing": fastest["checkpointing"],
@@ -75,6 +61,29 @@ def search(model: str, card: str, jobs: int) -> dict:
                 {f"{t['checkpointing']}/{t['optimizer']}/{t['loss']}" for t in fits}
             ),
         }
+    return found
+
+
+def search(model: str, card: str, jobs: int) -> dict:
+    out = OUT / f"{model}-{card}"
+    command = [
+        sys.executable, "-m", "autofit", "search", f"model={model}", f"gpu={card}",
+        f"space={SPACE}", "backend=simulate", f"jobs={jobs}", f"out={out}",
+        f"storage=sqlite:///{OUT / 'studies.db'}",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    row: dict = {
+        "model": model,
+        "card": card,
+        "exit": done.returncode,
+        "wall_s": round(time.perf_counter() - started),
+    }
+    trials = out / "trials.csv"
+    if not trials.exists():  # the search stopped before its first probe
+        row["error"] = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        return row
+    row.update(read_trials(trials))
     return row
 
 
