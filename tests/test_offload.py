@@ -62,8 +62,13 @@ def test_zero2_with_lora_keeps_optimizer_state_and_gradients_for_the_adapters_on
     assert every > 3 * n
 
 
-def test_zero3_with_lora_partitions_the_frozen_base_too() -> None:
-    run, tracker = simulate.trace(_sana(1, zero_stage=3, world_size=4, train_mode="lora"))
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_zero3_with_lora_partitions_the_frozen_base_too(checkpointing: bool) -> None:
+    # With checkpointing the blocks' forward runs again in backward: the frozen weights it
+    # gathers there are dropped again once their backward is done.
+    run, tracker = simulate.trace(
+        _sana(1, zero_stage=3, world_size=4, train_mode="lora", checkpointing=checkpointing)
+    )
     emulation = _emulation(run)
     frozen = [p for p in run.model.parameters() if not p.requires_grad]
     assert frozen and all(p in emulation.shards for p in frozen)
@@ -77,6 +82,22 @@ def test_zero3_with_lora_partitions_the_frozen_base_too() -> None:
     whole, whole_tracker = simulate.trace(_sana(1, zero_stage=2, train_mode="lora"))
     assert run.param_count == whole.param_count  # weights counted, not the shards' elements
     assert tracker.live_bytes("parameters") < whole_tracker.live_bytes("parameters") / 3.9
+
+
+def test_zero3_lora_with_checkpointing_regathers_the_frozen_norms_for_recomputation() -> None:
+    """A language model's frozen norm weights are saved by the recomputed forward: they stay
+    gathered for their backward (the recomputation's check sees the shapes it saw in forward),
+    and only the shares are left after the step."""
+    probe = with_blocks(
+        spec("llama3_2_1b", resolution=128, checkpointing=True, zero_stage=3, world_size=2,
+             train_mode="lora"),
+        1,
+    )  # fmt: skip
+    run, tracker = simulate.trace(probe)
+    assert tracker.live_bytes("parameters") == sum(
+        round_allocation(share(logical_numel(p), 2) * p.element_size())
+        for p in run.model.parameters()
+    )
 
 
 def test_zero3_with_qlora_partitions_the_packed_weights_in_the_16_bit_storage_dtype() -> None:

@@ -282,6 +282,14 @@ def _partition_layout(param: nn.Parameter, run: RunState) -> tuple[torch.dtype, 
     return param.dtype, param.numel()
 
 
+def _needs_grad(output: Any) -> bool:
+    if isinstance(output, torch.Tensor):
+        return output.requires_grad
+    if isinstance(output, (tuple, list)):
+        return any(_needs_grad(item) for item in output)
+    return False
+
+
 def _holds(param: nn.Parameter, tensor: torch.Tensor) -> bool:
     return param.untyped_storage()._cdata == tensor.untyped_storage()._cdata
 
@@ -304,6 +312,19 @@ class _ModuleWeights(ParameterStream):
 
     def drop(self) -> None:
         for param in self.params:
+            if not _holds(param, self.release(param)):
+                param.data = self.release(param)
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.in_backward:
+            return
+        # A checkpointed block's forward runs again inside backward; a frozen weight saved there
+        # (a LoRA base's, a norm's) is kept until its module's backward is done (no gradient
+        # hook drops it), as long as that backward will run: the output needs a gradient.
+        keep_frozen = torch._C._current_graph_task_id() != -1 and _needs_grad(output)
+        for param in self.params:
+            if keep_frozen and not param.requires_grad:
+                continue
             if not _holds(param, self.release(param)):
                 param.data = self.release(param)
 
