@@ -18,8 +18,11 @@ import pytest
 from chromium import find_chromium, open_page
 from helpers import autofit
 
+from autofit.report import charts
 from autofit.report.changes import compare
+from autofit.report.tables import host_cell
 from autofit.results import load_study
+from autofit.units import size
 
 # Two resolutions: at 64 px every batch fits (so checkpointing is pruned), at 256 px the budget
 # stops the batch (oom); bf16 cannot run on a T4 (invalid). A 96.3% margin leaves a T4 ~568 MiB.
@@ -42,6 +45,32 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (cwd / "space.yaml").write_text(SPACE)
     done = autofit("search", "model=tiny_sana", "gpu=t4", "space=space.yaml", "margin=0.963",
                    f"study={STUDY}", cwd=cwd)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return cwd
+
+
+# Activations offloaded to pinned host memory grow with the batch; a 0.05 GiB host budget stops
+# fp16 at a batch of about 6 and fp32 at about 3, while the T4 holds every batch of the space: the
+# batches above are oom_host, never oom.
+HOST_SPACE = """
+batch_size: {min: 1, max: 16}
+resolution: [256]
+knobs:
+  precision: [fp16, fp32]
+  offload_activations: [cpu]
+target: {resolution: 256, min_batch: 1}
+"""
+HOST_STUDY = "tiny_sana-t4-host"
+HOST_BUDGET = int(0.05 * (1 << 30))
+
+
+@pytest.fixture(scope="module")
+def host_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding one real study searched under a host budget, with its report written."""
+    cwd = tmp_path_factory.mktemp("host")
+    (cwd / "space.yaml").write_text(HOST_SPACE)
+    done = autofit("search", "model=tiny_sana", "gpu=t4", "space=space.yaml",
+                   "host_memory_gib=0.05", f"study={HOST_STUDY}", cwd=cwd)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return cwd
 
@@ -246,3 +275,145 @@ def test_the_browser_check_sees_console_errors_and_failed_loads(tmp_path: Path) 
     assert rendered.values["ready"] is True
     text = "\n".join(rendered.errors)
     assert "boom" in text and "notDefined" in text and "missing.png" in text, text
+
+
+def _trials(folder: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader((folder / "trials.csv").open()))
+
+
+def _rewrite_trials(folder: Path, rows: list[dict[str, str]], columns: list[str]) -> None:
+    with (folder / "trials.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_a_run_over_the_host_budget_is_reported_as_oom_host_and_never_on_the_front(
+    host_workdir: Path,
+) -> None:
+    done = autofit("report", f"study={HOST_STUDY}", cwd=host_workdir)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    folder = host_workdir / "results" / HOST_STUDY
+    rows = _trials(folder)
+    over_host = [r for r in rows if r["outcome"] == "oom_host"]
+    assert over_host and not [r for r in rows if r["outcome"] == "oom"]
+    for row in over_host:  # over the host's budget, within the GPU's
+        assert int(row["host_peak_bytes"]) > int(row["host_budget_bytes"]) == HOST_BUDGET
+        assert int(row["peak_bytes"]) <= int(row["budget_bytes"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["host_budget_bytes"] == HOST_BUDGET
+    assert f"host budget {size(HOST_BUDGET)}," in out.splitlines()[0]
+
+    # The front and the best: fitting runs only, each with its host peak, pinned in full
+    # (offloaded activations are page-locked).
+    ok = {(r["batch_size"], r["precision"]) for r in rows if r["outcome"] == "ok"}
+    for point in [summary["best"], *summary["pareto"]]:
+        assert (str(point["config"]["batch_size"]), point["config"]["precision"]) in ok
+        assert point["host_peak_bytes"] == point["host_pinned_bytes"] <= HOST_BUDGET
+        assert host_cell(point) == f"{size(point['host_peak_bytes'])} (100% pinned)"
+    front = out[out.index("Pareto front") : out.index("best configuration per resolution")]
+    best = out[
+        out.index("best configuration per resolution") : out.index("the best configuration's")
+    ]
+    assert front.splitlines()[1].split()[-1] == "host"
+    assert best.splitlines()[1].split()[-1] == "host"
+    for point in summary["pareto"]:
+        row = rf"^256 +{point['config']['batch_size']} .*  {re.escape(host_cell(point))}$"
+        assert re.search(row, front, re.M), front
+    assert f"{host_cell(summary['best'])}  <- best" in best
+
+    # The combination that lost says the batch above its largest went over the host's budget,
+    # by how much, and where.
+    loser = next(c for c in summary["combinations"] if c["knobs"]["precision"] == "fp32")
+    above = next(r for r in over_host if r["precision"] == "fp32"
+                 and int(r["batch_size"]) == loser["best_batch"] + 1)  # fmt: skip
+    losers = out[out.index("why the others lost") :]
+    assert (
+        f"batch {above['batch_size']}: oom_host in {above['phase']} "
+        f"(host {size(int(above['host_peak_bytes']))} of {size(HOST_BUDGET)})"
+    ) in losers
+
+
+def test_the_charts_mark_runs_over_the_host_budget_apart_in_both_renderers(
+    host_workdir: Path,
+) -> None:
+    from autofit.report.html import _pareto_figure
+
+    study = load_study(host_workdir / "results" / HOST_STUDY)
+    # A probe and its point share the batch and the throughput.
+    over_host = {
+        (p.batch_size, p.samples_per_s): p for p in study.probes if p.outcome.value == "oom_host"
+    }
+    marked = {(p.batch_size, p.samples_per_s): p for p in charts.points(study) if p.over_host}
+    assert over_host and marked.keys() == over_host.keys()
+    for key, point in marked.items():
+        assert not point.fits
+        assert point.host_peak_gib == over_host[key].host_peak_bytes / (1 << 30)
+        assert point.hover().endswith(": fits the GPU, over the host budget")
+    front = [p for f in charts.fronts(study).values() for p in f]
+    assert front and not [p for p in front if (p.batch_size, p.samples_per_s) in marked]
+    best = charts.best_point(study)
+    assert best is not None and best.host_peak_gib is not None
+
+    traces = {t.name: t for t in _pareto_figure(study).data}
+    label, colour = charts.OVER_HOST
+    assert traces[label].marker.color == colour and traces[label].marker.symbol == "cross"
+    assert len(traces[label].x) == len(marked)
+    assert "over the budget" not in traces  # no run was over the GPU's budget
+    report = host_workdir / "results" / HOST_STUDY / "report"
+    assert (report / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_says_a_configuration_that_fitted_now_goes_over_the_host_budget(
+    host_workdir: Path, tmp_path: Path
+) -> None:
+    tonight = host_workdir / "results" / HOST_STUDY
+    last_night = tmp_path / "last_night"
+    shutil.copytree(tonight, last_night)
+    rows = _trials(last_night)
+    over = next(r for r in rows if r["outcome"] == "oom_host")
+    over["outcome"] = "ok"  # as if it had fitted the host before
+    _rewrite_trials(last_night, rows, list(rows[0]))
+    done = autofit("report", f"study={HOST_STUDY}", f"compare={last_night}", cwd=host_workdir)
+    assert done.returncode == 1
+    assert (
+        f"batch {over['batch_size']} precision={over['precision']}" in done.stderr
+        and f"(oom_host in {over['phase']}, host {size(int(over['host_peak_bytes']))} of "
+        f"{size(HOST_BUDGET)})"
+        in done.stderr
+    ), done.stderr
+    assert f"yes -> no (oom_host in {over['phase']})" in done.stdout
+
+
+def test_a_study_written_before_host_memory_was_counted_still_reports(
+    workdir: Path, reported: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """trials.csv without its host columns and a summary without host figures, as autofit wrote
+    them before it counted host memory: the report has a host column of "-" and states no host
+    budget."""
+    old = tmp_path / "before_host"
+    shutil.copytree(workdir / "results" / STUDY, old)
+    rows = _trials(old)
+    _rewrite_trials(old, rows, [c for c in rows[0] if not c.startswith("host_")])
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["host_budget_bytes"]
+    for point in [summary["best"], *summary["pareto"]]:
+        del point["host_peak_bytes"], point["host_pinned_bytes"]
+    (old / "summary.json").write_text(json.dumps(summary))
+
+    done = autofit("report", f"from={old}", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "host budget" not in out.splitlines()[0]
+    assert all(p.host_peak_bytes is None for p in load_study(old).probes)
+    front = out[out.index("Pareto front") : out.index("best configuration per resolution")]
+    best = out[
+        out.index("best configuration per resolution") : out.index("the best configuration's")
+    ]
+    front_rows = [line for line in front.splitlines()[2:] if line.strip()]
+    assert len(front_rows) == len(summary["pareto"])
+    assert all(line.endswith(" -") for line in front_rows), front
+    assert re.search(r" - +<- best$", best, re.M), best
+    # The new study, by contrast, states its host figures (simulated: no host budget).
+    assert "host budget not stated" in reported.stdout.splitlines()[0]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.probe.spec import Outcome
+from autofit.host import budget_words
+from autofit.probe.spec import DOES_NOT_FIT, Outcome
 from autofit.results import Probe, Status, Study, knobs_key
 from autofit.units import size
 from autofit.units import value as show
@@ -42,13 +43,27 @@ def _state(probe: Probe | None) -> dict[str, Any] | None:
     if probe is None:
         return None
     return {"outcome": probe.outcome.value, "peak_bytes": probe.peak_bytes,
-            "samples_per_s": probe.samples_per_s, "phase": probe.phase or None}  # fmt: skip
+            "host_peak_bytes": probe.host_peak_bytes, "samples_per_s": probe.samples_per_s,
+            "phase": probe.phase or None}  # fmt: skip
 
 
-def _outcome_words(probe: Probe, budget: int) -> str:
-    if probe.outcome is Outcome.OOM:
-        where = f" in {probe.phase}" if probe.phase else ""
-        return f"oom{where}, {size(probe.peak_bytes)} of {size(budget)}"
+def over_budget(probe: Probe, budget: int, host_budget: int | None) -> tuple[str, str]:
+    """How a probe that does not fit says so: its outcome where it first went over ("oom in
+    backward", "oom_host in optimizer") and the figures that went over: the GPU's peak against
+    the GPU's budget, or for `oom_host` the host's peak against the host's budget."""
+    where = f" in {probe.phase}" if probe.phase else ""
+    if probe.outcome is Outcome.OOM_HOST:
+        figures = f"host {size(probe.host_peak_bytes)} of {budget_words(host_budget)}"
+    else:
+        figures = f"{size(probe.peak_bytes)} of {size(budget)}"
+    return f"{probe.outcome.value}{where}", figures
+
+
+def _outcome_words(probe: Probe, study: Study) -> str:
+    if probe.outcome in DOES_NOT_FIT:
+        return ", ".join(
+            over_budget(probe, study.budget_bytes, study.summary.get("host_budget_bytes"))
+        )
     return probe.outcome.value
 
 
@@ -148,7 +163,7 @@ def _probes_by_key(study: Study) -> dict[tuple[Any, ...], Probe]:
     return {p.key(): p for p in study.probes if p.batch_size is not None}
 
 
-def _fit_regression(change: Change, budget: int) -> str:
+def _fit_regression(change: Change, after_study: Study) -> str:
     before, after = change.before, change.after
     if (
         before is None
@@ -159,7 +174,7 @@ def _fit_regression(change: Change, budget: int) -> str:
         return ""
     return (
         f"{_words(change.config)} fitted before ({size(before.peak_bytes)}) and does not now "
-        f"({_outcome_words(after, budget)})"
+        f"({_outcome_words(after, after_study)})"
     )
 
 
@@ -212,9 +227,7 @@ def compare(before: Study, after: Study, threshold: float) -> Comparison:
     for key in [*old, *(k for k in new if k not in old)]:
         probe = old.get(key) or new[key]
         change = Change(_config(probe), old.get(key), new.get(key))
-        change.regression = _fit_regression(change, after.budget_bytes) or _speed_regression(
-            change, threshold
-        )
+        change.regression = _fit_regression(change, after) or _speed_regression(change, threshold)
         result.configurations.append(change)
 
     fit_lost = {

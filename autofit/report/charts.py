@@ -2,8 +2,9 @@
 interactive page (html.py).
 
 - The Pareto front: samples/s against run size (batch x pixels) for every probe with a throughput,
-  memory as colour; fitting runs filled, runs over the budget as crosses, the front as a line per
-  resolution, the best run marked.
+  memory as colour; fitting runs filled, runs over the GPU's budget as grey crosses, runs that fit
+  the GPU but not the host's budget (`oom_host`) as purple pluses, the front as a line per
+  resolution, the best run marked. Both renderers draw the markers below in the same colours.
 - The memory breakdown: the best run at each resolution as a stacked bar of its peak's parts
   against the budget.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.probe.spec import Outcome
+from autofit.probe.spec import DOES_NOT_FIT, Outcome
 from autofit.report.tables import PARTS
 from autofit.results import Study
 from autofit.units import value as show
@@ -22,6 +23,10 @@ MEMORY_TITLE = "Peak memory of the best run per resolution, against the budget"
 RUN_SIZE_AXIS = "run size: batch x pixels per step (megapixels)"
 THROUGHPUT_AXIS = "samples/s"
 NOTHING_FITS = "nothing fits the budget"
+# The runs that do not fit, as both renderers mark them: (legend, colour). matplotlib draws the
+# markers as "x" and "P", plotly as "x" and "cross".
+OVER_BUDGET = ("over the budget", "#a6a6a6")
+OVER_HOST = ("fits the GPU, over the host budget", "#9467bd")
 
 
 def log_x(points: list[Point]) -> bool:
@@ -40,6 +45,14 @@ class Point:
     peak_gib: float
     fits: bool
     label: str
+    over_host: bool = False  # fits the GPU but not the host's budget (oom_host)
+    host_peak_gib: float | None = None  # None: a study from before autofit counted host memory
+
+    def hover(self) -> str:
+        """What a point says of its memory, after its label."""
+        host = f", host {self.host_peak_gib:.3f} GiB" if self.host_peak_gib is not None else ""
+        verdict = "" if self.fits else f": {(OVER_HOST if self.over_host else OVER_BUDGET)[0]}"
+        return f"peak {self.peak_gib:.3f} GiB{host}{verdict}"
 
 
 @dataclass(frozen=True)
@@ -54,11 +67,12 @@ def _label(resolution: int, batch: int, knobs: dict[str, object], sep: str = " "
 
 
 def points(study: Study) -> list[Point]:
-    """Every probe that has a throughput: fitting runs and runs over the budget."""
+    """Every probe that has a throughput: fitting runs and runs over the GPU's or the host's
+    budget."""
     found = []
     for probe in study.probes:
         if (
-            probe.outcome not in (Outcome.OK, Outcome.OOM)
+            probe.outcome not in (Outcome.OK, *DOES_NOT_FIT)
             or probe.samples_per_s is None
             or not probe.batch_size
         ):
@@ -72,9 +86,15 @@ def points(study: Study) -> list[Point]:
                 peak_gib=(probe.peak_bytes or 0) / (1 << 30),
                 fits=probe.outcome is Outcome.OK,
                 label=_label(probe.resolution, probe.batch_size, probe.knobs),
+                over_host=probe.outcome is Outcome.OOM_HOST,
+                host_peak_gib=_gib(probe.host_peak_bytes),
             )
         )
     return found
+
+
+def _gib(nbytes: int | None) -> float | None:
+    return None if nbytes is None else nbytes / (1 << 30)
 
 
 def _point(study: Study, entry: dict) -> Point:
@@ -82,7 +102,8 @@ def _point(study: Study, entry: dict) -> Point:
     resolution, batch = int(config["resolution"]), int(config["batch_size"])
     knobs = {k: config[k] for k in study.knob_names if k in config}
     return Point(resolution, batch, batch * resolution**2 / 1e6, entry["samples_per_s"],
-                 entry["peak_bytes"] / (1 << 30), True, _label(resolution, batch, knobs))  # fmt: skip
+                 entry["peak_bytes"] / (1 << 30), True, _label(resolution, batch, knobs),
+                 host_peak_gib=_gib(entry.get("host_peak_bytes")))  # fmt: skip
 
 
 def fronts(study: Study) -> dict[int, list[Point]]:

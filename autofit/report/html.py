@@ -18,6 +18,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 10px; text-align: left; }
 th { background: #f4f4f4; } p.note { font-size: 0.9em; color: #444; }
+td { white-space: nowrap; } td.words { white-space: normal; min-width: 24em; }
 .chart { height: 520px; }
 """
 
@@ -27,22 +28,25 @@ def _pareto_figure(study: Study) -> Any:
 
     fig = go.Figure()
     points = charts.points(study)
-    over = [p for p in points if not p.fits]
+    over = [p for p in points if not p.fits and not p.over_host]
+    over_host = [p for p in points if p.over_host]
     fitting = [p for p in points if p.fits]
-    if over:
-        fig.add_trace(go.Scatter(
-            x=[p.megapixels for p in over], y=[p.samples_per_s for p in over], mode="markers",
-            name="over the budget", marker={"symbol": "x", "color": "#aaa", "size": 7},
-            text=[f"{p.label}<br>peak {p.peak_gib:.3f} GiB: over the budget" for p in over],
-            hoverinfo="text",
-        ))  # fmt: skip
+    for runs, symbol, (label, colour) in ((over, "x", charts.OVER_BUDGET),
+                                          (over_host, "cross", charts.OVER_HOST)):  # fmt: skip
+        if runs:
+            fig.add_trace(go.Scatter(
+                x=[p.megapixels for p in runs], y=[p.samples_per_s for p in runs],
+                mode="markers", name=label,
+                marker={"symbol": symbol, "color": colour, "size": 7},
+                text=[f"{p.label}<br>{p.hover()}" for p in runs], hoverinfo="text",
+            ))  # fmt: skip
     if fitting:
         fig.add_trace(go.Scatter(
             x=[p.megapixels for p in fitting], y=[p.samples_per_s for p in fitting],
             mode="markers", name="fits",
             marker={"color": [p.peak_gib for p in fitting], "colorscale": "Viridis", "size": 9,
                     "showscale": True, "colorbar": {"title": {"text": "peak (GiB)"}}},
-            text=[f"{p.label}<br>peak {p.peak_gib:.3f} GiB" for p in fitting], hoverinfo="text",
+            text=[f"{p.label}<br>{p.hover()}" for p in fitting], hoverinfo="text",
         ))  # fmt: skip
     for resolution, front in charts.fronts(study).items():
         fig.add_trace(go.Scatter(
@@ -97,14 +101,21 @@ def _memory_figure(study: Study) -> Any:
     return fig
 
 
+# A cell this long is words (why a run lost), which may wrap; shorter ones are figures ("1.20 GiB
+# (50% pinned)", "batch_size=4") and stay on one line, so a number is never cut from its unit.
+WORDS = 40
+
+
+def _cell(text: str) -> str:
+    kind = ' class="words"' if len(text) > WORDS else ""
+    return f"<td{kind}>{html.escape(text)}</td>"
+
+
 def _table(table: Table) -> str:
     parts = [f"<h2>{html.escape(table.title)}</h2>"]
     if table.rows:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in table.header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in table.rows
-        )
+        body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in table.rows)
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     if table.note:
         parts.append(f'<p class="note">{html.escape(table.note)}</p>')

@@ -24,10 +24,13 @@ def pareto_png(study: Study, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
     points = charts.points(study)
     fitting = [p for p in points if p.fits]
-    over = [p for p in points if not p.fits]
-    if over:
-        ax.scatter([p.megapixels for p in over], [p.samples_per_s for p in over], marker="x",
-                   color="0.65", s=30, label="over the budget")  # fmt: skip
+    over = [p for p in points if not p.fits and not p.over_host]
+    over_host = [p for p in points if p.over_host]
+    for runs, marker, (label, colour) in ((over, "x", charts.OVER_BUDGET),
+                                          (over_host, "P", charts.OVER_HOST)):  # fmt: skip
+        if runs:
+            ax.scatter([p.megapixels for p in runs], [p.samples_per_s for p in runs],
+                       marker=marker, color=colour, s=30, label=label)  # fmt: skip
     if fitting:
         peak = [p.peak_gib for p in fitting]
         dots = ax.scatter([p.megapixels for p in fitting], [p.samples_per_s for p in fitting],

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.host import budget_words
 from autofit.probe.spec import Outcome
-from autofit.report.changes import Comparison, relative
+from autofit.report.changes import Comparison, over_budget, relative
 from autofit.results import Probe, Status, Study
 from autofit.units import size
 from autofit.units import value as show
@@ -50,11 +51,15 @@ class Table:
 
 def headline(study: Study) -> str:
     s = study.summary
+    # A study written before autofit counted host memory has no host budget to state.
+    host = (
+        f", host budget {budget_words(s['host_budget_bytes'])}" if "host_budget_bytes" in s else ""
+    )
     return (
         f"study {study.name}: {s.get('model')} on {s.get('gpu')} [{s.get('backend')}], "
         f"space {s.get('space')}, budget {size(study.budget_bytes)} "
-        f"(the GPU's memory less a {s.get('margin', 0):.0%} margin), {s.get('n_probes', 0)} probes; "
-        f"results in {study.path}/"
+        f"(the GPU's memory less a {s.get('margin', 0):.0%} margin){host}, "
+        f"{s.get('n_probes', 0)} probes; results in {study.path}/"
     )
 
 
@@ -73,11 +78,21 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.0%}" if whole else "-"
 
 
+def host_cell(point: dict[str, Any]) -> str:
+    """A fitting run's host peak for a table: its size, with the pinned share where some of it
+    is pinned (page-locked memory the host cannot page out); "-" for a run from a study written
+    before autofit counted host memory."""
+    peak, pinned = point.get("host_peak_bytes"), point.get("host_pinned_bytes")
+    if peak is None:
+        return "-"
+    return size(peak) + (f" ({pinned / peak:.0%} pinned)" if pinned and peak else "")
+
+
 def pareto_table(study: Study) -> Table:
     names = study.knob_names
     table = Table(
         "Pareto front (throughput against batch x pixels), per resolution",
-        ["res", "batch", *names, "samples/s", "peak", "of budget"],
+        ["res", "batch", *names, "samples/s", "peak", "of budget", "host"],
     )
     for point in sorted(study.pareto, key=lambda p: (p["config"]["resolution"], p["run_size"])):
         config = point["config"]
@@ -89,6 +104,7 @@ def pareto_table(study: Study) -> Table:
                 f"{point['samples_per_s']:.3f}",
                 size(point["peak_bytes"]),
                 _share(point["peak_bytes"], study.budget_bytes),
+                host_cell(point),
             ]  # fmt: skip
         )
     if not table.rows:
@@ -96,7 +112,20 @@ def pareto_table(study: Study) -> Table:
     return table
 
 
+def host_budget(study: Study) -> int | None:
+    """The study's host budget (bytes); None where not stated or not counted."""
+    return study.summary.get("host_budget_bytes")
+
+
 def _nothing_fits(study: Study) -> str:
+    over_host = [p for p in study.probes if p.outcome is Outcome.OOM_HOST]
+    if over_host:
+        least = min(p.host_peak_bytes or 0 for p in over_host)
+        return (
+            f"nothing fits: {len(over_host)} runs fit the GPU but not the host (the least host "
+            f"memory found is {size(least)} against a host budget of "
+            f"{budget_words(host_budget(study))})"
+        )
     smallest = study.smallest_peak()
     found = f"the smallest peak found is {size(smallest)}" if smallest else "no probe finished"
     return f"nothing fits: {found} against a budget of {size(study.budget_bytes)}"
@@ -107,7 +136,7 @@ def best_table(study: Study) -> Table:
     best = study.best
     table = Table(
         "best configuration per resolution (the fastest that fits)",
-        ["res", "batch", *names, "samples/s", "step", "peak", "of budget", ""],
+        ["res", "batch", *names, "samples/s", "step", "peak", "of budget", "host", ""],
     )
     for resolution, point in study.best_per_resolution().items():
         config = point["config"]
@@ -121,6 +150,7 @@ def best_table(study: Study) -> Table:
                 f"{(point.get('step_time_s') or 0) * 1e3:.1f} ms",
                 size(point["peak_bytes"]),
                 _share(point["peak_bytes"], study.budget_bytes),
+                host_cell(point),
                 "<- best" if overall else "",
             ]  # fmt: skip
         )
@@ -153,10 +183,10 @@ def breakdown_table(study: Study) -> Table:
     return table
 
 
-def _oom_words(probe: Probe, budget: int) -> str:
-    if probe.outcome is Outcome.OOM:
-        where = f" in {probe.phase}" if probe.phase else ""
-        return f"batch {probe.batch_size}: oom{where} ({size(probe.peak_bytes)} of {size(budget)})"
+def _oom_words(probe: Probe, study: Study) -> str:
+    if probe.outcome in (Outcome.OOM, Outcome.OOM_HOST):
+        outcome, figures = over_budget(probe, study.budget_bytes, host_budget(study))
+        return f"batch {probe.batch_size}: {outcome} ({figures})"
     return f"batch {probe.batch_size}: {probe.outcome.value}" + (
         f" ({probe.reason})" if probe.reason else ""
     )
@@ -168,7 +198,7 @@ def _why_exact(study: Study, combination: dict[str, Any], best_at: dict[str, Any
     b = combination["best_batch"]
     fitting = next((p for p in probes if p.batch_size == b), None)
     above = next((p for p in probes if p.batch_size == b + 1), None)
-    limit = _oom_words(above, study.budget_bytes) if above else f"batch {b} is the space's largest"
+    limit = _oom_words(above, study) if above else f"batch {b} is the space's largest"
     if fitting is None or fitting.samples_per_s is None or best_at is None:
         return limit
     slower = 1 - fitting.samples_per_s / best_at["samples_per_s"]
@@ -212,7 +242,7 @@ def losers_table(study: Study) -> Table:
         elif status is Status.NONE_FIT:
             probes = study.probes_of(combination)
             result = "none fit"
-            why = _oom_words(probes[0], study.budget_bytes) if probes else combination["reason"]
+            why = _oom_words(probes[0], study) if probes else combination["reason"]
         elif status is Status.FAILED:  # a probe crashed or timed out: its own message says why
             broken = [
                 p
@@ -220,7 +250,7 @@ def losers_table(study: Study) -> Table:
                 if p.outcome in (Outcome.CRASH, Outcome.TIMEOUT)
             ]
             result = status.value
-            why = _oom_words(broken[0], study.budget_bytes) if broken else combination["reason"]
+            why = _oom_words(broken[0], study) if broken else combination["reason"]
         else:  # pruned or invalid: the search said why
             result, why = status.value, combination["reason"].removeprefix("invalid: ")
         table.rows.append([str(resolution), *_knobs(combination["knobs"], names), result, why])
@@ -239,8 +269,9 @@ def report_tables(study: Study) -> list[Table]:
 def _fit(probe: Probe | None) -> str:
     if probe is None:
         return "not probed"
-    if probe.outcome is Outcome.OOM:
-        return f"no (oom{' in ' + probe.phase if probe.phase else ''})"
+    if probe.outcome in (Outcome.OOM, Outcome.OOM_HOST):
+        where = f" in {probe.phase}" if probe.phase else ""
+        return f"no ({probe.outcome.value}{where})"
     return "yes" if probe.outcome is Outcome.OK else probe.outcome.value
 
 
