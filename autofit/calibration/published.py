@@ -165,13 +165,14 @@ def simulated_figure(row: PublishedRow, result: Any) -> int | None:
 
 def compared(row: PublishedRow, result: Any, budget_bytes: int) -> dict[str, Any]:
     """The row's simulated figure, its error and the fit verdicts (a dict for the CSV)."""
-    from autofit.probe.spec import Outcome
+    from autofit.probe.spec import DOES_NOT_FIT, Outcome
 
     simulated = simulated_figure(row, result)
     error = None
     if simulated is not None and row.figure_bytes:
         error = simulated / row.figure_bytes - 1
-    answered = result.outcome in (Outcome.OK, Outcome.OOM)
+    # Over the host budget (oom_host) is an answer too: the run does not fit, as for oom.
+    answered = result.outcome in (Outcome.OK, *DOES_NOT_FIT)
     fits = result.outcome is Outcome.OK  # peak within the budget at the default margin
     real_ran = {"ran": True, "oom": False}.get(
         row.measure, row.figure_bytes is not None and row.figure_bytes <= budget_bytes
