@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from chromium import find_chromium, open_page
-from helpers import autofit
+from helpers import autofit, in_process
 
 from autofit.report import charts
 from autofit.report.changes import compare
@@ -384,6 +384,35 @@ def test_compare_says_a_configuration_that_fitted_now_goes_over_the_host_budget(
         in done.stderr
     ), done.stderr
     assert f"yes -> no (oom_host in {over['phase']})" in done.stdout
+
+
+def test_when_only_the_host_stops_every_run_the_report_says_so(tmp_path: Path) -> None:
+    """tiny_mlp with its EMA copy on the CPU (194.25 KiB of host memory) under a 0.0001 GiB host
+    budget: every run fits the GPU and none the host. No front, no best; the point is charted as
+    over the host budget, and the note names the host, not the GPU."""
+    (tmp_path / "space.yaml").write_text(
+        "batch_size: {min: 1, max: 2}\nresolution: [x1]\nknobs:\n  ema: [cpu]\n"
+    )
+    search = in_process("search", "model=tiny_mlp", "gpu=a40", "backend=simulate",
+                        "space=space.yaml", "study=h", "jobs=1", "host_memory_gib=0.0001",
+                        cwd=tmp_path)  # fmt: skip
+    assert search.returncode == 1  # nothing fits
+    done = in_process("report", "study=h", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    study = load_study(tmp_path / "results" / "h")
+    (probe,) = study.probes
+    assert probe.outcome.value == "oom_host" and probe.host_peak_bytes
+    assert study.pareto == [] and study.best is None
+    assert charts.fronts(study) == {} and charts.best_point(study) is None
+    assert [p.over_host for p in charts.points(study)] == [True]
+    budget = int(0.0001 * (1 << 30))
+    assert (
+        f"nothing fits: 1 run fits the GPU but not the host (the least host memory found is "
+        f"{size(probe.host_peak_bytes)} against a host budget of {size(budget)})"
+    ) in done.stdout
+    assert f"none fit  batch 1: oom_host in {probe.phase} (host {size(probe.host_peak_bytes)}" in (
+        done.stdout
+    )
 
 
 def test_a_study_written_before_host_memory_was_counted_still_reports(

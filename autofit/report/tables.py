@@ -117,12 +117,16 @@ def host_budget(study: Study) -> int | None:
     return study.summary.get("host_budget_bytes")
 
 
+def _runs(n: int) -> str:
+    return "1 run fits" if n == 1 else f"{n} runs fit"
+
+
 def _nothing_fits(study: Study) -> str:
     over_host = [p for p in study.probes if p.outcome is Outcome.OOM_HOST]
     if over_host:
         least = min(p.host_peak_bytes or 0 for p in over_host)
         return (
-            f"nothing fits: {len(over_host)} runs fit the GPU but not the host (the least host "
+            f"nothing fits: {_runs(len(over_host))} the GPU but not the host (the least host "
             f"memory found is {size(least)} against a host budget of "
             f"{budget_words(host_budget(study))})"
         )
