@@ -3,8 +3,9 @@
 A GPU holds more than the live tensors: the caching allocator carves blocks out of segments it
 obtained with cudaMalloc and keeps freed blocks cached, so the memory reserved from the driver
 peaks above the allocated peak. Replaying the tracker's event log through the same rules gives the
-reserved peak. The rules follow c10/cuda/CUDACachingAllocator.cpp with default settings
-(no `expandable_segments`, no `max_split_size_mb`, one stream):
+reserved peak. Two settings of `PYTORCH_CUDA_ALLOC_CONF` are modelled (the `allocator` knob picks
+one; `MODELS` has a model for each). The default rules follow c10/cuda/CUDACachingAllocator.cpp
+with default settings (no `expandable_segments`, no `max_split_size_mb`, one stream):
 
 - requests are rounded up to 512 bytes (the tracker already did);
 - requests up to 1 MiB come from the small pool, carved from 2 MiB segments;
@@ -18,7 +19,32 @@ reserved peak. The rules follow c10/cuda/CUDACachingAllocator.cpp with default s
   wholly free is given back and the cudaMalloc retried, and only if it still does not fit is the
   request out of memory.
 
-So a run can fit in less memory than it reserves where memory is plentiful: `required_memory`
+With `expandable_segments:True` (`ExpandableSegmentsModel`; Note [Expandable Segments] and
+find_expandable_block / map_block / try_allocate_expandable_block / unmap_block / should_split in
+pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp, commit 001074d):
+
+- each pool has one segment: a virtual address range (1 1/8 of the GPU's memory in torch, more
+  than any limit here, so the model never needs a second) into which physical pages are mapped
+  as needed: 2 MiB pages for the small pool, 20 MiB pages for the large pool (kSmallBuffer,
+  kLargeBuffer); reserved memory is the mapped pages;
+- a request takes the best-fitting free mapped block, except that a free block followed by
+  unmapped space counts as the size it could grow to (so the segment's growing end is used last);
+- with none, the segment grows at its lowest address that has room: the free block just before
+  unmapped space, extended by mapping whole pages after it (only the shortfall is mapped);
+- a block is split whenever the rest is at least 512 bytes, in both pools;
+- freed blocks merge with free mapped neighbours, and stay mapped;
+- when mapping would exceed the limit, every wholly free page of every free block is unmapped
+  and the mapping retried; only if it still does not fit is the request out of memory.
+
+So the reserved peak is the live bytes plus, per pool, the unused end of its last page and the
+free holes between live blocks: there are no per-request segments to strand memory in.
+Left out: several streams (a segment per stream; the probes run one), events that delay frees,
+CUDA graph pools, torch's check of `set_per_process_memory_fraction` (it compares the default
+segment size, not the pages to map, with the fraction: up to 20 MiB early under a cap), and the
+rule that an expandable segment is given back whole once all its pages are unmapped (the
+address range costs no memory).
+
+A run can fit in less memory than it reserves where memory is plentiful: `required_memory`
 finds both figures, and the smallest limit under which the run does not run out.
 """
 
@@ -35,6 +61,12 @@ LARGE_SEGMENT = 20 * MIB  # segment for requests between 1 MiB and MIN_LARGE_ALL
 MIN_LARGE_ALLOC = 10 * MIB
 LARGE_ROUNDING = 2 * MIB
 MIN_SPLIT_REMAINDER_SMALL = 512
+# Expandable segments map physical memory in pages of these sizes (kSmallBuffer, kLargeBuffer).
+SMALL_PAGE = 2 * MIB
+LARGE_PAGE = 20 * MIB
+# An expandable segment's address range: unbounded for the model (torch reserves more than the
+# GPU holds, so the range never runs out before memory does).
+ADDRESS_SPACE = 1 << 60
 
 
 def segment_size(request: int) -> int:
@@ -47,13 +79,14 @@ def segment_size(request: int) -> int:
 
 
 class _Block:
-    __slots__ = ("address", "size", "small", "free", "prev", "next")
+    __slots__ = ("address", "size", "small", "free", "mapped", "prev", "next")
 
-    def __init__(self, address: int, size: int, small: bool) -> None:
+    def __init__(self, address: int, size: int, small: bool, mapped: bool = True) -> None:
         self.address = address
         self.size = size
         self.small = small
         self.free = True
+        self.mapped = mapped  # expandable segments only: whether pages back this range
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
@@ -84,6 +117,28 @@ class _Pool:
         block = self._blocks[self._keys[index][1]]
         self.remove(block)
         return block
+
+    def expandable_fit(self, size: int) -> _Block | None:
+        """get_free_block with expandable segments: from the smallest block that fits, step to
+        the next larger one while that one could grow to less (a block followed by unmapped
+        space counts as the size it could grow to)."""
+        index = bisect.bisect_left(self._keys, (size, -1))
+        if index == len(self._keys):
+            return None
+
+        def could_grow_to(i: int) -> int:
+            block = self._blocks[self._keys[i][1]]
+            after = block.next
+            return block.size + (after.size if after is not None and not after.mapped else 0)
+
+        while index + 1 < len(self._keys) and could_grow_to(index + 1) < could_grow_to(index):
+            index += 1
+        block = self._blocks[self._keys[index][1]]
+        self.remove(block)
+        return block
+
+    def free_blocks(self) -> list[_Block]:
+        return list(self._blocks.values())
 
 
 class AllocatorOutOfMemory(Exception):
@@ -181,18 +236,194 @@ class CachingAllocatorModel:
                 self.segments -= 1
 
 
+def _link_after(block: _Block, new: _Block) -> None:
+    """Put `new` right after `block` in its segment's address order."""
+    new.prev, new.next = block, block.next
+    if block.next is not None:
+        block.next.prev = new
+    block.next = new
+
+
+def _absorb_next(block: _Block) -> None:
+    """`block` takes over the range of the block after it."""
+    after = block.next
+    assert after is not None
+    block.size += after.size
+    block.next = after.next
+    if after.next is not None:
+        after.next.prev = block
+
+
+class ExpandableSegmentsModel:
+    """The allocator with `expandable_segments:True` (module docstring): one growing segment per
+    pool, reserved memory counted in mapped pages."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._pools = {True: _Pool(), False: _Pool()}  # free mapped blocks
+        self._page = {True: SMALL_PAGE, False: LARGE_PAGE}
+        # Unmapped ranges by address. Each pool's segment starts as one; the pools' are disjoint.
+        self._unmapped: dict[bool, dict[int, _Block]] = {
+            small: {base: _Block(base, ADDRESS_SPACE, small, mapped=False)}
+            for small, base in ((True, 0), (False, 2 * ADDRESS_SPACE))
+        }
+        self.limit = limit
+        self.reserved = 0
+        self._mapped = {True: 0, False: 0}
+
+    @property
+    def segments(self) -> int:
+        """Expandable segments holding mapped pages."""
+        return sum(1 for mapped in self._mapped.values() if mapped)
+
+    def malloc(self, size: int) -> _Block:
+        small = size <= SMALL_REQUEST
+        pool = self._pools[small]
+        block = pool.expandable_fit(size)
+        if block is None:
+            block = self._grow(small, size)
+            if block is None:
+                self._release_cache()
+                block = self._grow(small, size)
+                if block is None:
+                    raise AllocatorOutOfMemory
+        if block.size - size >= MIN_SPLIT_REMAINDER_SMALL:  # either pool, with expandable segments
+            rest = _Block(block.address + size, block.size - size, small)
+            _link_after(block, rest)
+            block.size = size
+            pool.add(rest)
+        block.free = False
+        return block
+
+    def free(self, block: _Block) -> None:
+        block.free = True
+        self._pools[block.small].add(self._merge_free(block))
+
+    def _merge_free(self, block: _Block) -> _Block:
+        """Merge a free mapped block with its free mapped neighbours (taking them out of the
+        pool); the merged block."""
+        pool = self._pools[block.small]
+        prev = block.prev
+        if prev is not None and prev.free and prev.mapped:
+            pool.remove(prev)
+            _absorb_next(prev)
+            block = prev
+        after = block.next
+        if after is not None and after.free and after.mapped:
+            pool.remove(after)
+            _absorb_next(block)
+        return block
+
+    def _grow(self, small: bool, size: int) -> _Block | None:
+        """try_allocate_expandable_block: the lowest place in the segment with `size` bytes of
+        free and unmapped space, mapped up to `size` (whole pages); None where mapping would
+        exceed the limit (pages mapped before that stay mapped, free)."""
+        candidate: _Block | None = self._find_room(small, size)
+        assert candidate is not None
+        if not candidate.mapped:
+            candidate = self._map(candidate, min(candidate.size, size))
+        while candidate is not None and candidate.size < size:
+            after = candidate.next
+            assert after is not None and not after.mapped
+            candidate = self._map(after, min(size - candidate.size, after.size))
+        if candidate is not None:
+            self._pools[small].remove(candidate)
+        return candidate
+
+    def _find_room(self, small: bool, size: int) -> _Block:
+        """find_expandable_block: the lowest unmapped range (or the free block before it) from
+        which free and unmapped space adds up to `size`."""
+        unmapped = self._unmapped[small]
+        for address in sorted(unmapped):
+            block = unmapped[address]
+            start = block.prev if block.prev is not None and block.prev.free else block
+            room, walk = 0, start
+            while walk is not None and room < size and walk.free:
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                return start
+        raise AssertionError("an expandable segment's address range never runs out here")
+
+    def _map(self, unmapped: _Block, size: int) -> _Block | None:
+        """map_block: whole pages over the first `size` bytes of the (page-aligned) unmapped
+        range, merged with free mapped neighbours; the merged free block, or None over the
+        limit."""
+        small = unmapped.small
+        page = self._page[small]
+        mapped = min(-(-size // page) * page, unmapped.size)
+        if self.limit is not None and self.reserved + mapped > self.limit:
+            return None
+        del self._unmapped[small][unmapped.address]
+        if mapped < unmapped.size:
+            rest = _Block(unmapped.address + mapped, unmapped.size - mapped, small, mapped=False)
+            _link_after(unmapped, rest)
+            unmapped.size = mapped
+            self._unmapped[small][rest.address] = rest
+        unmapped.mapped = True
+        self.reserved += mapped
+        self._mapped[small] += mapped
+        block = self._merge_free(unmapped)
+        self._pools[small].add(block)
+        return block
+
+    def _release_cache(self) -> None:
+        """release_cached_blocks / unmap_block: unmap every wholly free page of every free block;
+        the bytes of a free block before its first and after its last whole page stay mapped."""
+        for small, pool in self._pools.items():
+            page = self._page[small]
+            for block in pool.free_blocks():
+                start = -(-block.address // page) * page
+                end = (block.address + block.size) // page * page
+                if end <= start:
+                    continue
+                pool.remove(block)
+                if start > block.address:
+                    _link_after(block, _Block(start, block.address + block.size - start, small))
+                    block.size = start - block.address
+                    pool.add(block)
+                    block = block.next  # type: ignore[assignment]
+                if end < block.address + block.size:
+                    _link_after(block, _Block(end, block.address + block.size - end, small))
+                    block.size = end - block.address
+                    pool.add(block.next)  # type: ignore[arg-type]
+                block.mapped = False
+                self.reserved -= block.size
+                self._mapped[small] -= block.size
+                unmapped = self._unmapped[small]
+                after = block.next
+                if after is not None and not after.mapped:
+                    del unmapped[after.address]
+                    _absorb_next(block)
+                prev = block.prev
+                if prev is not None and not prev.mapped:
+                    _absorb_next(prev)
+                    block = prev
+                unmapped[block.address] = block
+
+
+AllocatorModel = CachingAllocatorModel | ExpandableSegmentsModel
+
+# One model per value of the `allocator` knob (autofit/knobs/allocator.py).
+MODELS: dict[str, type[CachingAllocatorModel] | type[ExpandableSegmentsModel]] = {
+    "default": CachingAllocatorModel,
+    "expandable_segments": ExpandableSegmentsModel,
+}
+
+
 def replay(
     events: Sequence[int],
     sizes: Sequence[int],
     persistent: Iterable[int] = (),
     limit: int | None = None,
+    allocator: str = "default",
 ) -> AllocatorReplay:
-    """Replay a tracker's event log (id = allocated, ~id = freed) through the allocator model.
+    """Replay a tracker's event log (id = allocated, ~id = freed) through the allocator model
+    for the `allocator` setting (a key of `MODELS`).
 
     `persistent` allocations are made first and never freed (the cuBLAS workspace, for one).
     With a `limit`, the replay stops at the first request that does not fit under it.
     """
-    model = CachingAllocatorModel(limit)
+    model = MODELS[allocator](limit)
     try:
         for size in persistent:
             model.malloc(size)
@@ -216,19 +447,24 @@ def replay(
 
 
 def required_memory(
-    events: Sequence[int], sizes: Sequence[int], persistent: Sequence[int], limit: int
+    events: Sequence[int],
+    sizes: Sequence[int],
+    persistent: Sequence[int],
+    limit: int,
+    allocator: str = "default",
 ) -> Requirement:
-    """How the run fares with the allocator limited to `limit`, and the least it needs."""
-    plentiful = replay(events, sizes, persistent)
+    """How the run fares with the allocator (setting `allocator`) limited to `limit`, and the
+    least it needs."""
+    plentiful = replay(events, sizes, persistent, allocator=allocator)
     if plentiful.peak_reserved_bytes <= limit:
         return Requirement(plentiful.peak_reserved_bytes, plentiful.peak_reserved_bytes, True, None)
-    capped = replay(events, sizes, persistent, limit)
+    capped = replay(events, sizes, persistent, limit, allocator)
     fits = capped.oom_event is None
     # The least limit that works: between what is known to fail and what is known to work.
     works, fails = (limit, 0) if fits else (plentiful.peak_reserved_bytes, limit)
     while works - fails > LARGE_ROUNDING:
         middle = (works + fails) // 2
-        if replay(events, sizes, persistent, middle).oom_event is None:
+        if replay(events, sizes, persistent, middle, allocator).oom_event is None:
             works = middle
         else:
             fails = middle
