@@ -85,12 +85,15 @@ class ModeledMemory:
     over_budget_phase: str | None  # where the run runs out of the budget, if it does
 
 
-def model_gpu_memory(tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int) -> ModeledMemory:
+def model_gpu_memory(
+    tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int, allocator: str = "default"
+) -> ModeledMemory:
     """What the tracked steps would hold on `gpu`: the allocation log replayed through the
-    caching-allocator model with the cuBLAS workspace, under the budget less the CUDA context."""
+    caching-allocator model for the `allocator` knob's setting with the cuBLAS workspace, under
+    the budget less the CUDA context."""
     workspace = gpu.cublas_workspace_bytes
     limit = budget_bytes - gpu.cuda_context_bytes
-    need = required_memory(tracker.events, tracker.sizes, [workspace], limit)
+    need = required_memory(tracker.events, tracker.sizes, [workspace], limit, allocator)
     over = need.oom_event
     return ModeledMemory(
         peak_allocated_bytes=tracker.peak + workspace,

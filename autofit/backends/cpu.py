@@ -57,7 +57,9 @@ def measure(spec: ProbeSpec) -> Measurement:
     gpu = spec.gpu_spec
     flops = RooflineCounter(gpu)  # for its FLOP count; the time is measured, not estimated
     run, tracker = trace(spec, flops)
-    memory = model_gpu_memory(tracker, gpu, spec.budget_bytes)
+    memory = model_gpu_memory(
+        tracker, gpu, spec.budget_bytes, spec.knobs.get("allocator", "default")
+    )
     report = tracker.peak_report()
 
     run.tracker = None  # time the step without the tracker's bookkeeping

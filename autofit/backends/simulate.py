@@ -82,7 +82,9 @@ def measure(spec: ProbeSpec) -> Measurement:
     gpu = spec.gpu_spec
     roofline = RooflineCounter(gpu)
     run, tracker = trace(spec, roofline)
-    memory = model_gpu_memory(tracker, gpu, spec.budget_bytes)
+    memory = model_gpu_memory(
+        tracker, gpu, spec.budget_bytes, spec.knobs.get("allocator", "default")
+    )
     report = tracker.peak_report()
     return Measurement(
         backend="simulate",

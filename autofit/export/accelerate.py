@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
+from autofit.knobs.allocator import environment as allocator_environment
 
 # What `accelerate config` writes for one machine, before the run's own settings.
 MACHINE = {
@@ -35,12 +36,14 @@ def accelerate_config(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_prefix(plan: ExportPlan, config_path: str) -> str:
-    """`accelerate launch --config_file ...`, with the accumulation where the file cannot hold it."""
+    """`accelerate launch --config_file ...`, with the accumulation where the file cannot hold it
+    and the environment the allocator knob asks for."""
     accumulation = plan.point.accumulation
-    env = ""
+    allocator = plan.point.config.get("allocator", "default")
+    env = "".join(f"{key}={value} " for key, value in allocator_environment(allocator).items())
     if accumulation > 1 and not plan.point.config["zero_stage"]:
         # Without DeepSpeed the config file has no accumulation; Accelerator() reads this variable.
-        env = f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={accumulation} "
+        env += f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={accumulation} "
     return f"{env}accelerate launch --config_file {config_path}"
 
 

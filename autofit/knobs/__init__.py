@@ -17,6 +17,7 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.gpus import GpuSpec
+from autofit.knobs.allocator import Allocator
 from autofit.knobs.attention import Attention
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 from autofit.knobs.base_precision import BasePrecision
@@ -75,6 +76,7 @@ REGISTRY: dict[str, Knob] = {
         Ema(),
         Validation(),
         ValidationResolution(),
+        Allocator(),
     )
 }
 WORKLOAD_KNOBS = ("batch_size", "resolution")  # what is trained on; the others are techniques

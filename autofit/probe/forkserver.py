@@ -1,7 +1,7 @@
 """The fork server behind `ForkServer` (autofit/probe/launcher.py).
 
 `python -m autofit.probe.forkserver MODULE...` imports the modules, then reads one JSON request
-per line on stdin (`id`, `module`, `args`, `log`), forks a child for each that runs
+per line on stdin (`id`, `module`, `args`, `log`, `env`), forks a child for each that runs
 `python -m <module> <args>` in a session of its own with its output in `log`, and answers on
 stdout with the child's pid and, once reaped, its exit code. It exits when stdin closes and its
 children are done.
@@ -29,6 +29,7 @@ def _child(request: dict[str, Any]) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.close(devnull)
+    os.environ.update(request.get("env", {}))
     code = 0
     try:
         sys.argv = [request["module"], *request["args"]]

@@ -30,7 +30,11 @@ class WorkerProcess(Protocol):
 
 
 class Launcher(Protocol):
-    def start(self, module: str, args: list[str], log_path: Path) -> WorkerProcess: ...
+    def start(
+        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        """Run `python -m <module> <args>`, output to `log_path`, with `env` added to the
+        environment before the interpreter (and so torch) starts."""
 
     def close(self) -> None: ...
 
@@ -65,7 +69,9 @@ class SpawnLauncher:
     def __exit__(self, *exc: Any) -> None:
         pass
 
-    def start(self, module: str, args: list[str], log_path: Path) -> WorkerProcess:
+    def start(
+        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
@@ -73,6 +79,7 @@ class SpawnLauncher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **env} if env else None,
             )
         return _Spawned(proc)
 
@@ -132,13 +139,23 @@ class ForkServer:
             threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         return self._proc
 
-    def start(self, module: str, args: list[str], log_path: Path) -> WorkerProcess:
+    def start(
+        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        # The forked child sets `env` itself; the server has imported torch but never
+        # initialised CUDA (it serves the CPU backends only), so nothing has read it yet.
         with self._lock:
             proc = self._ensure_running()
             self._next += 1
             forked = _Forked(proc, self._next)
             self._pending[self._next] = forked
-            request = {"id": self._next, "module": module, "args": args, "log": str(log_path)}
+            request = {
+                "id": self._next,
+                "module": module,
+                "args": args,
+                "log": str(log_path),
+                "env": env or {},
+            }
             assert proc.stdin is not None
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from autofit.knobs import invalid_reason
+from autofit.knobs.allocator import environment as allocator_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, SpawnLauncher
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
@@ -69,8 +70,12 @@ def run_probe(
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         log_file = log_path or Path(tmp) / "worker.log"
         spec_path.write_text(spec.to_json())
+        # Settings read from the environment as torch starts (the CUDA allocator's) go into the
+        # worker's environment, not the spec: by the time the worker reads its spec, torch is
+        # imported.
+        env = allocator_environment(spec.knobs.get("allocator", "default"))
         proc = (launcher or SpawnLauncher()).start(
-            worker, [str(spec_path), str(result_path)], log_file
+            worker, [str(spec_path), str(result_path)], log_file, env
         )
         returncode = proc.wait(timeout=spec.timeout_s)
         if returncode is None:
