@@ -14,7 +14,8 @@ differs. The `simulate` backend replays the step's allocation log through the ma
 (autofit/simulator/allocator.py `MODELS`), as does the `cpu` backend for the GPU figure it
 models (the CPU's own allocator has no such setting: nothing it measures changes). The `cuda`
 backend's probe worker is started with the variable in its environment
-(autofit/probe/runner.py), before torch reads it, and `prepare` checks torch took it.
+(autofit/probe/runner.py; empty for `default`, whatever the shell exports), before torch
+reads it, and `prepare` checks torch took it.
 
 A trainer is told through the environment, not a flag: every export says so in a note, and the
 launch commands the accelerate and diffusers targets write set it.
@@ -39,9 +40,15 @@ SETTINGS: Mapping[str, str | None] = {
 
 
 def environment(value: str) -> dict[str, str]:
-    """The environment variables a process must start with to run `value`."""
+    """The environment variables a launch command sets to run `value`."""
     setting = SETTINGS[value]
     return {} if setting is None else {VARIABLE: setting}
+
+
+def worker_environment(value: str) -> dict[str, str]:
+    """The probe worker's: `default` sets the variable empty (torch's defaults), so a setting
+    the user's shell exports does not make a probe measure another allocator than it says."""
+    return {VARIABLE: SETTINGS[value] or ""}
 
 
 def _note(launched: bool) -> Any:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from autofit.knobs import invalid_reason
-from autofit.knobs.allocator import environment as allocator_environment
+from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, SpawnLauncher
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
@@ -73,7 +73,7 @@ def run_probe(
         # Settings read from the environment as torch starts (the CUDA allocator's) go into the
         # worker's environment, not the spec: by the time the worker reads its spec, torch is
         # imported.
-        env = allocator_environment(spec.knobs.get("allocator", "default"))
+        env = worker_environment(spec.knobs.get("allocator", "default"))
         proc = (launcher or SpawnLauncher()).start(
             worker, [str(spec_path), str(result_path)], log_file, env
         )

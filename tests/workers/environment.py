@@ -6,7 +6,7 @@ from autofit.probe import worker
 
 
 def report(spec, backend):
-    raise RuntimeError(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF')}")
+    raise RuntimeError(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF')!r}")
 
 
 worker.measure = report
