@@ -9,6 +9,21 @@ the caching-allocator model replays, the allocated peak and the phase it happene
 Sizes are rounded up to 512 bytes as the CUDA caching allocator rounds every request, so the
 allocated figures are those `torch.cuda.max_memory_allocated` would report for the same tensors.
 
+Two things allocate without an op outputting a new storage, and the tracker follows both:
+
+- A storage resized in place (`UntypedStorage.resize_`, which never dispatches, and the
+  dispatched `aten.resize_` and `inductor.resize_storage_bytes_`): FSDP2 frees each gathered
+  weight by resizing its storage to nothing and gathers the next step's weight back into the same
+  storage (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, `free_storage`/`alloc_storage`).
+  A resize frees the storage's allocation; one that leaves bytes is a new allocation of the new
+  size, rounded as any, keeping the category the storage had: it holds the same thing again.
+  While a tracker is entered, `UntypedStorage.resize_` tells it after each resize; nothing else
+  is added to the work of an op that does not resize.
+- A DTensor (FSDP2's sharded parameters, their gradients and optimizer state) is a wrapper with a
+  storage of its own at the full size, which holds no memory: the memory is its local tensor's.
+  The tracker lets DTensor's own dispatch run first (returning NotImplemented, as FakeTensorMode
+  does for subclasses), so it sees the ops on the local tensors, and it tags a DTensor's local.
+
 Categories are assigned by the training run (`tag`, `tag_live_since`) and the strongest wins:
 parameters > gradients > optimizer_state > activations > temporaries. An allocation keeps its
 category for its whole life, so the breakdown at the peak says what each live byte was for.
@@ -44,7 +59,7 @@ its libraries are not: the `cuda` backend reads the real process for those):
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +111,54 @@ class HostReport:
     phase_peaks: dict[str, int]
 
 
+# Ops that change a storage's size in place (FSDP2 uses the inductor one under torch.compile).
+_RESIZING_OPS = frozenset(
+    op
+    for op in (
+        torch.ops.aten.resize_.default,
+        torch.ops.aten.resize_as_.default,
+        getattr(getattr(torch.ops.inductor, "resize_storage_bytes_", None), "default", None),
+    )
+    if op is not None
+)
+
+# Trackers entered now, told of every `UntypedStorage.resize_` while there are any.
+_RESIZE_WATCHERS: list[MemoryTracker] = []
+_STORAGE_RESIZE: Callable[..., Any] = torch.UntypedStorage.resize_
+
+
+def _resize_and_tell(storage: torch.UntypedStorage, size: int) -> Any:
+    result = _STORAGE_RESIZE(storage, size)
+    for tracker in _RESIZE_WATCHERS:
+        tracker._resized(storage)
+    return result
+
+
+_DTENSOR_TYPES: dict[type, bool] = {}  # subclass -> whether it is (derived from) DTensor
+
+
+def _defers_to(types: Any) -> bool:
+    """Whether an op's tensor subclasses include DTensor, whose dispatch must run first."""
+    for kind in types:
+        known = _DTENSOR_TYPES.get(kind)
+        if known is None:
+            known = _DTENSOR_TYPES[kind] = any(
+                c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed")
+                for c in kind.__mro__
+            )
+        if known:
+            return True
+    return False
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's memory (its local shard); any other tensor itself."""
+    if type(tensor) is torch.Tensor:
+        return tensor
+    local = getattr(tensor, "_local_tensor", None)
+    return tensor if local is None else local
+
+
 class MemoryTracker(TorchDispatchMode):
     """Counts storages created under it. Enter it inside a FakeTensorMode to count fake tensors."""
 
@@ -105,6 +168,9 @@ class MemoryTracker(TorchDispatchMode):
         self._host_depth = 0
         self._pinned_depth = 0  # host() contexts open with pinned=True
         self._host: dict[int, weakref.ref[Any]] = {}  # host storages: address -> weak ref
+        # Host storages on the ledger: address -> (its live host allocation id, or None once
+        # resized to nothing; pinned or not).
+        self._host_ids: dict[int, tuple[int | None, bool]] = {}
         # The host ledger: host allocation id -> bytes and pinned or not; events as for the GPU
         # (id, ~id when freed), each with the phase it happened in.
         self.host_sizes: list[int] = []
@@ -115,6 +181,8 @@ class MemoryTracker(TorchDispatchMode):
         self._refs: dict[
             int, weakref.ref[Any]
         ] = {}  # allocation id -> weak ref (holds the callback)
+        # Storages resized to nothing, still alive: address -> (weak ref, category index).
+        self._emptied: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.sizes: list[int] = []  # allocation id -> rounded bytes
         self.categories: list[int] = []  # allocation id -> index into CATEGORIES
         self.events: list[int] = []  # allocation id when allocated, ~id when freed
@@ -128,15 +196,30 @@ class MemoryTracker(TorchDispatchMode):
 
     # -- recording -----------------------------------------------------------------------------
 
+    def __enter__(self) -> Any:
+        if not _RESIZE_WATCHERS:
+            torch.UntypedStorage.resize_ = _resize_and_tell  # type: ignore[method-assign]
+        _RESIZE_WATCHERS.append(self)
+        return super().__enter__()
+
     def __exit__(self, *exc: Any) -> Any:
         # The log covers what happened under the tracker: storages freed later (when the caller
         # drops the model) are not events of the measured steps.
+        _RESIZE_WATCHERS.remove(self)
+        if not _RESIZE_WATCHERS:
+            torch.UntypedStorage.resize_ = _STORAGE_RESIZE  # type: ignore[method-assign]
         self._refs.clear()
         self._host.clear()
+        self._host_ids.clear()
+        self._emptied.clear()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if types and _defers_to(types):
+            return NotImplemented  # DTensor runs the op on its local tensors, which come here
         out = func(*args, **(kwargs or {}))
+        if func in _RESIZING_OPS:
+            self._resized(args[0].untyped_storage())
         self._see_all(out)
         return out
 
@@ -148,7 +231,9 @@ class MemoryTracker(TorchDispatchMode):
                 self._see_all(item)
 
     def _see(self, tensor: torch.Tensor) -> int | None:
-        storage = tensor.untyped_storage()
+        return self._see_storage(tensor.untyped_storage())
+
+    def _see_storage(self, storage: torch.UntypedStorage) -> int | None:
         key = storage._cdata
         known = self._live.get(key)
         if known is not None:
@@ -158,14 +243,20 @@ class MemoryTracker(TorchDispatchMode):
         if self._host_depth or storage.device.type != self.device_type:
             # On a real GPU a storage made on it inside host() is still not host memory.
             off_gpu = self.device_type != "cuda" or storage.device.type != "cuda"
-            hid = self._host_allocated(storage.nbytes()) if self._host_depth and off_gpu else None
-            self._host[key] = weakref.ref(
-                storage, lambda _ref, key=key, hid=hid: self._host_freed(key, hid)
-            )
+            on_ledger = bool(self._host_depth and off_gpu)
+            if on_ledger:
+                self._host_ids[key] = (
+                    self._host_allocated(storage.nbytes()),
+                    self._pinned_depth > 0,
+                )
+            self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host_freed(key))
             return None
         size = round_allocation(storage.nbytes())
         if size == 0:  # CUDA hands out no block for an empty tensor
             return None
+        return self._allocated(storage, key, size)
+
+    def _allocated(self, storage: torch.UntypedStorage, key: int, size: int) -> int:
         aid = len(self.sizes)
         self.sizes.append(size)
         self.categories.append(_TEMPORARIES)
@@ -181,10 +272,11 @@ class MemoryTracker(TorchDispatchMode):
             self.phase_peaks[self.phase] = self.current
         return aid
 
-    def _host_allocated(self, nbytes: int) -> int | None:
+    def _host_allocated(self, nbytes: int, pinned: bool | None = None) -> int | None:
         if nbytes <= 0:
             return None
-        pinned = self._pinned_depth > 0
+        if pinned is None:
+            pinned = self._pinned_depth > 0
         hid = len(self.host_sizes)
         self.host_sizes.append(round_pinned(nbytes) if pinned else nbytes)
         self.host_pinned.append(pinned)
@@ -192,8 +284,9 @@ class MemoryTracker(TorchDispatchMode):
         self.host_event_phases.append(self.phase)
         return hid
 
-    def _host_freed(self, key: int, hid: int | None) -> None:
+    def _host_freed(self, key: int) -> None:
         self._host.pop(key, None)
+        hid, _ = self._host_ids.pop(key, (None, False))
         if hid is not None:
             self.host_events.append(~hid)
             self.host_event_phases.append(self.phase)
@@ -205,15 +298,55 @@ class MemoryTracker(TorchDispatchMode):
         self.events.append(~aid)
         self.current -= self.sizes[aid]
 
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        """`storage` was resized in place: its allocation is freed, and what it holds now (if
+        anything) is a new allocation with the category it had (module docstring)."""
+        key = storage._cdata
+        size = round_allocation(storage.nbytes())
+        aid = self._live.get(key)
+        if aid is not None:
+            if size == self.sizes[aid]:
+                return
+            category = self.categories[aid]
+            self._freed(key, aid)  # drops the weak ref: the storage itself lives on
+        elif key in self._emptied:
+            _, category = self._emptied.pop(key)
+        elif key in self._host:
+            self._host_resized(storage, key)
+            return
+        else:  # first seen now: an allocation like any other
+            self._see_storage(storage)
+            return
+        if size:
+            self.categories[self._allocated(storage, key, size)] = category
+        else:
+            self._emptied[key] = (
+                weakref.ref(storage, lambda _ref, key=key: self._emptied.pop(key, None)),
+                category,
+            )
+
+    def _host_resized(self, storage: torch.UntypedStorage, key: int) -> None:
+        if key not in self._host_ids:
+            return  # not host memory the ledger counts
+        hid, pinned = self._host_ids[key]
+        nbytes = storage.nbytes()
+        if hid is not None:
+            if self.host_sizes[hid] == (round_pinned(nbytes) if pinned else nbytes):
+                return
+            self.host_events.append(~hid)
+            self.host_event_phases.append(self.phase)
+        self._host_ids[key] = (self._host_allocated(nbytes, pinned), pinned)
+
     # -- labelling -----------------------------------------------------------------------------
 
     def track(self, tensor: torch.Tensor, category: str) -> None:
         """Count a tensor made outside the tracker (or not yet seen) and give it a category."""
-        aid = self._see(tensor)
+        aid = self._see(_local(tensor))
         if aid is not None:
             self._label(aid, CATEGORIES.index(category))
 
     def tag(self, tensor: torch.Tensor, category: str) -> None:
+        tensor = _local(tensor)
         aid = self._live.get(tensor.untyped_storage()._cdata)
         if aid is None:
             self.track(tensor, category)
