@@ -177,7 +177,9 @@ def test_groups_are_the_ones_accelerate_makes() -> None:
         ({"fsdp": "full_shard", "swap_blocks": 2}, "simulate", "block swap is not modelled"),
         ({"fsdp": "full_shard", "fused_backward": "parameter"}, "simulate", "fused into backward"),
         ({"fsdp_offload": "cpu"}, "simulate", "it needs fsdp=full_shard or shard_grad_op"),
-        ({"fsdp": "full_shard"}, "cpu", "resizing storage in place"),
+        ({"fsdp": "full_shard", "fsdp_offload": "cpu"}, "cpu", "pins host memory"),
+        ({"fsdp": "full_shard", "train_mode": "qlora"}, "cpu", "fully_shard cannot shard"),
+        ({"fsdp": "full_shard", "optimizer": "lion"}, "cpu", "only torch's optimizers"),
         ({"fsdp": "full_shard", "optimizer": "lion"}, "cuda", "only torch's optimizers"),
         ({"world_size": 2}, "simulate", "use zero_stage 1-3 or fsdp"),
     ],
@@ -198,6 +200,8 @@ def test_rules(knobs: dict, backend: str, message: str) -> None:
         )
         is None
     )
+    cpu = {**defaults(), "resolution": 512, "fsdp": "shard_grad_op"}
+    assert invalid_reason(cpu, load_gpu("a40"), preset, "cpu") is None  # run for real
     assert "lists none" in invalid_reason(
         {**defaults(), "resolution": 64, "fsdp": "full_shard"},
         load_gpu("a40"),
@@ -206,21 +210,60 @@ def test_rules(knobs: dict, backend: str, message: str) -> None:
     )
 
 
-def test_fully_shard_runs_for_real_in_a_one_process_group() -> None:
+def _log(tracker) -> list[tuple[int, int, int]]:
+    """The event log as (sign, bytes, category), each run of frees in one order: the order in
+    which Python drops references freed together (a group's originals) is no memory."""
+    log: list[tuple[int, int, int]] = []
+    frees: list[tuple[int, int, int]] = []
+    for event in tracker.events:
+        aid = event if event >= 0 else ~event
+        entry = (1 if event >= 0 else -1, tracker.sizes[aid], tracker.categories[aid])
+        if event < 0:
+            frees.append(entry)
+            continue
+        log += sorted(frees) + [entry]
+        frees = []
+    return log + sorted(frees)
+
+
+REAL_VS_EMULATED = [
+    pytest.param({"fsdp": "full_shard"}, True, id="full_shard"),
+    pytest.param({"fsdp": "shard_grad_op", "train_mode": "lora"}, False, id="shard_grad_op-lora"),
+    pytest.param({"fsdp": "full_shard", "precision": "bf16_pure"}, True, id="bf16_pure",
+                 marks=pytest.mark.slow),
+    pytest.param({"fsdp": "full_shard", "precision": "fp32"}, True, id="fp32",
+                 marks=pytest.mark.slow),
+    pytest.param({"fsdp": "shard_grad_op", "optimizer": "sgd"}, False, id="shard_grad_op-sgd",
+                 marks=pytest.mark.slow),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("knobs,tied", REAL_VS_EMULATED)
+def test_fully_shard_for_real_measures_what_the_emulation_lays_out(knobs: dict, tied: bool) -> None:
     """torch 2.13 runs FSDP2 on the CPU in a gloo group of one: the same groups and policy as
-    the emulation, the optimizer stepping the DTensor shards; its sharded weights and state
-    are the emulation's (the gathered weights the tracker cannot follow: see fsdp_rule)."""
+    the emulation, the optimizer stepping the DTensor shards. The tracker follows each gathered
+    weight FSDP2 frees and gathers back by resizing its storage, and counts DTensors by their
+    local shards: every allocation and free of the real steps is the emulation's, so peaks,
+    phases and breakdowns (GPU and host) are equal to the byte."""
+    import peft  # noqa: F401  (it makes tensors when first imported: not the step's)
+
     from autofit.backends.cpu import trace as cpu_trace
 
-    probe = tiny(fsdp="full_shard", precision="bf16_pure")
+    probe = tiny(tied, **knobs)
     real_run, real = cpu_trace(dataclasses.replace(probe, backend="cpu"))
     assert all(type(p).__name__ == "DTensor" for p in real_run.model.parameters())
     assert all(p.to_local().shape == p.shape for p in real_run.model.parameters())  # one rank
     _, fake = simulate.trace(probe)
-    assert real.live_bytes("optimizer_state") == fake.live_bytes("optimizer_state")
-    shards = sum(round_allocation(p.numel() * 2) for p in real_run.model.parameters())
+    assert real.peak_report() == fake.peak_report()
+    assert real.host_report() == fake.host_report()
+    assert real.phase_changes == fake.phase_changes
+    assert _log(real) == _log(fake)
+    # What the breakdown holds: fp32 or bf16 shards (the weights' own dtype), whole at one rank.
+    shards = sum(
+        round_allocation(p.numel() * p.element_size()) for p in real_run.model.parameters()
+    )
     buffers = sum(round_allocation(b.numel() * b.element_size()) for b in real_run.model.buffers())
-    assert fake.live_bytes("parameters") == shards + buffers
+    assert real.live_bytes("parameters") == shards + buffers
 
 
 # --- exports -----------------------------------------------------------------------------------

@@ -22,9 +22,11 @@ the shards, their gradients and the optimizer step in host memory (FSDP2's CPUOf
 
 `simulate`, and every world size above one, use the emulation in autofit/simulator/fsdp.py (one
 rank's memory, byte for byte as FSDP2 lays it out); the `cpu` and `cuda` backends run
-`fully_shard` itself in a one-process group. LoRA and QLoRA shard every weight and train only the
-adapters; a QLoRA base shards its packed 4-bit weights stored as bf16 (bitsandbytes'
-`bnb_4bit_quant_storage=bfloat16`, as FSDP-QLoRA needs).
+`fully_shard` itself in a one-process group (on the CPU: gloo), where the tracker follows the
+gathered weights FSDP2 frees and re-allocates by resizing their storage, and counts a DTensor's
+local shard (tests/test_fsdp.py compares the two to the byte). LoRA and QLoRA shard every weight
+and train only the adapters; a QLoRA base shards its packed 4-bit weights stored as bf16
+(bitsandbytes' `bnb_4bit_quant_storage=bfloat16`, as FSDP-QLoRA needs).
 """
 
 from __future__ import annotations
@@ -67,21 +69,25 @@ def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | Non
             return f"fsdp={value} with {knob}={config[knob]}: {why}"
     if config.get("fsdp_offload", "none") == "cpu" and config.get("optimizer") == "paged_adamw8bit":
         return "fsdp_offload=cpu steps on the host, where paged_adamw8bit has no GPU pages to page: use adamw8bit"
-    if backend == "cpu":
-        # torch 2.13 runs fully_shard on the CPU in a one-process gloo group (shard_for_real), but
-        # FSDP2 frees and re-allocates gathered weights by resizing their storage in place
-        # (_fsdp_param.free_storage / alloc_storage), which the cpu backend's dispatch tracker
-        # cannot see: it would count every gathered weight as live from its first gather on.
-        return f"fsdp={value} on the cpu backend: FSDP2 frees gathered weights by resizing storage in place, which its tracker cannot see (use simulate, or cuda)"
-    if backend == "cuda" and config.get("train_mode") in FOUR_BIT:
+    # The cpu and cuda backends run fully_shard itself in a one-process group (shard_for_real;
+    # torch 2.13 runs it on the CPU over gloo), whose resized storages and DTensors the tracker
+    # follows (autofit/simulator/tracker.py).
+    if backend not in ("cpu", "cuda"):
+        return None
+    if backend == "cpu" and config.get("fsdp_offload", "none") == "cpu":
         return (
-            f"fsdp={value} with train_mode={config['train_mode']} on the cuda backend: its "
+            f"fsdp={value} with fsdp_offload=cpu on the cpu backend: FSDP2's CPU offload pins "
+            "host memory, which needs a GPU (use simulate, or cuda)"
+        )
+    if config.get("train_mode") in FOUR_BIT:
+        return (
+            f"fsdp={value} with train_mode={config['train_mode']} on the {backend} backend: its "
             "bitsandbytes layers keep 4-bit weights as uint8, which fully_shard cannot shard"
         )
-    if backend == "cuda" and config.get("optimizer") not in ("adamw", "sgd"):
+    if config.get("optimizer") not in ("adamw", "sgd"):
         return (
-            f"fsdp={value} on the cuda backend runs fully_shard itself, whose DTensor parameters "
-            "only torch's optimizers step here (optimizer adamw or sgd; or use simulate)"
+            f"fsdp={value} on the {backend} backend runs fully_shard itself, whose DTensor "
+            "parameters only torch's optimizers step here (optimizer adamw or sgd; or use simulate)"
         )
     return None
 
@@ -224,11 +230,12 @@ class Fsdp(Knob):
         return None
 
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
-        if value == "off" or not _emulated(run):
+        if value == "off":
             return None
         # The model is built in host memory and each weight's shard placed on the GPU (accelerate's
-        # cpu_ram_efficient_loading, meta-device init): no GPU holds the whole model.
-        return run.host()
+        # cpu_ram_efficient_loading, meta-device init): no GPU holds the whole model. fully_shard
+        # itself moves the weights it shards to its mesh's device.
+        return run.host() if _emulated(run) else run.built_on_host()
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "off":

@@ -208,7 +208,12 @@ class _GroupState:
         self.emulation = emulation
         self.reshard_after_forward = group.reshard_after_forward
         self.modules = group.modules
+        # fully_shard frees a group's unsharded weights when it returns, not each as its shard
+        # is made (_fsdp_param.py, _init_sharded_param): those on the GPU (LoRA's adapters, made
+        # there) are all held while the group's shards are made.
+        unsharded = [p.data for p in group.params]
         self.params = [_ParamState(p, emulation) for p in group.params]
+        del unsharded
         trained = [p for p in self.params if p.trainable]
         self.orig_dtype = trained[0].dtype if trained else None
         self.reduce_dtype = emulation.param_dtype or self.orig_dtype
@@ -216,6 +221,11 @@ class _GroupState:
         self.pending: torch.Tensor | None = None  # an issued all-gather's flat output
         self.state = "idle"
         self.post_forward_indices: list[int] = []
+        # A group of several modules (the tail) runs FSDP2's pre-forward for each module, but
+        # its post-forward (reshard, pre-backward hook on the output, state back to idle) only
+        # once the last of them has run (_fsdp_state.py, _register_group_forward_hooks): its
+        # post-backward hook goes on the inputs of the first module only.
+        self.modules_to_run: set[int] = set()
         for module in group.modules:
             module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             module.register_forward_hook(self._post_forward)
@@ -252,11 +262,11 @@ class _GroupState:
         run = emulation.run
         forward = self.state == "forward"
         if emulation.world_size == 1:
+            # FSDP2's loop keeps each cast input until the next one exists (its loop variable).
             for param in self.params:
                 source = param.gather_input(run)
                 output = param.gathered(run)
                 output[: source.numel()].view(source.shape).copy_(source)
-                del source
                 param.unshard(output, emulation.gathered)
         else:
             if forward:
@@ -276,6 +286,8 @@ class _GroupState:
     # -- hooks -----------------------------------------------------------------------------------
 
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        if not self.modules_to_run:
+            self.modules_to_run.update(id(m) for m in self.modules)
         entering = self.state != "forward"
         self.state = "forward"
         self.unshard()
@@ -291,6 +303,9 @@ class _GroupState:
         return tree_unflatten(flat, spec)
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.modules_to_run.discard(id(module))
+        if self.modules_to_run:
+            return  # the group's other modules are still to run
         emulation = self.emulation
         if not _in_backward():
             if self.reshard_after_forward:
@@ -322,6 +337,8 @@ class _GroupState:
     def post_backward(self) -> None:
         emulation = self.emulation
         self.state = "post_backward"
+        if not self.params:
+            return  # a group that manages no weights (the root) has no FSDPParamGroup to run
         run, n = emulation.run, emulation.world_size
         with_grad = [p for p in self.params if p.param.grad is not None]
         grads = [p.param.grad for p in with_grad]
@@ -478,18 +495,33 @@ def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
         OffloadPolicy,
         fully_shard,
     )
+    from torch.utils._python_dispatch import _disable_current_modes
 
-    if not dist.is_initialized():
-        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
-            os.environ.setdefault(key, value)
-        backend = "nccl" if run.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=0, world_size=1)
-    mesh = init_device_mesh(run.device.type, (1,))
+    # The process group and the mesh keep their bookkeeping (the mesh's rank tensor) on the CPU
+    # as a library's own, which on a GPU run no ledger counts: made unseen by the tracker, or
+    # the cpu backend (where the CPU is the device) would count them as GPU memory.
+    with _disable_current_modes():
+        if not dist.is_initialized():
+            for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
+                os.environ.setdefault(key, value)
+            backend = "nccl" if run.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=0, world_size=1)
+        mesh = init_device_mesh(run.device.type, (1,))
     dtype = run.dtypes.autocast
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     offload = CPUOffloadPolicy() if run.knobs["fsdp_offload"] == "cpu" else OffloadPolicy()
-    before = dict(run.model.named_parameters())
-    for group in fsdp_groups(run.model, run.preset, reshard_after_forward):
+    # The optimizer built before sharding is pointed at the sharded (DTensor) parameters that
+    # replace the originals. Until then it holds names, not the originals: fully_shard frees a
+    # group's unsharded weights when it returns (_fsdp_param.py, _init_sharded_param), and a
+    # reference kept here would hold every group's until all are sharded.
+    names = {id(p): name for name, p in run.model.named_parameters()}
+    optimized = [[names[id(p)] for p in group["params"]] for group in run.optimizer.param_groups]
+    for param_group in run.optimizer.param_groups:
+        param_group["params"] = []
+    groups = fsdp_groups(run.model, run.preset, reshard_after_forward)
+    for group in groups:
+        group.params.clear()  # fully_shard takes the modules; their weights it replaces
+    for group in groups:
         modules = group.modules if len(group.modules) > 1 else group.modules[0]
         # The root's None: FSDP2's own choice for the root, never resharded after forward.
         reshard = group.reshard_after_forward if group.modules[0] is not run.model else None
@@ -500,8 +532,24 @@ def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
             mp_policy=policy,
             offload_policy=offload,
         )
+    # The model was built in host memory (the knob's build_context) and fully_shard placed each
+    # shard, and each group's buffers, on its device; where that device is the host's own (the
+    # cpu backend) the buffers are copied out of host memory here, as onto a GPU.
+    for name, buffer in list(run.model.named_buffers()):
+        if buffer.device == run.host_device:
+            module_name, _, leaf = name.rpartition(".")
+            module = run.model.get_submodule(module_name)
+            module._buffers[leaf] = buffer.to(run.device, copy=True)
+    run.tag(list(run.model.buffers()), "parameters")
     after = dict(run.model.named_parameters())
-    replaced = {id(before[name]): after[name] for name in before}
-    for group in run.optimizer.param_groups:
-        group["params"] = [replaced[id(p)] for p in group["params"]]
-    run.tag([p.to_local() for p in run.model.parameters()], "parameters")
+    for param_group, group_names in zip(run.optimizer.param_groups, optimized, strict=True):
+        param_group["params"] = [after[name] for name in group_names]
+    run.tag(list(run.model.parameters()), "parameters")  # the tracker counts a DTensor's local
+    for group in groups:
+        for module in group.modules:
+            # After FSDP2's own pre-forward hook (prepended) has gathered the group: its weights
+            # are the gathered ones now. A weight freed by resizing its storage and gathered
+            # back keeps this category (the tracker), as the emulation's gathered weights have.
+            module.register_forward_pre_hook(
+                lambda module, _args: run.tag(list(module.parameters()), "parameters")
+            )
