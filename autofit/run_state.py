@@ -105,13 +105,16 @@ def logical_numel(param: torch.Tensor) -> int:
     return int(getattr(param, "autofit_numel", param.numel()))
 
 
-def move_to_device(run: RunState, model: torch.nn.Module, skip: set[int]) -> None:
+def move_to_device(
+    run: RunState, model: torch.nn.Module, skip: set[int], parameters: bool = True
+) -> None:
     """The rest of a host-built model (embeddings, norms, the output head) copied to the device
     as it loads, all but the tensors in `skip` (ids: those a quantizing loader already placed) and
-    the weights of blocks the run keeps in host memory; not host-link traffic of the step."""
+    the weights of blocks the run keeps in host memory; not host-link traffic of the step.
+    `parameters=False`: buffers only (a run that shards its weights places their shards itself)."""
     for path, module in model.named_modules():
         for _name, param in list(module.named_parameters(recurse=False)):
-            if id(param) not in skip and not run.stays_on_host(path):
+            if parameters and id(param) not in skip and not run.stays_on_host(path):
                 param.data = param.data.to(run.device, copy=True)
                 run.tag([param], "parameters")
         for name, buffer in list(module.named_buffers(recurse=False)):
@@ -239,6 +242,15 @@ class RunState:
                 if index.isdigit() and int(index) >= total - count:
                     return True
         return False
+
+    def partitions_weights(self) -> bool:
+        """Whether an emulated sharder (ZeRO-3, FSDP) splits every weight across the run's GPUs
+        once the model is built, placing each shard on the GPU itself: a loader must then leave
+        the weights in host memory, as zero.Init and FSDP's rank-0 loading do, so the whole
+        model never sits on one GPU."""
+        emulated = self.fake or self.knobs.get("world_size", 1) > 1
+        sharded = self.knobs.get("zero_stage", 0) == 3 or self.knobs.get("fsdp", "off") != "off"
+        return emulated and sharded
 
     def to_host(self, tensor: torch.Tensor, counted: bool = True) -> torch.Tensor:
         """A host copy of a GPU tensor, counted as traffic over the host link unless the caller

@@ -407,3 +407,20 @@ def test_trainers_without_activation_offloading_refuse_it_with_the_reason() -> N
 
 def test_a_stored_study_predating_the_knob_ran_without_activation_offloading() -> None:
     assert REGISTRY["offload_activations"].default == "off"
+
+
+@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": "full_shard"}])
+def test_a_sharded_qlora_base_never_sits_whole_on_one_gpu(sharding: dict) -> None:
+    """Under ZeRO-3 or FSDP the 4-bit base is quantized in host memory and only each weight's
+    shard reaches the GPU, as zero.Init and FSDP-QLoRA's loading do: over 8 GPUs the setup peak
+    of QLoRA stays within LoRA's (its 16-bit shards are twice the 4-bit ones) plus the
+    quantization state, which every rank holds whole."""
+    qlora, qlora_tracker = simulate.trace(
+        _sana(2, world_size=8, train_mode="qlora", precision="bf16", optimizer="adamw", **sharding)
+    )
+    _, lora_tracker = simulate.trace(
+        _sana(2, world_size=8, train_mode="lora", precision="bf16", optimizer="adamw", **sharding)
+    )
+    layers = [m for m in qlora.model.modules() if type(m).__name__ == "Nf4LinearLayout"]
+    state = sum(round_allocation(b.numel() * b.element_size()) for m in layers for b in m.buffers())
+    assert qlora_tracker.phase_peaks["setup"] <= lora_tracker.phase_peaks["setup"] + state

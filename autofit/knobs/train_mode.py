@@ -27,7 +27,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
@@ -191,15 +191,26 @@ def _add_adapters(run: RunState, value: str) -> None:
         from autofit.quantization import quantize_linears, quantized_tensors
 
         compute = run.dtypes.autocast or run.dtypes.weights
-        layers = quantize_linears(
-            model, compute if compute != torch.float32 else torch.bfloat16, run.fake, run.device
-        )
+        # Under an emulated ZeRO-3 or FSDP the base is quantized in host memory and the sharder
+        # places each weight's shard on the GPU (its quantization state goes over whole);
+        # otherwise each weight is quantized onto the GPU as it loads.
+        sharded = run.partitions_weights()
+        with run.host() if sharded else nullcontext():
+            layers = quantize_linears(
+                model,
+                compute if compute != torch.float32 else torch.bfloat16,
+                run.fake,
+                run.host_device if sharded else run.device,
+            )
         quantized = {id(t) for layer in layers for t in quantized_tensors(layer)}
         for layer in layers:  # param_count counts weights, not the bytes packing them
             set_logical_numel(layer.weight, layer.in_features * layer.out_features)
-        move_to_device(run, model, skip=quantized)
-        for layer in layers:
-            run.tag(quantized_tensors(layer), "parameters")
+        if sharded:
+            move_to_device(run, model, skip=set(), parameters=False)
+        else:
+            move_to_device(run, model, skip=quantized)
+            for layer in layers:
+                run.tag(quantized_tensors(layer), "parameters")
     rank = run.knobs["lora_rank"]
     targets = target_modules(run.knobs["lora_targets"], run.preset)
     config = LoraConfig(
