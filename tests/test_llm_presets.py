@@ -100,3 +100,17 @@ def test_equal_shares_compute_what_the_grouped_gemm_computes_for_balanced_routin
     assert torch.allclose(equal_share_grouped_mm(rows, weight, balanced), expected, atol=1e-6)
     # Rows that do not divide evenly come back as many as went in.
     assert equal_share_grouped_mm(rows[:-1], weight, balanced).shape == (experts * share - 1, out)
+
+
+@pytest.mark.parametrize("targets", ["mlp", "all_linear"])
+def test_a_mixture_of_experts_refuses_lora_on_its_fused_experts(targets: str) -> None:
+    from autofit.gpus import load_gpu
+    from autofit.knobs import completed, invalid_reason
+
+    reason = invalid_reason(
+        completed({"train_mode": "lora", "lora_targets": targets}),
+        load_gpu("a40"),
+        load_preset("qwen3_30b_a3b"),
+        "simulate",
+    )
+    assert reason is not None and "fused 3-D parameters" in reason and "\n" not in reason

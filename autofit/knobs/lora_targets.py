@@ -71,7 +71,15 @@ class LoraTargets(Knob):
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if not self.applies(context.knobs, context.model) or value == "preset":
             return None
-        known = SETS.get(context.model.family, {})
+        known = dict(SETS.get(context.model.family, {}))
+        config = context.model.architecture.get("config", {})
+        if "num_experts" in config or "num_local_experts" in config:
+            # A mixture of experts has no dense feed-forward projections: transformers stores its
+            # experts as fused 3-D parameters, which peft's target_modules cannot adapt.
+            known = {k: v for k, v in known.items() if not set(v) & set(LLM_MLP)}
+            if value in SETS.get(context.model.family, {}) and value not in known:
+                offered = ", ".join(["preset", *known])
+                return f"lora_targets={value}: {context.model.name}'s experts are fused 3-D parameters, which peft's target_modules cannot adapt; use {offered}"
         if value not in known:
             offered = ", ".join(["preset", *known])
             return f"lora_targets={value}: autofit knows no such modules of {context.model.name}; it knows {offered}"
