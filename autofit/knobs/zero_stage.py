@@ -121,20 +121,17 @@ def _single_process_group(device: Any) -> None:
     import deepspeed
     import torch
 
+    from autofit.distributed import join_group_of_one
+
     if torch.distributed.is_initialized():
         return
-    for key, value in (
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29517"),
-        ("RANK", "0"),
-        ("LOCAL_RANK", "0"),
-        ("WORLD_SIZE", "1"),
-    ):
-        os.environ.setdefault(key, value)
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)  # DeepSpeed reads its rank from these
     if device.type == "cpu":
         # One process has no peer to share memory with, and building DeepSpeed's shared-memory
         # extension takes minutes.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    join_group_of_one(device)  # DeepSpeed takes over a group torch already has
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 

@@ -35,7 +35,6 @@ input, ring collectives), host copies as `link_bytes`, the host step as `host_co
 from __future__ import annotations
 
 import math
-import os
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -487,7 +486,6 @@ def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
     """`fully_shard` on `run`'s model in a one-process group (gloo on the CPU, NCCL on a GPU),
     over the groups accelerate makes, with accelerate's mixed-precision policy; the optimizer
     built before it is pointed at the sharded (DTensor) parameters that replace the originals."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -497,15 +495,13 @@ def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
     )
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from autofit.distributed import join_group_of_one
+
     # The process group and the mesh keep their bookkeeping (the mesh's rank tensor) on the CPU
     # as a library's own, which on a GPU run no ledger counts: made unseen by the tracker, or
     # the cpu backend (where the CPU is the device) would count them as GPU memory.
     with _disable_current_modes():
-        if not dist.is_initialized():
-            for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
-                os.environ.setdefault(key, value)
-            backend = "nccl" if run.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, rank=0, world_size=1)
+        join_group_of_one(run.device)
         mesh = init_device_mesh(run.device.type, (1,))
     dtype = run.dtypes.autocast
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
