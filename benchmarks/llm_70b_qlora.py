@@ -1,6 +1,7 @@
 """The seed claim of issue 15: Llama 3.1 70B QLoRA on 48 GB cards (A40, RTX A6000) and 80 GB ones.
 
     python benchmarks/llm_70b_qlora.py [--cards a40,rtx_a6000,a100_80,h100_80] [--jobs 1] [--model M]
+                                       [--space llm_70b_qlora_quick]
 
 For each card, runs the command a user would:
 
@@ -64,11 +65,11 @@ def read_trials(trials: Path) -> dict:
     return found
 
 
-def search(model: str, card: str, jobs: int) -> dict:
-    out = OUT / f"{model}-{card}"
+def search(model: str, card: str, jobs: int, space: str) -> dict:
+    out = OUT / f"{model}-{card}-{space}"
     command = [
         sys.executable, "-m", "autofit", "search", f"model={model}", f"gpu={card}",
-        f"space={SPACE}", "backend=simulate", f"jobs={jobs}", f"out={out}",
+        f"space={space}", "backend=simulate", f"jobs={jobs}", f"out={out}",
         f"storage=sqlite:///{OUT / 'studies.db'}",
     ]  # fmt: skip
     started = time.perf_counter()
@@ -92,13 +93,16 @@ def main() -> None:
     parser.add_argument("--cards", default="a40,rtx_a6000,a100_80,h100_80")
     parser.add_argument("--jobs", type=int, default=1, help="probes at once (each ~0.5 GiB RAM)")
     parser.add_argument("--model", default="llama3_1_70b", help="another LLM preset, to try it")
+    parser.add_argument(
+        "--space", default=SPACE, help="llm_70b_qlora_quick: checkpointed, paged 8-bit AdamW only"
+    )
     options = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
     for card in options.cards.split(","):
-        rows.append(search(options.model, card, options.jobs))
+        rows.append(search(options.model, card, options.jobs, options.space))
         print(json.dumps(rows[-1]), flush=True)
-    (OUT.parent / "llm_70b_qlora.json").write_text(json.dumps(rows, indent=2))
+    (OUT.parent / f"{options.space}.json").write_text(json.dumps(rows, indent=2))
     print("| card | tokens | largest batch that fits | fastest run at it | peak | tokens/s |")
     print("| --- | ---: | ---: | --- | ---: | ---: |")
     for r in rows:
