@@ -8,12 +8,13 @@ For each card, runs the command a user would:
     autofit search model=llama3_1_70b gpu=<card> space=llm_70b_qlora
 
 (search_spaces/llm_70b_qlora.yaml: sequence lengths 512 to 8192 tokens, checkpointing on or off,
-paged or plain 8-bit AdamW or AdamW, the full or the chunked loss), every probe simulated, and
-reads back its trials: for each sequence length, the largest batch that fits and the fastest
-run at that batch (its checkpointing, optimizer and loss), and which settings
-(checkpointing/optimizer/loss) fit at some batch. One probe of the 70B model costs about a minute and a half of one CPU core (README), so
-a card's search takes a while. Writes results/benchmarks/llm_70b_qlora.json and prints a
-Markdown table.
+paged or plain 8-bit AdamW or AdamW, the full or the chunked loss; llm_70b_qlora_quick: the
+guides' recipe, also with activations offloaded), every probe simulated, and reads back its
+trials: for each sequence length, the largest batch that fits and the fastest run at that batch
+(its checkpointing, optimizer, loss and activation offload), and which of those settings fit at
+some batch. One probe of the 70B model costs about a minute and a half of one CPU core (README),
+so a card's search of the full space takes a while. Writes results/benchmarks/<space>.json and
+prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -56,10 +57,15 @@ def read_trials(trials: Path) -> dict:
             "checkpointing": fastest["checkpointing"],
             "optimizer": fastest["optimizer"],
             "loss": fastest["loss"],
+            "offload_activations": fastest.get("offload_activations", "off"),
             "peak_gib": fastest["peak_gib"],
             "tokens_per_s": round(float(fastest["samples_per_s"]) * length),
             "settings_that_fit": sorted(
-                {f"{t['checkpointing']}/{t['optimizer']}/{t['loss']}" for t in fits}
+                {
+                    f"{t['checkpointing']}/{t['optimizer']}/{t['loss']}/"
+                    f"{t.get('offload_activations', 'off')}"
+                    for t in fits
+                }
             ),
         }
     return found
@@ -117,7 +123,7 @@ def main() -> None:
                 continue
             run = (
                 f"checkpointing={fit['checkpointing']} optimizer={fit['optimizer']} "
-                f"loss={fit['loss']}"
+                f"loss={fit['loss']} offload_activations={fit['offload_activations']}"
             )
             print(
                 f"| {r['card']} | {length} | {fit['batch']} | {run} | {fit['peak_gib']} GiB | {fit['tokens_per_s']} |"
