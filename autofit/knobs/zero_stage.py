@@ -123,10 +123,10 @@ def _single_process_group(device: Any) -> None:
 
     from autofit.distributed import join_group_of_one
 
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)  # DeepSpeed's engine reads its rank from these
     if torch.distributed.is_initialized():
         return
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)  # DeepSpeed reads its rank from these
     if device.type == "cpu":
         # One process has no peer to share memory with, and building DeepSpeed's shared-memory
         # extension takes minutes.
