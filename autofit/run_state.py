@@ -243,14 +243,19 @@ class RunState:
                     return True
         return False
 
+    @property
+    def sharding_emulated(self) -> bool:
+        """Whether ZeRO or FSDP runs as autofit's emulation rather than the library itself: on
+        fake tensors, or across more GPUs than the one process a probe runs."""
+        return self.fake or self.knobs.get("world_size", 1) > 1
+
     def partitions_weights(self) -> bool:
         """Whether an emulated sharder (ZeRO-3, FSDP) splits every weight across the run's GPUs
         once the model is built, placing each shard on the GPU itself: a loader must then leave
         the weights in host memory, as zero.Init and FSDP's rank-0 loading do, so the whole
         model never sits on one GPU."""
-        emulated = self.fake or self.knobs.get("world_size", 1) > 1
         sharded = self.knobs.get("zero_stage", 0) == 3 or self.knobs.get("fsdp", "off") != "off"
-        return emulated and sharded
+        return self.sharding_emulated and sharded
 
     def to_host(self, tensor: torch.Tensor, counted: bool = True) -> torch.Tensor:
         """A host copy of a GPU tensor, counted as traffic over the host link unless the caller

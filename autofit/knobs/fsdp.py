@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.train_mode import FOUR_BIT_MODES
 
 if TYPE_CHECKING:
     from autofit.models import ModelPreset
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 RESHARD_AFTER_FORWARD = {"full_shard": True, "shard_grad_op": False}
 NOT_FSDP = "fsdp=off"
-FOUR_BIT = ("qlora", "qdora")  # a 4-bit NF4 base (train_mode)
 # Knobs FSDP is not modelled with, at the value that asks nothing of it.
 NOT_WITH = (
     ("zero_stage", 0, "DeepSpeed ZeRO shards the same states: use one or the other"),
@@ -79,7 +79,7 @@ def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | Non
             f"fsdp={value} with fsdp_offload=cpu on the cpu backend: FSDP2's CPU offload pins "
             "host memory, which needs a GPU (use simulate, or cuda)"
         )
-    if config.get("train_mode") in FOUR_BIT:
+    if config.get("train_mode") in FOUR_BIT_MODES:
         return (
             f"fsdp={value} with train_mode={config['train_mode']} on the {backend} backend: its "
             "bitsandbytes layers keep 4-bit weights as uint8, which fully_shard cannot shard"
@@ -137,7 +137,7 @@ def _ram_efficient(s: Subject) -> bool:
     # accelerate loads a 4-bit base whole on every GPU before sharding it (fsdp2_prepare_model
     # skips cpu_ram_efficient_loading for Params4bit); any other model is built on the meta
     # device and its shards loaded from rank 0, as the probe builds it on the host.
-    return s.config["train_mode"] not in FOUR_BIT
+    return s.config["train_mode"] not in FOUR_BIT_MODES
 
 
 def _accelerate(value: Any, s: Subject) -> Say | Refuse:
@@ -159,7 +159,7 @@ def _accelerate(value: Any, s: Subject) -> Say | Refuse:
         "fsdp_activation_checkpointing": False,
     }
     note = ""
-    if s.config["train_mode"] in FOUR_BIT:
+    if s.config["train_mode"] in FOUR_BIT_MODES:
         note = (
             f"train_mode={s.config['train_mode']} under FSDP: load the 4-bit base with "
             "BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16), so fully_shard can "
@@ -235,13 +235,13 @@ class Fsdp(Knob):
         # The model is built in host memory and each weight's shard placed on the GPU (accelerate's
         # cpu_ram_efficient_loading, meta-device init): no GPU holds the whole model. fully_shard
         # itself moves the weights it shards to its mesh's device.
-        return run.host() if _emulated(run) else run.built_on_host()
+        return run.host() if run.sharding_emulated else run.built_on_host()
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "off":
             return
         offload = run.knobs["fsdp_offload"] == "cpu"
-        if _emulated(run):
+        if run.sharding_emulated:
             from autofit.simulator.fsdp import FsdpEmulation
 
             FsdpEmulation(run, RESHARD_AFTER_FORWARD[value], run.knobs["world_size"], offload)
@@ -263,7 +263,3 @@ class Fsdp(Knob):
         },
         "kohya": {"off": Say(), "full_shard": Refuse(NO_FSDP), "shard_grad_op": Refuse(NO_FSDP)},
     }
-
-
-def _emulated(run: RunState) -> bool:
-    return run.fake or run.knobs["world_size"] > 1

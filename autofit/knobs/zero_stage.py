@@ -135,10 +135,6 @@ def _single_process_group(device: Any) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
-def _emulated(run: RunState) -> bool:
-    return run.fake or run.knobs["world_size"] > 1
-
-
 # -- trainers ---------------------------------------------------------------------------------
 
 
@@ -270,7 +266,7 @@ class ZeroStage(Knob):
             return None
         # ZeRO-3 partitions weights as the model is constructed (zero.Init): no GPU ever holds
         # the whole model. The emulation builds it in host memory, then shards it.
-        if _emulated(run):
+        if run.sharding_emulated:
             return run.host()
         import deepspeed
 
@@ -281,7 +277,7 @@ class ZeroStage(Knob):
         if not value:
             return
         knobs = run.knobs
-        if _emulated(run):
+        if run.sharding_emulated:
             from autofit.run_state import PlainStep
             from autofit.simulator.zero import ZeroEmulation
 
