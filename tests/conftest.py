@@ -1,6 +1,9 @@
-"""GPU tests carry the `cuda` marker and are skipped on machines without CUDA."""
+"""GPU tests carry the `cuda` marker and are skipped on machines without CUDA; each test gets
+back the torch.nn.functional.linear it started with."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,3 +17,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _undo_deepspeeds_linear_override() -> Iterator[None]:
+    """DeepSpeed's zero.Init replaces torch.nn.functional.linear with its ZeRO-3 linear "for the
+    rest of the process" (its own log line). A probe owns its process; a test does not, and under
+    autocast that linear casts a weight at every use instead of once, which changes what later
+    tests in the same process measure."""
+    import torch
+
+    linear = torch.nn.functional.linear
+    yield
+    torch.nn.functional.linear = linear

@@ -291,6 +291,20 @@ def test_activation_offload_copies_each_saved_activation_once_and_no_weight() ->
     assert x.grad is not None and model[0].weight.grad is not None
 
 
+def test_activation_offload_never_takes_a_new_tensor_for_a_freed_one_at_the_same_address() -> None:
+    # Each tensor dies once packed (its copy lives on, as autograd holds it), so the next one's
+    # storage usually lands where it was: same address, shape, stride and dtype, yet a different
+    # tensor, which needs a copy of its own.
+    offload = ActivationOffload(_offload_run())
+    saved = []
+    for _ in range(20):
+        tensor = torch.randn(16, 16)
+        saved.append(offload.pack(tensor))
+        offload.stash.clear()
+        del tensor
+    assert len({id(copy) for copy in saved}) == 20
+
+
 def test_activation_offload_moves_activations_off_the_gpu_into_pinned_host_memory() -> None:
     kept, kept_tracker = simulate.trace(spec("tiny_sana", batch_size=2))
     run, tracker = simulate.trace(spec("tiny_sana", batch_size=2, offload_activations="cpu"))

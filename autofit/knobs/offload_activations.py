@@ -33,6 +33,7 @@ from autofit.knobs.base import Knob, ProbeContext, Refuse, Say
 
 if TYPE_CHECKING:
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     from autofit.run_state import RunState
 
@@ -41,12 +42,14 @@ FORWARD_STASH = 5  # torchtune's max_fwd_stash_size: offloaded tensors kept aliv
 
 
 class _Offloaded:
-    """A saved tensor's pinned host copy (what autograd holds between pack and unpack)."""
+    """A saved tensor's pinned host copy (what autograd holds between pack and unpack), and a weak
+    reference to the storage it was copied from."""
 
-    __slots__ = ("host", "__weakref__")
+    __slots__ = ("host", "source", "__weakref__")
 
-    def __init__(self, host: torch.Tensor) -> None:
+    def __init__(self, host: torch.Tensor, source: StorageWeakRef) -> None:
         self.host = host
+        self.source = source
 
 
 class ActivationOffload:
@@ -68,6 +71,7 @@ class ActivationOffload:
 
     def pack(self, tensor: torch.Tensor) -> Any:
         import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
 
         base = tensor if tensor._base is None else tensor._base
         if (
@@ -80,13 +84,16 @@ class ActivationOffload:
             tuple(tensor.stride()), tensor.dtype,
         )  # fmt: skip
         offloaded = self.copies.get(key)
-        if offloaded is None:
+        # A storage's address is reused once it is freed, while autograd may still hold the copy
+        # made of it: a copy stands for this tensor only if its source storage is still alive.
+        if offloaded is None or offloaded.source.expired():
             with self.run.host(pinned=True):  # page-locked where there is a GPU to copy from
                 pinned = self.run.device.type == "cuda"
                 host = torch.empty_like(tensor, device=self.run.host_device, pin_memory=pinned)
                 host.copy_(tensor.detach(), non_blocking=pinned)
             self.run.traffic.link_bytes += tensor.numel() * tensor.element_size()
-            offloaded = self.copies[key] = _Offloaded(host)
+            source = StorageWeakRef(tensor.untyped_storage())
+            offloaded = self.copies[key] = _Offloaded(host, source)
             self.stash.append(tensor)  # alive until the side stream's copy is surely done
         return offloaded
 
