@@ -78,3 +78,86 @@ def ensure_writable(path: Path, what: str = "result") -> None:
         raise AutofitError(f"{where}: {exc.strerror}") from None
     if path.is_dir() or not os.access(path.parent, os.W_OK):
         raise AutofitError(f"{where}: not a writable file path")
+
+
+# -- writing a set of files --------------------------------------------------------------------
+# A file is written under a temporary name in its own folder, flushed to disk, then renamed over
+# its final name: rename within one filesystem is atomic (POSIX rename(2); os.replace), so a kill
+# at any moment leaves the old file or the new one under the final name, never half of one.
+
+
+def _temporary(folder: Path, name: str, data: bytes) -> Path:
+    import os
+    import tempfile
+
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; a plain open() would not
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return Path(temporary)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it, and setting it
+    for a moment would race with the search's threads): Linux reports it in /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def write_together(folder: Path, files: dict[str, str | bytes], marker: str | None = None) -> None:
+    """Write `files` (name to contents) into `folder` together or not at all.
+
+    Every file goes to a temporary in `folder` first; only once all are written are they renamed
+    into place. `marker` (one of the names) is the folder's commit marker: an older copy of it is
+    removed before any file is replaced and the new one is renamed last, so whenever the marker
+    exists every file beside it comes from the same write as it (a kill between two renames
+    leaves no marker, which readers report as a damaged folder). A failure removes the
+    temporaries and leaves the final names as they were (or without the marker)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    try:
+        for name, contents in files.items():
+            data = contents.encode() if isinstance(contents, str) else contents
+            written[name] = _temporary(folder, name, data)
+        if marker is not None:
+            (folder / marker).unlink(missing_ok=True)
+        for name in sorted(written, key=lambda n: n == marker):  # the marker last
+            os.replace(written.pop(name), folder / name)
+        _sync_folder(folder)
+    finally:
+        for temporary in written.values():
+            temporary.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, contents: str | bytes) -> None:
+    """One file, written whole or not at all (see write_together)."""
+    write_together(path.parent, {path.name: contents})
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush the renames themselves (the folder's entries) to disk, where the OS allows it."""
+    import os
+
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass  # some filesystems cannot sync a folder; the renames are still atomic
+    finally:
+        os.close(handle)

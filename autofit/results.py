@@ -18,7 +18,10 @@ Reading needs nothing but the standard library: report and export never open the
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import shlex
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import Any
 from autofit.config import suggest
 from autofit.errors import AutofitError, ConfigError
 from autofit.host import budget_words
+from autofit.paths import write_together
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.pareto import run_size
 from autofit.units import parsed_value, size
@@ -77,67 +81,104 @@ def write_results(
     counts: dict[str, Any],
     knob_names: list[str],
 ) -> dict[str, Any]:
-    """Write the four files of a search into `out`; return the summary. `combinations` are the
-    search's (each with knobs, resolution, status, best_batch, probes and reason)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the four files of a search into `out`, together or not at all (summary.json, the
+    folder's commit marker, last: autofit/paths.py write_together); return the summary.
+    `combinations` are the search's (each with knobs, resolution, status, best_batch, probes and
+    reason)."""
     budget = int(counts["budget_bytes"])
+    trials, trial_rows = _trials_text(results, combinations, budget, knob_names)
+    pareto_csv = _pareto_text(pareto, knob_names)
     summary = {
         **meta,
         **counts,
         "best": point(best) if best else None,
         "pareto": [point(r) for r in pareto],
         "combinations": [c.to_dict() for c in combinations],
+        # What the tables beside it hold, so a reader can tell a complete file from a cut one.
+        "files": {TRIALS: {"rows": trial_rows}, PARETO: {"rows": len(pareto)}, BEST: {}},
+        "rerun": rerun_command(meta, out),
     }
     if best is None:
         smallest = min((r.peak_bytes for r in results if r.peak_bytes), default=None)
         summary["nothing_fits"] = {"smallest_peak_bytes": smallest}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2))
-    _write_trials(out / TRIALS, results, combinations, budget, knob_names)
-    _write_pareto(out / PARETO, pareto, knob_names)
-    _write_best(out / BEST, best, meta)
+    files = {
+        TRIALS: trials,
+        PARETO: pareto_csv,
+        BEST: _best_text(best, meta),
+        SUMMARY: json.dumps(summary, indent=2),
+    }
+    try:
+        write_together(out, files, marker=SUMMARY)
+    except OSError as exc:
+        raise AutofitError(f"cannot write the results to {out}: {exc.strerror or exc}") from None
     return summary
 
 
-def _write_trials(
-    path: Path,
+def rerun_command(meta: dict[str, Any], folder: Path) -> str:
+    """The `autofit search` line that writes this study's folder again, from its meta: every
+    value quoted for the shell. Settings the meta does not keep (target.*, timeout_s) are left
+    at their defaults."""
+    words = ["autofit", "search"]
+    for key in ("model", "gpu", "space", "backend", "margin", "trainer"):
+        if meta.get(key) is not None:
+            words.append(f"{key}={show(meta[key])}")
+    study = meta.get("study")
+    if study:
+        words.append(f"study={study}")
+    storage = meta.get("storage")
+    if storage and storage != f"sqlite:///{RESULTS / 'studies.db'}":
+        words.append(f"storage={storage}")
+    if not study or Path(folder) != study_folder(str(study)):
+        words.append(f"out={folder}")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _csv_text(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _trials_text(
     results: list[ProbeResult],
     combinations: list[Any],
     budget: int,
     knob_names: list[str],
-) -> None:
+) -> tuple[str, int]:
+    """trials.csv's text and its number of rows."""
     columns = ["outcome", "resolution", "batch_size", *knob_names, "peak_gib", "peak_bytes",
                "budget_bytes", *HOST_COLUMNS, "samples_per_s", "step_time_s", "phase", "backend",
                "reason"]  # fmt: skip
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        for result in results:
-            writer.writerow(
-                {
-                    **result.config,
-                    "outcome": result.outcome.value,
-                    "peak_gib": round(result.peak_bytes / GIB, 3) if result.peak_bytes else "",
-                    "peak_bytes": result.peak_bytes or "",
-                    "budget_bytes": result.budget_bytes,
-                    **_host_cells(result),
-                    "samples_per_s": result.samples_per_s or "",
-                    "step_time_s": result.step_time_s or "",
-                    "phase": result.phase or "",
-                    "backend": result.backend,
-                    "reason": (result.error or {}).get("message", ""),
-                }
-            )
-        for combination in combinations:
-            if combination.status in (Status.PRUNED, Status.INVALID):
-                writer.writerow(
-                    {
-                        **combination.knobs,
-                        "outcome": combination.status.value,
-                        "resolution": combination.resolution,
-                        "budget_bytes": budget,
-                        "reason": combination.reason,
-                    }
-                )
+    rows = [
+        {
+            **result.config,
+            "outcome": result.outcome.value,
+            "peak_gib": round(result.peak_bytes / GIB, 3) if result.peak_bytes else "",
+            "peak_bytes": result.peak_bytes or "",
+            "budget_bytes": result.budget_bytes,
+            **_host_cells(result),
+            "samples_per_s": result.samples_per_s or "",
+            "step_time_s": result.step_time_s or "",
+            "phase": result.phase or "",
+            "backend": result.backend,
+            "reason": (result.error or {}).get("message", ""),
+        }
+        for result in results
+    ]
+    rows += [
+        {
+            **combination.knobs,
+            "outcome": combination.status.value,
+            "resolution": combination.resolution,
+            "budget_bytes": budget,
+            "reason": combination.reason,
+        }
+        for combination in combinations
+        if combination.status in (Status.PRUNED, Status.INVALID)
+    ]
+    return _csv_text(columns, rows), len(rows)
 
 
 def _host_cells(result: ProbeResult) -> dict[str, Any]:
@@ -153,47 +194,44 @@ def _host_cells(result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def _write_pareto(path: Path, pareto: list[ProbeResult], knob_names: list[str]) -> None:
+def _pareto_text(pareto: list[ProbeResult], knob_names: list[str]) -> str:
     columns = ["resolution", "batch_size", *knob_names, "run_size", "samples_per_s", "peak_gib",
                "peak_bytes", "host_peak_gib", "host_peak_bytes", "host_pinned_bytes"]  # fmt: skip
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        for result in pareto:
-            writer.writerow(
-                {
-                    **result.config,
-                    "run_size": run_size(result),
-                    "samples_per_s": result.samples_per_s,
-                    "peak_gib": round((result.peak_bytes or 0) / GIB, 3),
-                    "peak_bytes": result.peak_bytes,
-                    **_host_cells(result),
-                }
-            )
+    rows = [
+        {
+            **result.config,
+            "run_size": run_size(result),
+            "samples_per_s": result.samples_per_s,
+            "peak_gib": round((result.peak_bytes or 0) / GIB, 3),
+            "peak_bytes": result.peak_bytes,
+            **_host_cells(result),
+        }
+        for result in pareto
+    ]
+    return _csv_text(columns, rows)
 
 
-def _write_best(path: Path, best: ProbeResult | None, meta: dict[str, Any]) -> None:
+def _best_text(best: ProbeResult | None, meta: dict[str, Any]) -> str:
     import yaml
 
     if best is None:
-        path.write_text(f"# Nothing fits {meta['gpu']} in this space: no best configuration.\n")
-        return
+        return f"# Nothing fits {meta['gpu']} in this space: no best configuration.\n"
     how = "estimated" if best.throughput_estimated else "measured"
     host = (
         f"; host {size(best.host_peak_bytes)} of {budget_words(best.host_budget_bytes)}"
         if best.host_peak_bytes is not None
         else ""
     )
+    probe = ["autofit", "probe", f"model={meta['model']}", f"gpu={meta['gpu']}"]
+    probe += [f"{k}={show(v)}" for k, v in best.config.items()]
     header = (
         f"# The fastest configuration of {meta['model']} that fits {meta['gpu']}: peak "
         f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget, "
         f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}){host}.\n"
-        f"# Re-measure it with: autofit probe model={meta['model']} gpu={meta['gpu']} "
-        + " ".join(f"{k}={show(v)}" for k, v in best.config.items())
-        + "\n"
+        f"# Re-measure it with: {' '.join(shlex.quote(w) for w in probe)}\n"
     )
     body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}
-    path.write_text(header + yaml.safe_dump(body, sort_keys=False))
+    return header + yaml.safe_dump(body, sort_keys=False)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -300,57 +338,158 @@ def _outcome(text: str) -> Outcome | Status:
     raise ValueError(f"outcome {text!r} is none of {valid}")
 
 
-def _read_trials(path: Path) -> tuple[list[Probe], list[str]]:
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        # The searched knobs sit between batch_size and peak_gib (write_results writes them so).
-        fields = list(reader.fieldnames or [])
-        knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
-        probes = [
-            Probe(
-                outcome=_outcome(row["outcome"]),
-                resolution=int(row["resolution"]),
-                batch_size=_number(row["batch_size"], int),
-                knobs={k: parsed_value(row[k]) for k in knob_names},
-                peak_bytes=_number(row["peak_bytes"], int),
-                samples_per_s=_number(row["samples_per_s"], float),
-                phase=row.get("phase") or "",
-                reason=row.get("reason") or "",
-                host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
+class Damaged(AutofitError):
+    """A results folder that is not whole: a file missing, cut short, or from another write."""
+
+
+# What report and export need of a summary, and the type each must have.
+NEEDED = {"budget_bytes": int, "model": str, "gpu": str, "pareto": list, "combinations": list}
+
+
+def damaged(folder: Path, file: str, what: str, summary: dict[str, Any] | None = None) -> Damaged:
+    """One line: which file of `folder` is damaged, how, and the search that rewrites it."""
+    command = (summary or {}).get("rerun") or (
+        rerun_command(summary, folder) if summary and summary.get("model") else None
+    )
+    how = (
+        f"rerun `{command}`"
+        if command
+        else f"rerun the `autofit search` that wrote it (study={folder.name}, or out={folder})"
+    )
+    return Damaged(f"{folder / file} is damaged ({what}): {how} to rewrite {folder}/")
+
+
+def _read_trials(
+    folder: Path, summary: dict[str, Any], expected_rows: int | None
+) -> tuple[list[Probe], list[str]]:
+    """trials.csv, checked whole: its header, every row with every column, the last row ended,
+    and as many rows as summary.json says were written."""
+    path = folder / TRIALS
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        raise damaged(folder, TRIALS, "its last row is cut short", summary)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    # The searched knobs sit between batch_size and peak_gib (write_results writes them so).
+    fields = list(reader.fieldnames or [])
+    needed = ("outcome", "resolution", "batch_size", "peak_gib", "peak_bytes", "samples_per_s")
+    missing = [c for c in needed if c not in fields]
+    if missing:
+        raise damaged(folder, TRIALS, f"its header has no {', '.join(missing)}", summary)
+    knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
+    probes = []
+    for row in reader:
+        line = reader.line_num
+        if None in row or None in row.values():
+            raise damaged(folder, TRIALS, f"line {line} has not {len(fields)} columns", summary)
+        try:
+            probes.append(
+                Probe(
+                    outcome=_outcome(row["outcome"]),
+                    resolution=int(row["resolution"]),
+                    batch_size=_number(row["batch_size"], int),
+                    knobs={k: parsed_value(row[k]) for k in knob_names},
+                    peak_bytes=_number(row["peak_bytes"], int),
+                    samples_per_s=_number(row["samples_per_s"], float),
+                    phase=row.get("phase") or "",
+                    reason=row.get("reason") or "",
+                    host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
+                )
             )
-            for row in reader
-        ]
+        except ValueError as exc:
+            raise damaged(folder, TRIALS, f"line {line}: {exc}", summary) from None
+    if expected_rows is not None and len(probes) != expected_rows:
+        raise damaged(
+            folder,
+            TRIALS,
+            f"{len(probes)} rows where {SUMMARY} says {expected_rows} were written",
+            summary,
+        )
     return probes, knob_names
 
 
-def read_summary(path: Path) -> dict[str, Any]:
-    """A study's summary.json, or a one-line error saying what is wrong with it."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise AutofitError(f"cannot read the study summary {path}: {exc}") from None
-    if not isinstance(summary, dict) or "budget_bytes" not in summary:
-        raise AutofitError(
-            f"cannot read the study in {path.parent}: {path.name} has no budget_bytes"
+def _check_table(folder: Path, name: str, expected_rows: int, summary: dict[str, Any]) -> None:
+    """A CSV beside summary.json (pareto.csv): ended, every row whole, the rows it says."""
+    text = (folder / name).read_text()
+    if text and not text.endswith("\n"):
+        raise damaged(folder, name, "its last row is cut short", summary)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    width = len(rows[0]) if rows else 0
+    if not rows or any(len(r) != width for r in rows) or len(rows) - 1 != expected_rows:
+        raise damaged(
+            folder, name, f"not the {expected_rows} whole rows {SUMMARY} says were written", summary
         )
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A study's summary.json, checked: it parses and holds what report and export read; else a
+    one-line error naming the file and the search that rewrites the folder."""
+    folder = path.parent
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise damaged(folder, path.name, "missing") from None
+    except OSError as exc:
+        raise damaged(folder, path.name, exc.strerror or str(exc)) from None
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise damaged(
+            folder, path.name, f"not whole JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    if not isinstance(summary, dict):
+        raise damaged(folder, path.name, "not a JSON object")
+    wrong = [k for k, kind in NEEDED.items() if not isinstance(summary.get(k), kind)]
+    if summary.get("best") is not None and not isinstance(summary["best"], dict):
+        wrong.append("best")
+    if wrong:
+        raise damaged(folder, path.name, f"no valid {', '.join(wrong)}", summary)
     return summary
 
 
-def load_study(folder: Path) -> Study:
-    """Read a results folder of `autofit search`; a one-line error if it is not one."""
-    summary_path, trials_path = folder / SUMMARY, folder / TRIALS
+def check_folder(folder: Path) -> tuple[dict[str, Any], list[Probe], list[str]]:
+    """A results folder read and checked whole: its summary, trials and knob names, or a
+    one-line error (`Damaged`) naming the damaged file and the search that rewrites it.
+
+    A summary written with its files' record (`files`) must have each file beside it, with the
+    rows it lists; one from before that record is read as it is."""
+    summary_path = folder / SUMMARY
     if not summary_path.is_file():
+        leftovers = [p.name for p in (folder.iterdir() if folder.is_dir() else [])]
+        if any(name in leftovers for name in (TRIALS, PARETO, BEST)):
+            raise damaged(folder, SUMMARY, "missing: the search that wrote the others stopped")
         raise ConfigError(
             f"{folder} is not a study's results folder: it has no {SUMMARY} "
             f"(autofit search writes {SUMMARY}, {TRIALS}, {PARETO} and {BEST} there)"
         )
     summary = read_summary(summary_path)
+    record = summary.get("files")
+    if record is not None and not isinstance(record, dict):
+        raise damaged(folder, SUMMARY, "its files record is not a JSON object", summary)
+    record = record or {}
+    for name in record:
+        if not (folder / name).is_file():
+            raise damaged(folder, name, "missing", summary)
+    rows = (record.get(TRIALS) or {}).get("rows")
     try:
-        probes, knob_names = _read_trials(trials_path) if trials_path.is_file() else ([], [])
-    except (OSError, ValueError, KeyError) as exc:
-        raise AutofitError(f"cannot read the study in {folder}: {exc}") from None
+        if (folder / TRIALS).is_file():
+            probes, knob_names = _read_trials(folder, summary, rows)
+        else:
+            probes, knob_names = [], []
+        if isinstance((record.get(PARETO) or {}).get("rows"), int):
+            _check_table(folder, PARETO, record[PARETO]["rows"], summary)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise damaged(folder, TRIALS, str(exc), summary) from None
     if not knob_names and summary.get("combinations"):
-        knob_names = list(summary["combinations"][0]["knobs"])
+        first = summary["combinations"][0]
+        if not isinstance(first, dict) or not isinstance(first.get("knobs"), dict):
+            raise damaged(folder, SUMMARY, "its combinations have no knobs", summary)
+        knob_names = list(first["knobs"])
+    return summary, probes, knob_names
+
+
+def load_study(folder: Path) -> Study:
+    """Read a results folder of `autofit search`, checked whole (check_folder)."""
+    summary, probes, knob_names = check_folder(folder)
     return Study(folder, summary, probes, knob_names)
 
 
@@ -363,9 +502,37 @@ def studies_under(results: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p / SUMMARY).stat().st_mtime, reverse=True)
 
 
+def check_study_name(name: str, setting: str = "study") -> str:
+    """A study is named, not placed: `study=NAME` is a folder under results/ and an Optuna study
+    name, so it holds no path separator, is not `..` (or any name starting with a dot, hidden
+    and reserved), and is not empty. `out=` is where a user chooses a folder."""
+    bad = (
+        "it is empty"
+        if not name.strip()
+        else "it holds a path separator"
+        if "/" in name or "\\" in name or (os.altsep and os.altsep in name)
+        else "it starts with '.'"
+        if name.startswith(".")
+        else "it holds a line break or control character"
+        if any(ord(c) < 32 for c in name)
+        else None
+    )
+    if bad:
+        raise ConfigError(
+            f"{setting}={name!r} is not a study name: {bad}; a name is one folder under "
+            f"{RESULTS}/ (letters, digits, '-', '_', '.', not starting with '.'); choose a "
+            "folder with out=DIR"
+        )
+    return name
+
+
 def study_folder(name: str, results: Path = RESULTS) -> Path:
     """Where `study=NAME`'s files are (and where a search writes them unless told `out=`)."""
-    return results / name
+    return results / check_study_name(name)
+
+
+def _is_path(text: str) -> bool:
+    return "/" in text or "\\" in text or text.startswith(".")
 
 
 def locate(
@@ -390,9 +557,18 @@ def locate(
             load_study(folder)  # says it is not a results folder
         return folder
     if study:
-        for candidate in (study_folder(study, results), Path(study)):
-            if (candidate / SUMMARY).is_file():
-                return candidate
+        if setting == "compare" and _is_path(study):
+            # compare= takes a results folder as well as a name (it is only read).
+            candidate = Path(study)
+            if not candidate.is_dir():
+                raise ConfigError(f"{setting}={study}: no such folder")
+            return candidate.parent if candidate.name == SUMMARY else candidate
+        check_study_name(study, setting)
+        candidate = study_folder(study, results)
+        if any((candidate / name).is_file() for name in (TRIALS, PARETO, BEST)):
+            return candidate  # a study's folder: reading it says what it lacks
+        if (candidate / SUMMARY).is_file():
+            return candidate
         names = [p.name for p in studies_under(results)]
         raise ConfigError(
             f"{setting}={study}: no such study{suggest(study, names)} (no "

@@ -26,7 +26,7 @@ def run_config(cfg: Any) -> int:
     from omegaconf import OmegaConf
 
     from autofit.export import load_point, target, write_export
-    from autofit.results import SUMMARY, locate
+    from autofit.results import SUMMARY, check_folder, locate
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
@@ -35,7 +35,9 @@ def run_config(cfg: Any) -> int:
         target(named)  # a bad name is told before any study is read
     # Hydra reads `study=2024` as a number: every name and path is taken as text.
     name, folder = (None if data.get(k) is None else str(data[k]) for k in ("study", "from"))
-    source = locate(name, folder) / SUMMARY
+    found = locate(name, folder)
+    check_folder(found)  # the whole folder, as one write: a damaged one says to rerun its search
+    source = found / SUMMARY
     point = load_point(source, data.get("point"), data["target"].get("global_batch"))
     # A search for one trainer's runs (trainer=) exports to that trainer unless told otherwise.
     chosen = target(named or point.summary.get("trainer"))

@@ -9,7 +9,7 @@ from typing import Any
 
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError
-from autofit.paths import ensure_writable
+from autofit.paths import ensure_writable, write_atomically, write_together
 
 
 def run(overrides: list[str]) -> int:
@@ -22,6 +22,29 @@ def _threshold(value: Any) -> float:
             f"threshold={value!r} is not valid; expected a share between 0 and 1, e.g. 0.10 for 10%"
         )
     return float(value)
+
+
+def _write_report(study: Any, report: list[Any], text: str, out: Path) -> list[str]:
+    """Write the report's files into `out` together (autofit/paths.py write_together): the
+    charts and the page are drawn into a hidden folder beside them first, then all are renamed
+    into place, report.txt last. A kill leaves the old report or the new one, whole."""
+    import shutil
+    import tempfile
+
+    from autofit.report.html import write_page
+    from autofit.report.plots import write_pngs
+
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".report."))
+    try:
+        drawn = [*write_pngs(study, staging), write_page(study, report, staging / "report.html")]
+        files: dict[str, str | bytes] = {p.name: p.read_bytes() for p in drawn}
+        files["report.txt"] = text + "\n"
+        write_together(out, files, marker="report.txt")
+    except OSError as exc:
+        raise AutofitError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ["report.txt", *(p.name for p in drawn)]
 
 
 def run_config(cfg: Any) -> int:
@@ -39,15 +62,10 @@ def run_config(cfg: Any) -> int:
     out = Path(out_dir) if out_dir else study.path / "report"
     ensure_writable(out / "report.txt", what="report")
 
-    from autofit.report.html import write_page
-    from autofit.report.plots import write_pngs
-
     report = tables.report_tables(study)
     text = "\n\n".join([tables.headline(study), *(t.text() for t in report)])
     print(text)
-    (out / "report.txt").write_text(text + "\n")
-    written = ["report.txt", *(p.name for p in write_pngs(study, out))]
-    written.append(write_page(study, report, out / "report.html").name)
+    written = _write_report(study, report, text, out)
     print(f"\nreport in {out}/ ({', '.join(written)})")
     if baseline is None:
         return 0
@@ -55,7 +73,7 @@ def run_config(cfg: Any) -> int:
     from autofit.report.changes import compare
 
     comparison = compare(baseline, study, threshold)
-    (out / "compare.json").write_text(json.dumps(comparison.to_dict(), indent=2))
+    write_atomically(out / "compare.json", json.dumps(comparison.to_dict(), indent=2))
     print("\n" + "\n\n".join(t.text() for t in tables.comparison_tables(comparison)))
     print(f"\ncomparison in {out}/compare.json")
     regressions = comparison.regressions

@@ -9,6 +9,7 @@ launches its example scripts with the same file.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
@@ -40,11 +41,14 @@ def launch_prefix(plan: ExportPlan, config_path: str) -> str:
     and the environment the allocator knob asks for."""
     accumulation = plan.point.accumulation
     allocator = plan.point.config.get("allocator", "default")
-    env = "".join(f"{key}={value} " for key, value in allocator_environment(allocator).items())
+    env = "".join(
+        f"{key}={shlex.quote(str(value))} "
+        for key, value in allocator_environment(allocator).items()
+    )
     if accumulation > 1 and not plan.point.config["zero_stage"]:
         # Without DeepSpeed the config file has no accumulation; Accelerator() reads this variable.
         env += f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={accumulation} "
-    return f"{env}accelerate launch --config_file {config_path}"
+    return f"{env}accelerate launch --config_file {shlex.quote(config_path)}"
 
 
 class Accelerate(Target):

@@ -10,6 +10,7 @@ trainers that take a DeepSpeed JSON (SimpleTuner's `deepspeed_config`).
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
@@ -43,9 +44,7 @@ class DeepSpeed(Target):
             json.dumps(config, indent=2),
             "DeepSpeed config: pass it to deepspeed.initialize(config=...) or --deepspeed_config",
         )
-        plan.command = (
-            f"deepspeed --num_gpus {world} train.py --deepspeed --deepspeed_config {path}"
-        )
+        plan.command = f"deepspeed --num_gpus {world} train.py --deepspeed --deepspeed_config {shlex.quote(str(path))}"
 
 
 TARGET = DeepSpeed()

@@ -52,7 +52,11 @@ class Diffusers(Target):
             plan.note(f"'{DATA_DIR}' is an imagefolder dataset with the script's columns")
         args += [_argument(flag, value) for flag, value in settings.items()]
         command = " ".join(
-            [launch_prefix(plan, str(path)), script.path, *(shlex.quote(a) for a in args)]
+            [
+                launch_prefix(plan, str(path)),
+                shlex.quote(script.path),
+                *(shlex.quote(a) for a in args),
+            ]
         )
         plan.add("launch.sh", "#!/bin/sh\n" + command, f"the launch command for {script.path}")
         plan.command = command

@@ -10,6 +10,7 @@ trainer.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
@@ -77,7 +78,7 @@ class Kohya(Target):
         plan.note("run the launch command from sd-scripts' folder")
         plan.command = (
             f"accelerate launch --num_processes {world} --mixed_precision {args['mixed_precision']} "
-            f"{script} --config_file {config}"
+            f"{script} --config_file {shlex.quote(str(config))}"
         )
 
 

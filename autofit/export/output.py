@@ -10,6 +10,7 @@ from typing import Any
 from autofit.errors import AutofitError
 from autofit.export.base import ExportPlan, knob_text
 from autofit.knobs import asked
+from autofit.paths import write_together
 from autofit.units import size
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,17 @@ def summary(plan: ExportPlan) -> dict[str, Any]:
 
 
 def write_export(plan: ExportPlan) -> Path:
-    """Write every file of `plan` into its folder, with README.txt and export.json."""
+    """Write every file of `plan` into its folder, with README.txt and export.json, together or
+    not at all (autofit/paths.py write_together): export.json, which scripts read, is the
+    folder's commit marker, renamed last."""
     out = plan.out
+    files = {
+        **plan.files,
+        "README.txt": _readme(plan),
+        "export.json": json.dumps(summary(plan), indent=2) + "\n",
+    }
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in plan.files.items():
-            (out / name).write_text(text)
-        (out / "README.txt").write_text(_readme(plan))
-        (out / "export.json").write_text(json.dumps(summary(plan), indent=2) + "\n")
+        write_together(out, files, marker="export.json")
     except OSError as exc:
         raise AutofitError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
     log.info("wrote %s export to %s", plan.target.name, out)

@@ -73,7 +73,7 @@ class Sana(Target):
         )
         plan.command = " ".join(
             [f"torchrun --nproc_per_node={world} train_scripts/train.py",
-             f"--config_path={base}", "--work_dir=output/autofit", *flags(data)]
+             shlex.quote(f"--config_path={base}"), "--work_dir=output/autofit", *flags(data)]
         )  # fmt: skip
         plan.note("run the launch command from Sana's repository folder")
 

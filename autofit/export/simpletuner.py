@@ -9,6 +9,7 @@ probe measured, and a text-embed cache. With ZeRO, the DeepSpeed config goes bes
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target, weights
@@ -87,7 +88,7 @@ class SimpleTuner(Target):
         )
         plan.note(f"put your images (with .txt captions) in '{DATA_DIR}' of multidatabackend.json")
         plan.command = (
-            f"mkdir -p config/{SIMPLETUNER_ENV} && cp {plan.out}/*.json config/{SIMPLETUNER_ENV}/ && "
+            f"mkdir -p config/{SIMPLETUNER_ENV} && cp {shlex.quote(str(plan.out))}/*.json config/{SIMPLETUNER_ENV}/ && "
             f"TRAINING_NUM_PROCESSES={point.world_size} "
             f"MIXED_PRECISION={config['mixed_precision']} simpletuner train --env {SIMPLETUNER_ENV}"
         )
