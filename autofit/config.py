@@ -137,6 +137,53 @@ def command_groups(command: str) -> list[str]:
     return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
 
 
+# The Hydra settings a command takes: which launcher runs a sweep and that launcher's own settings
+# (partition, timeout_min, cpus_per_task, n_jobs, ...), and where runs and sweeps write. Anything
+# else under hydra is refused like any unknown setting: hydra.job.env_set / env_copy change the
+# environment the run (and its probe server) starts in, hydra.callbacks and any `_target_` name
+# a module Hydra imports and calls (hydra.utils.instantiate).
+HYDRA_GROUPS = ("hydra/launcher",)
+HYDRA_PREFIXES = ("hydra.launcher.",)
+HYDRA_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.run.dir")
+HYDRA_ALLOWED = "hydra/launcher=<name>, hydra.launcher.<setting>, " + ", ".join(HYDRA_KEYS)
+
+
+def _names_code(value: Any) -> bool:
+    """Whether a value (a dict or list override, at any depth) holds a `_target_` key."""
+    if isinstance(value, dict):
+        return any(str(k) == "_target_" or _names_code(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_names_code(v) for v in value)
+    return False
+
+
+def _check_hydra(command: str, override: Any) -> None:
+    """Refuse a Hydra setting autofit does not take (HYDRA_ALLOWED), and `_target_` anywhere."""
+    key = override.key_or_group
+    values = [] if override.is_delete() else _values(override)
+    imports = "_target_" in key.split(".") or any(_names_code(v) for v in values)
+    if not imports and not key.startswith(("hydra.", "hydra/")) and key != "hydra":
+        return
+    allowed = not imports and (
+        (key in HYDRA_GROUPS and override.package is None)
+        or (key.startswith(HYDRA_PREFIXES) and override.package is None)
+        or key in HYDRA_KEYS
+    )
+    if allowed and not override.is_delete():
+        return
+    why = (
+        "a _target_ names code for Hydra to import"
+        if imports
+        else "it would change the environment or the code a run starts with"
+        if key.startswith(("hydra.job", "hydra.callbacks", "hydra/callbacks"))
+        else "autofit does not take it"
+    )
+    raise ConfigError(
+        f"unknown setting '{override.get_key_element()}' for 'autofit {command}' ({why}); "
+        f"valid hydra settings: {HYDRA_ALLOWED}"
+    )
+
+
 def validate_overrides(command: str, overrides: list[str]) -> list[str]:
     """Check every override's key and every group choice (each value of a sweep) before Hydra
     sees them; knob values are checked once composed. Returns the overrides Hydra is to compose:
@@ -147,6 +194,7 @@ def validate_overrides(command: str, overrides: list[str]) -> list[str]:
     parsed = _parse(overrides)
     groups = command_groups(command)
     for override in parsed:
+        _check_hydra(command, override)
         key = override.key_or_group
         if key in GROUPS and key not in groups:
             settings = [k for k in _compose(command, []) if k not in groups]

@@ -116,7 +116,7 @@ def run_config(cfg: Any) -> int:
     from autofit.paths import ensure_writable
     from autofit.probe.launcher import launcher_for
     from autofit.report.tables import pareto_table
-    from autofit.results import load_study, study_folder, write_results
+    from autofit.results import check_study_name, load_study, study_folder, write_results
     from autofit.search import display
     from autofit.search.engine import Search
     from autofit.search.prober import Prober
@@ -179,7 +179,10 @@ def run_config(cfg: Any) -> int:
             return None
 
     default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
-    study_name = data.get("study") or default_name
+    # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
+    # `study=2024` as a number, so the name is taken as text.
+    named = data.get("study")
+    study_name = check_study_name(str(named)) if named is not None else default_name
     out = Path(data["out"]) if data.get("out") else study_folder(study_name)
     ensure_writable(out / "summary.json")
     storage = data.get("storage") or default_storage(Path("results"))
