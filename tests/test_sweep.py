@@ -1,0 +1,100 @@
+"""`autofit search -m ...` through each Hydra launcher: every job's exit status comes back to the
+sweep, which exits non-zero with one line naming each failed job, whichever process ran it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import autofit
+
+from autofit.commands.sweep import sweep
+
+# Two probes on the smallest model: a job takes seconds.
+TINY_SPACE = """
+batch_size: {min: 1, max: 2}
+resolution: [x1]
+knobs:
+  precision: [bf16]
+"""
+
+# The second job's space is a file that is not there: the override passes the sweep's checks
+# (a space is read when its search starts) and the job fails at run time with exit 2.
+FAILING_SWEEP = ["model=tiny_mlp", "backend=simulate", "space=tiny.yaml,missing.yaml"]
+SUMMARY = (
+    "autofit: 1 of 2 jobs of the sweep failed: "
+    "model=tiny_mlp backend=simulate space=missing.yaml (exit 2)"
+)
+
+
+def _summary_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "jobs of the sweep failed" in line]
+
+
+@pytest.mark.parametrize("launcher", ["submitit_local", "joblib", "basic"])
+def test_a_failed_job_fails_the_sweep_under_every_launcher(tmp_path: Path, launcher: str) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
+    done = autofit("search", "-m", *FAILING_SWEEP, f"hydra/launcher={launcher}", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert _summary_lines(done.stderr) == [SUMMARY]
+    # the other job ran to the end
+    summary = json.loads((tmp_path / "results" / "tiny_mlp-a40-tiny" / "summary.json").read_text())
+    assert summary["n_probes"] == 2 and summary["best"]["config"]["batch_size"] == 2
+    if launcher == "submitit_local":  # the job's own message is in its submitit log
+        logs = (tmp_path / "results" / "multirun").glob("*/.submitit/*/*_log.err")
+        assert any("space=missing.yaml: no such file" in log.read_text() for log in logs)
+
+
+def test_a_sweep_whose_jobs_all_succeed_exits_0_and_prints_no_summary(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
+    done = autofit(
+        "search", "-m", "model=tiny_mlp", "gpu=a40,l4", "backend=simulate", "space=tiny.yaml",
+        "hydra/launcher=submitit_local", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _summary_lines(done.stderr) == []
+    for gpu in ("a40", "l4"):
+        assert (tmp_path / "results" / f"tiny_mlp-{gpu}-tiny" / "summary.json").exists()
+
+
+def test_a_job_that_raises_counts_as_failed_and_the_others_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The basic sweeper re-raises the first failed job's exception and stops the sweep; a job
+    that raises must instead come back as a failure, and every other job must run."""
+    monkeypatch.chdir(tmp_path)
+    ran = []
+
+    def task(cfg) -> int:
+        ran.append(cfg.gpu.name)
+        if cfg.gpu.name == "l4":
+            raise RuntimeError("a bug in the job")
+        return 0
+
+    code = sweep("search", ["model=tiny_mlp", "gpu=l4,a40,l40s"], task)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert len(ran) == 3
+    assert _summary_lines(err) == [
+        "autofit: 1 of 3 jobs of the sweep failed: model=tiny_mlp gpu=l4 (exit 1)"
+    ]
+    assert "RuntimeError: a bug in the job" in err  # the traceback, where the job's log goes
+
+
+@pytest.mark.slow
+def test_four_jobs_started_together_on_a_fresh_storage_all_succeed(tmp_path: Path) -> None:
+    """submitit_local starts every job at once: they create the study storage together."""
+    (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
+    gpus = ["a40", "l4", "l40s", "a10g"]
+    done = autofit(
+        "search", "-m", "model=tiny_mlp", f"gpu={','.join(gpus)}", "backend=simulate",
+        "space=tiny.yaml", "jobs=1", "hydra/launcher=submitit_local", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _summary_lines(done.stderr) == []
+    for gpu in gpus:
+        summary = json.loads(
+            (tmp_path / "results" / f"tiny_mlp-{gpu}-tiny" / "summary.json").read_text()
+        )
+        assert summary["n_probes"] == 2
