@@ -20,6 +20,7 @@ same in the summary.
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -76,8 +77,14 @@ def failed_jobs(returns: Sequence[Any]) -> list[tuple[str, int | str]]:
 
 
 def summary_line(failed: list[tuple[str, int | str]], total: int) -> str:
-    jobs = "; ".join(f"{name} (exit {code})" for name, code in failed)
+    jobs = "; ".join(f"{_without_password(name)} (exit {code})" for name, code in failed)
     return f"autofit: {len(failed)} of {total} jobs of the sweep failed: {jobs}"
+
+
+def _without_password(overrides: str) -> str:
+    """The overrides with a storage URL's password masked: `postgresql://user:***@host/db`. Hydra
+    hands them back escaped for its parser (`postgresql\\://user\\:secret@...`)."""
+    return re.sub(r"(//[^/@\s]*?\\?:)[^@\s/]+@", r"\1***@", overrides)
 
 
 def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int:
