@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import autofit
 
-from autofit.commands.sweep import sweep
+from autofit.commands.sweep import failed_jobs, summary_line, sweep
 
 # Two probes on the smallest model: a job takes seconds.
 TINY_SPACE = """
@@ -98,3 +98,30 @@ def test_four_jobs_started_together_on_a_fresh_storage_all_succeed(tmp_path: Pat
             (tmp_path / "results" / f"tiny_mlp-{gpu}-tiny" / "summary.json").read_text()
         )
         assert summary["n_probes"] == 2
+
+
+def test_a_job_hydra_marks_failed_counts_with_its_exception_and_a_password_is_masked() -> None:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    returns = [
+        [
+            JobReturn(overrides=["gpu=a40"], status=JobStatus.COMPLETED, _return_value=0),
+            JobReturn(overrides=["gpu=l4"], status=JobStatus.FAILED, _return_value=OSError()),
+        ],
+        [
+            JobReturn(
+                overrides=["gpu=l40s", r"storage=postgresql\://me\:s3cret@db\:5432/autofit"],
+                status=JobStatus.COMPLETED,
+                _return_value=3,
+            )
+        ],
+    ]
+    failed = failed_jobs(returns)
+    assert failed == [
+        ("gpu=l4", "OSError"),
+        (r"gpu=l40s storage=postgresql\://me\:s3cret@db\:5432/autofit", 3),
+    ]
+    assert summary_line(failed, 3) == (
+        "autofit: 2 of 3 jobs of the sweep failed: gpu=l4 (exit OSError); "
+        r"gpu=l40s storage=postgresql\://me\:***@db\:5432/autofit (exit 3)"
+    )
