@@ -4,12 +4,15 @@ sweep, which exits non-zero with one line naming each failed job, whichever proc
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 from helpers import autofit
 
 from autofit.commands.sweep import failed_jobs, summary_line, sweep
+from autofit.errors import AutofitError
 
 # Two probes on the smallest model: a job takes seconds.
 TINY_SPACE = """
@@ -32,7 +35,16 @@ def _summary_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "jobs of the sweep failed" in line]
 
 
-@pytest.mark.parametrize("launcher", ["submitit_local", "joblib", "basic"])
+# submitit_local in the default run; joblib and basic (which the in-process test below also runs)
+# each take as long, so under `pytest -m slow`.
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        "submitit_local",
+        pytest.param("joblib", marks=pytest.mark.slow),
+        pytest.param("basic", marks=pytest.mark.slow),
+    ],
+)
 def test_a_failed_job_fails_the_sweep_under_every_launcher(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
     done = autofit("search", "-m", *FAILING_SWEEP, f"hydra/launcher={launcher}", cwd=tmp_path)
@@ -46,6 +58,7 @@ def test_a_failed_job_fails_the_sweep_under_every_launcher(tmp_path: Path, launc
         assert any("space=missing.yaml: no such file" in log.read_text() for log in logs)
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_jobs_all_succeed_exits_0_and_prints_no_summary(tmp_path: Path) -> None:
     (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
     done = autofit(
@@ -124,4 +137,27 @@ def test_a_job_hydra_marks_failed_counts_with_its_exception_and_a_password_is_ma
     assert summary_line(failed, 3) == (
         "autofit: 2 of 3 jobs of the sweep failed: gpu=l4 (exit OSError); "
         r"gpu=l40s storage=postgresql\://me\:***@db\:5432/autofit (exit 3)"
+    )
+
+
+def _dies_on_l4(cfg) -> int:
+    """A job that dies without a word (as one SLURM kills at its time limit)."""
+    if cfg.gpu.name == "l4":
+        os._exit(9)
+    return 0
+
+
+def test_a_job_that_dies_stops_the_sweep_with_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit has no return for a job that died: its launcher raises, and the sweep says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the job imports this module
+    overrides = ["model=tiny_mlp", "gpu=l4,a40", "hydra/launcher=submitit_local"]
+    with pytest.raises(AutofitError) as error:
+        sweep("search", overrides, _dies_on_l4)
+    assert re.fullmatch(
+        r"the sweep's launcher stopped: UncompletedJobError: Job \d+ \(task: 0\) with path "
+        r"\S+_result\.pkl has not produced any output \(state: \w+\)",
+        str(error.value),
     )

@@ -113,9 +113,10 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
             # The launcher itself gave up, and with it the returns of the jobs that did finish:
             # submitit raises for a job the cluster killed (time limit, memory) instead of
             # returning it.
-            first_line = (str(exc).strip().splitlines() or [""])[0]
+            # submitit's first two lines: the job and its result file, and why it has none
+            what = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
             raise AutofitError(
-                f"the sweep's launcher stopped: {type(exc).__name__}: {first_line}"
+                f"the sweep's launcher stopped: {type(exc).__name__}: {what}"
             ) from exc
     failed = failed_jobs(returns)
     if failed:
