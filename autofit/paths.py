@@ -6,6 +6,8 @@ install or a source checkout reads them from the repository root.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -132,14 +134,31 @@ def write_together(folder: Path, files: dict[str, str | bytes], marker: str | No
         for name, contents in files.items():
             data = contents.encode() if isinstance(contents, str) else contents
             written[name] = _temporary(folder, name, data)
-        if marker is not None:
-            (folder / marker).unlink(missing_ok=True)
-        for name in sorted(written, key=lambda n: n == marker):  # the marker last
-            os.replace(written.pop(name), folder / name)
-        _sync_folder(folder)
+        with _folder_lock(folder):  # two writers of one folder (workers of one study) take turns
+            if marker is not None:
+                (folder / marker).unlink(missing_ok=True)
+            for name in sorted(written, key=lambda n: n == marker):  # the marker last
+                os.replace(written.pop(name), folder / name)
+            _sync_folder(folder)
     finally:
         for temporary in written.values():
             temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` itself (flock(2) on the folder's descriptor: no lock file is
+    left among the outputs) while a set of files is renamed in, so two writers' renames never
+    interleave."""
+    import fcntl
+    import os
+
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # closing releases the lock
 
 
 def write_atomically(path: Path, contents: str | bytes) -> None:

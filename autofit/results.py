@@ -30,7 +30,7 @@ from typing import Any
 from autofit.config import suggest
 from autofit.errors import AutofitError, ConfigError
 from autofit.host import budget_words
-from autofit.paths import write_together
+from autofit.paths import search_spaces_dir, write_together
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.pareto import run_size
 from autofit.units import parsed_value, size
@@ -122,6 +122,11 @@ def rerun_command(meta: dict[str, Any], folder: Path) -> str:
     for key in ("model", "gpu", "space", "backend", "margin", "trainer"):
         if meta.get(key) is not None:
             words.append(f"{key}={show(meta[key])}")
+    space = meta.get("space")
+    if space and not (search_spaces_dir() / f"{space}.yaml").is_file():
+        # The meta keeps a space file's stem: a file of that name here is the one searched.
+        if Path(f"{space}.yaml").is_file():
+            words[words.index(f"space={space}")] = f"space={space}.yaml"
     study = meta.get("study")
     if study:
         words.append(f"study={study}")
@@ -544,7 +549,7 @@ def locate(
     """The results folder a command reads: `from=DIR` as given (the folder, or its summary.json),
     `study=NAME` as results/NAME (`setting` names the setting in errors: compare=NAME), neither
     as the most recently written results/*/summary.json."""
-    if study and from_dir:
+    if study is not None and from_dir:
         raise ConfigError(
             f"{setting}={study} and from={from_dir} both name a study: give one of them"
         )
@@ -556,7 +561,7 @@ def locate(
         if not (folder / SUMMARY).is_file():
             load_study(folder)  # says it is not a results folder
         return folder
-    if study:
+    if study is not None:  # study='' too: not a name, and said so
         if setting == "compare" and _is_path(study):
             # compare= takes a results folder as well as a name (it is only read).
             candidate = Path(study)

@@ -584,3 +584,85 @@ def test_a_study_where_nothing_fits_has_nothing_to_export(workdir: Path) -> None
     path.write_text(json.dumps(summary))
     with pytest.raises(AutofitError, match="has no best configuration"):
         load_point(path)
+
+
+# --- paths in launch commands are quoted for the shell --------------------------------------------
+
+# A study name (and so its results folder) with a space, a `;`, a command substitution and
+# backquotes: launched, a command that interpolated it unquoted would run `touch INJECTED`.
+HOSTILE = "night run; $(touch INJECTED) `touch INJECTED`"
+# (target, fixed study, Pareto point, the word the launch line carries the written file's path in)
+LAUNCHES = [
+    ("accelerate", SANA, None, "--config_file"),
+    ("deepspeed", SANA, None, "--deepspeed_config"),
+    ("kohya", FLUX, 3, "--config_file"),
+    ("diffusers", SANA, 4, "--config_file"),
+    ("simpletuner", SANA, 6, "cp"),
+    ("sana", SANA, 7, None),
+    ("hydra", SANA, None, None),
+]
+# What each launch line runs, as a stand-in that logs its arguments one per line.
+STAND_INS = ("accelerate", "deepspeed", "torchrun", "simpletuner", "autofit")
+
+
+def _stand_ins(folder: Path, log: Path) -> dict[str, str]:
+    """A PATH whose trainers log their argv to `log` and do nothing else."""
+    folder.mkdir()
+    for name in STAND_INS:
+        script = folder / name
+        script.write_text(f'#!/bin/sh\nprintf "%s\\n" "{name}" "$@" >> {shlex.quote(str(log))}\n')
+        script.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("target,study,point,flag", LAUNCHES, ids=[c[0] for c in LAUNCHES])
+def test_a_hostile_study_name_is_quoted_in_every_launch_command(
+    workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+    study: str,
+    point: int | None,
+    flag: str | None,
+) -> None:
+    import subprocess
+
+    folder = workdir / "results" / HOSTILE
+    folder.mkdir()
+    summary = json.loads((workdir / "results" / study / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "study": HOSTILE}))
+    # Hydra's own quoting carries the name whole (its grammar stops at a bare `;`).
+    args = ["export", f"target={target}", f"study='{HOSTILE}'"]
+    assert main(args + ([f"point={point}"] if point else [])) == 0, capsys.readouterr().err
+    out = (folder / "export" / target).resolve()
+    exported = json.loads((out / "export.json").read_text())
+    command = exported["command"]
+    assert f"\nlaunch:\n  {command}\n" in capsys.readouterr().out  # printed as written
+    words = shlex.split(command)
+    if flag == "cp":
+        assert f"{out}/*.json" in words
+    elif flag:
+        written = [n for n in exported["files"] if n.endswith((".yaml", ".json", ".toml"))]
+        assert words[words.index(flag) + 1] in {str(out / n) for n in written}
+
+    # Run it with stand-ins for the trainers: they get the paths whole, and nothing is injected.
+    log, run_in = workdir / "argv.log", workdir / "launch_here"
+    run_in.mkdir()
+    env = _stand_ins(workdir / "bin", log)
+    scripts = [["bash", "-c", command]]
+    if (out / "launch.sh").exists():
+        check = subprocess.run(["bash", "-n", str(out / "launch.sh")], capture_output=True)
+        assert check.returncode == 0, check.stderr
+        scripts.append(["sh", str(out / "launch.sh")])
+    for script in scripts:
+        log.unlink(missing_ok=True)
+        done = subprocess.run(script, cwd=run_in, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        argv = log.read_text().splitlines()
+        assert argv[0] == words[words.index(argv[0])]  # the trainer the line names
+        assert argv[1:] == words[words.index(argv[0]) + 1 :]  # every word as shlex reads it
+    assert not list(workdir.rglob("INJECTED")), "the launch line ran text from the study name"
+    if flag == "cp":  # SimpleTuner's line copies the exported JSON files by their quoted folder
+        copied = sorted(p.name for p in (run_in / "config" / "autofit").iterdir())
+        assert copied == sorted(
+            [*(n for n in exported["files"] if n.endswith(".json")), "export.json"]
+        )
