@@ -148,6 +148,11 @@ def run_config(cfg: Any) -> int:
     jobs = data.get("jobs")
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
+    retry_failed, grace = data.get("retry_failed", True), data.get("claim_grace_s", 60)
+    if not isinstance(retry_failed, bool):
+        raise ConfigError(f"retry_failed={retry_failed!r} is not valid; expected true or false")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
+        raise ConfigError(f"claim_grace_s={grace!r} is not valid; expected seconds > 0")
 
     trainer = data.get("trainer")
     left_out: Any
@@ -196,7 +201,10 @@ def run_config(cfg: Any) -> int:
             "margin": data["margin"], "host_budget_bytes": host_budget, "storage": storage}  # fmt: skip
     if trainer:
         meta["trainer"] = trainer
-    recorder = StudyRecorder(storage, study_name, {k: v for k, v in meta.items() if k != "storage"})
+    recorder = StudyRecorder(
+        storage, study_name, {k: v for k, v in meta.items() if k != "storage"},
+        retry_failed=retry_failed, claim_grace_s=float(grace),
+    )  # fmt: skip
     progress = Progress(sys.stderr, space.target_resolution, space.target_min_batch, knob_names)
     print(
         f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
@@ -217,6 +225,7 @@ def run_config(cfg: Any) -> int:
                 left_out=left_out,
             ).run()  # fmt: skip
     finally:
+        recorder.close()  # gives back the claims of probes that did not finish
         progress.close()
     counts = {"budget_bytes": result.budget_bytes, "n_probes": result.new_probes + result.reused_probes,
               "new_probes": result.new_probes, "reused_probes": result.reused_probes,

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
+from autofit.search.claims import POLL_S, Busy
 from autofit.search.pareto import best_config, pareto_front
 from autofit.search.planner import Observation, largest_fitting_batch
 from autofit.search.prober import Prober
@@ -114,11 +115,16 @@ class Search:
         self._slopes: dict[tuple[Any, ...], dict[str, float]] = {}
         self._best: dict[tuple[Any, ...], int | None] = {}  # (knobs, resolution) -> b*
         self._over_host: set[tuple[Any, ...]] = set()  # (knobs, resolution, batch): oom_host
+        self._observed: dict[tuple[Any, ...], Observation] = {}  # (knobs, resolution, batch)
 
     # -- probing -------------------------------------------------------------------------------
 
     def _probe(self, combination: Combination) -> Callable[[int], Observation]:
         def probe(batch: int) -> Observation:
+            point = (_frozen(combination.knobs), combination.resolution, batch)
+            seen = self._observed.get(point)
+            if seen is not None:  # a combination searched again after `Busy`: already counted
+                return seen
             result, reused = self.prober(
                 {**combination.knobs, "batch_size": batch, "resolution": combination.resolution}
             )
@@ -131,9 +137,10 @@ class Search:
             combination.probes += 1
             if result.outcome is Outcome.OOM_HOST:
                 with self._lock:
-                    self._over_host.add((_frozen(combination.knobs), combination.resolution, batch))
+                    self._over_host.add(point)
             self.listener.on_probe(result, reused)
-            return Observation.of(batch, result)
+            observation = self._observed[point] = Observation.of(batch, result)
+            return observation
 
         return probe
 
@@ -256,13 +263,86 @@ class Search:
             order.append((seen[key], len(order), combination))
             seen[key] += 1
         ordered = [c for _, _, c in sorted(order, key=lambda item: item[:2])]
+        queue = _WaveQueue(ordered)
         if self.jobs == 1:
-            for combination in ordered:
-                self._search(combination)
+            self._work(queue)
             return
-        with ThreadPoolExecutor(self.jobs) as pool:
-            for future in [pool.submit(self._search, c) for c in ordered]:
+        pool = ThreadPoolExecutor(self.jobs)
+        try:
+            for future in [pool.submit(self._work, queue) for _ in range(self.jobs)]:
                 future.result()
+        except BaseException:
+            # An interrupt or a failed probe: start no queued combination, and do not wait here
+            # for the running ones; the caller stops the launcher, which ends their probes.
+            queue.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+
+    def _work(self, queue: _WaveQueue) -> None:
+        """Searches the wave's combinations one after another. One whose next probe another
+        worker is running (`Busy`) is set aside and taken up again later (its probes so far are
+        remembered), so this worker probes other combinations meanwhile and waits only when
+        every one left is busy elsewhere."""
+        while (combination := queue.next()) is not None:
+            try:
+                self._search(combination)
+            except Busy:
+                queue.later(combination)
+            except BaseException:
+                queue.abort()
+                raise
+            else:
+                queue.done()
+
+
+class _WaveQueue:
+    """The combinations of one wave still to search, shared by the search's threads: those not
+    yet tried first, then those set aside as busy, each no sooner than `POLL_S` after."""
+
+    def __init__(self, combinations: list[Combination]) -> None:
+        self._fresh = deque(combinations)
+        self._busy: deque[tuple[float, Combination]] = deque()
+        self._active = 0  # combinations being searched now: each may be set aside again
+        self._aborted = False
+        self._changed = threading.Condition()
+
+    def next(self) -> Combination | None:
+        """The next combination to search; None once the wave is done (or stopped)."""
+        with self._changed:
+            while not self._aborted:
+                if self._fresh:
+                    self._active += 1
+                    return self._fresh.popleft()
+                if self._busy:
+                    due, combination = self._busy[0]
+                    wait = due - time.monotonic()
+                    if wait <= 0:
+                        self._busy.popleft()
+                        self._active += 1
+                        return combination
+                    self._changed.wait(wait)
+                elif self._active:
+                    self._changed.wait()
+                else:
+                    return None
+            return None
+
+    def later(self, combination: Combination) -> None:
+        with self._changed:
+            self._active -= 1
+            self._busy.append((time.monotonic() + POLL_S, combination))
+            self._changed.notify_all()
+
+    def done(self) -> None:
+        with self._changed:
+            self._active -= 1
+            self._changed.notify_all()
+
+    def abort(self) -> None:
+        with self._changed:
+            self._aborted = True
+            self._changed.notify_all()
 
 
 def _nothing_to_search(combinations: list[Combination], space: str) -> str:

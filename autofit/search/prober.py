@@ -1,4 +1,5 @@
-"""Run a probe, or answer from the study when the same probe already finished there."""
+"""Run a probe, or answer from the study when the same probe already finished there (or is
+running in another worker: `Busy` says to come back)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ class Prober:
         result = self.recorder.finished(key)
         if result is not None:
             return result, True
-        result = run_probe(spec, launcher=self.launcher)
-        self.recorder.record_probe(key, result)
+        claim = self.recorder.claim(key, spec.knobs, self.timeout_s)  # raises Busy: come back
+        if claim is None:  # another worker recorded it while this one looked
+            result = self.recorder.finished(key)
+            assert result is not None
+            return result, True
+        try:
+            result = run_probe(spec, launcher=self.launcher)
+        except BaseException:
+            # The probe did not finish because autofit is stopping (or its probe server died):
+            # no answer for this configuration. Give the claim back for another worker or run.
+            claim.release()
+            raise
+        claim.record(result)
         return result, False

@@ -8,7 +8,14 @@ outcome, peak, breakdown, throughput, backend and the whole result are user attr
 
 Each trial is written the moment its probe finishes, so a search killed with SIGKILL loses no
 finished probe, and running the same command again finds every finished probe by its key
-(knobs, batch, resolution, backend and budget) instead of repeating it.
+(knobs, batch, resolution, backend and budget) instead of repeating it; except, by default, a
+`crash` or `timeout` probe, which says more about that run than about the configuration, and is
+probed again. Several workers on one study split its probes: each is claimed in the study before
+it runs, and its result written into the claim's trial (autofit/search/claims.py).
+
+A stored trial this autofit cannot read (written by another program, or an outcome it does not
+know) is skipped with a warning naming its number and why; claims that ended without a result
+(PRUNED, `kind` claim) are not probes and are read by nothing but the claims.
 
 What is stored outlives the code that wrote it. A key leaves out every knob at its registry
 default, so a study written before a knob existed (which ran it at that default) still finds its
@@ -22,30 +29,39 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
+import time
+from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, completed
 from autofit.probe.spec import Outcome, ProbeResult
+from autofit.search.claims import (
+    CLAIM_ATTR,
+    HEARTBEAT_ATTR,
+    TIMEOUT_ATTR,
+    WORKER_ATTR,
+    Busy,
+    Heartbeat,
+    Liveness,
+    this_worker,
+)
+from autofit.search.storage import open_study, retrying, transient_errors
+
+log = logging.getLogger(__name__)
 
 DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
 _INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
+# Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
+# died or the machine was busy: a rerun probes them again unless told to keep them.
+RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
 
 
 def default_storage(results_dir: Path) -> str:
     return f"sqlite:///{results_dir / 'studies.db'}"
-
-
-def _storage(url: str) -> Any:
-    import optuna
-
-    if url.startswith("journal:"):  # a journal file, for several workers on a shared filesystem
-        from optuna.storages.journal import JournalFileBackend
-
-        return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return url
 
 
 def _significant(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -122,34 +138,205 @@ def _holds(distribution: Any, value: Any) -> bool:
 
 
 class StudyRecorder:
-    """Writes probes into an Optuna study and answers from the probes it already holds."""
+    """Writes probes into an Optuna study and answers from the probes it already holds.
 
-    def __init__(self, storage_url: str, study_name: str, attrs: dict[str, Any]) -> None:
+    Several recorders, in as many processes on as many machines, may share a study: `claim`
+    lets one of them run each probe (see autofit/search/claims.py), and every answer is read
+    from the study as it is now, not as it was when the recorder opened it. `retry_failed`
+    leaves out `crash` and `timeout` probes that were already stored when the recorder opened
+    the study (a rerun probes them again); those recorded since, by any worker, are answers.
+    """
+
+    def __init__(
+        self,
+        storage_url: str,
+        study_name: str,
+        attrs: dict[str, Any],
+        retry_failed: bool = True,
+        claim_grace_s: float = 60.0,
+    ) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        try:
-            self.study = optuna.create_study(
-                storage=_storage(storage_url),
-                study_name=study_name,
-                directions=list(DIRECTIONS),
-                load_if_exists=True,
-            )
-        except Exception as exc:  # the storage URL is the user's: report it, not a traceback
-            raise AutofitError(f"cannot open the study storage {storage_url}: {exc}") from None
-        for key, value in attrs.items():
-            self.study.set_user_attr(key, value)
+        self.study = open_study(storage_url, study_name, list(DIRECTIONS), attrs)
+        # The storage's own calls (BaseStorage's documented interface) where Study has none:
+        # a RUNNING trial made from a template, a state change refused on a finished trial.
+        self._storage, self._study_id = self.study._storage, self.study._study_id
         self.name = study_name
         self.storage_url = storage_url
+        self.retry_failed = retry_failed
+        self.liveness = Liveness(claim_grace_s)
+        self.heartbeat = Heartbeat(self._beat, claim_grace_s / 4)
         self._lock = threading.Lock()
-        self._known: dict[str, Any] = {}
+        self._probes: dict[str, Any] = {}  # key -> the newest finished probe's trial
+        self._pruned: set[str] = set()
+        self._running: dict[str, list[Any]] = {}  # key -> its RUNNING trials: claims
+        self._indexed: set[int] = set()  # trial ids of the finished trials read so far
+        self._skipped: set[int] = set()  # trial numbers warned about
         self._stored: dict[str, Any] = {}  # param name -> the distribution the study fixed
-        for trial in self.study.get_trials(deepcopy=False):
-            key = trial.user_attrs.get("key")
-            if key is not None:
-                self._known[normalized_key(key)] = trial
-            for name, distribution in trial.distributions.items():
-                self._stored.setdefault(name, distribution)
+        self._old_failures: set[int] | None = None
+        self._closed = False
+        self.refresh()
+        self._old_failures = {
+            trial._trial_id
+            for trial in self._probes.values()
+            if trial.user_attrs["result"]["outcome"] in RETRIED
+        }
+
+    # -- reading the study ---------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read what changed in the study since the last look (Optuna's cache re-reads only
+        unfinished and new trials)."""
+        from optuna.trial import TrialState
+
+        trials = retrying(lambda: self.study.get_trials(deepcopy=False))
+        running: dict[str, list[Any]] = defaultdict(list)
+        with self._lock:
+            for trial in trials:
+                if trial.state is TrialState.RUNNING:
+                    key = trial.user_attrs.get("key")
+                    if isinstance(key, str):
+                        running[normalized_key(key)].append(trial)
+                elif trial._trial_id not in self._indexed:
+                    self._indexed.add(trial._trial_id)
+                    for name, distribution in trial.distributions.items():
+                        self._stored.setdefault(name, distribution)
+                    self._index(trial)
+            self._running = dict(running)
+
+    def _index(self, trial: Any) -> None:
+        """Files a finished trial under its key, or skips it, saying why, when autofit cannot
+        read it (another writer's shape, an outcome this autofit does not know)."""
+        from optuna.trial import TrialState
+
+        attrs = trial.user_attrs
+        key = attrs.get("key")
+        if key is None:  # not autofit's: someone's own trial in the study
+            return
+        if not isinstance(key, str):
+            return self._skip(trial, f"its key is {type(key).__name__}, not text")
+        if attrs.get("kind") == "pruned":
+            self._pruned.add(normalized_key(key))
+            return
+        if trial.state not in (TrialState.COMPLETE, TrialState.FAIL):
+            return  # a claim that ended without a result (lost, released or taken over)
+        if "result" not in attrs:
+            return self._skip(trial, "it holds no result")
+        try:
+            _read(attrs["result"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return self._skip(trial, f"its result cannot be read ({type(exc).__name__}: {exc})")
+        self._probes[normalized_key(key)] = trial  # trials come in id order: the newest wins
+
+    def _skip(self, trial: Any, why: str) -> None:
+        if trial.number not in self._skipped:
+            self._skipped.add(trial.number)
+            log.warning("study %s: stored trial %d is skipped: %s", self.name, trial.number, why)
+
+    def _usable(self, key: str) -> ProbeResult | None:
+        with self._lock:
+            trial = self._probes.get(key)
+        if trial is None:
+            return None
+        if self.retry_failed and trial._trial_id in (self._old_failures or ()):
+            return None
+        return _read(trial.user_attrs["result"])
+
+    def finished(self, key: str) -> ProbeResult | None:
+        """The result of a probe this study already holds (recorded by any worker)."""
+        result = self._usable(key)
+        if result is None:
+            self.refresh()
+            result = self._usable(key)
+        return result
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def claim(self, key: str, knobs: dict[str, Any], timeout_s: float) -> Claim | None:
+        """Claim probe `key` (with these knobs) for this worker. None: another worker recorded
+        it meanwhile (`finished` has it). Raises `Busy` while a live worker holds it."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        self.refresh()
+        if self._usable(key) is not None:
+            return None
+        for trial in self._running.get(key, ()):
+            reason = self.liveness.lapsed(trial._trial_id, trial.system_attrs)
+            if reason is None:
+                raise Busy(key)
+            log.warning(
+                "study %s: trial %d, a claim on %s, has lapsed (%s); probing it here",
+                self.name, trial.number, _describe(knobs), reason,
+            )  # fmt: skip
+            try:
+                self._end(trial._trial_id, f"taken over: {reason}")
+            except UpdateFinishedTrialError:
+                pass  # it finished, or another worker took it over first
+        with self._lock:
+            params, distributions = self._params(knobs)
+        template = _claim_template(key, params, distributions, timeout_s)
+        trial_id = retrying(lambda: self._storage.create_new_trial(self._study_id, template))
+        self.refresh()
+        rivals = [t for t in self._running.get(key, ()) if t._trial_id < trial_id]
+        if rivals or self._usable(key) is not None:
+            self._end(trial_id, "lost")
+            if rivals:
+                raise Busy(key)
+            return None
+        self.heartbeat.hold(trial_id)
+        return Claim(self, trial_id, key)
+
+    def _beat(self, trial_id: int) -> None:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self._storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, round(time.time(), 1))
+        except UpdateFinishedTrialError:  # taken over by another worker: nothing to keep alive
+            self.heartbeat.drop(trial_id)
+
+    def _end(self, trial_id: int, why: str) -> None:
+        """Ends a claim without a result: PRUNED, which no reader takes for an answer."""
+        from optuna.trial import TrialState
+
+        self.heartbeat.drop(trial_id)
+        retrying(lambda: self._storage.set_trial_system_attr(trial_id, CLAIM_ATTR, why))
+        retrying(lambda: self._storage.set_trial_state_values(trial_id, TrialState.PRUNED))
+
+    def _finish(self, trial_id: int, key: str, result: ProbeResult) -> None:
+        """Writes the probe's result into its claim: the trial `record_probe` would add."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        if self._closed:  # the search stopped while this probe ran: its claim is given back
+            return
+        frozen = self._trial_of(key, result)
+        self.heartbeat.drop(trial_id)
+        storage = self._storage
+        try:
+            for name, value in frozen.user_attrs.items():
+                retrying(lambda n=name, v=value: storage.set_trial_user_attr(trial_id, n, v))
+            for name, value in frozen.system_attrs.items():
+                retrying(lambda n=name, v=value: storage.set_trial_system_attr(trial_id, n, v))
+            retrying(lambda: storage.set_trial_state_values(trial_id, frozen.state, frozen.values))
+        except UpdateFinishedTrialError:
+            log.warning(
+                "study %s: another worker took over the probe %s (this worker's heartbeat had "
+                "lapsed); its result here is not recorded",
+                self.name, _describe(result.config),
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Stops the heartbeat and gives back every claim still held (a search that stops)."""
+
+        self._closed = True
+        for trial_id in self.heartbeat.held():
+            try:
+                self._end(trial_id, "released")
+            except Exception:  # on the way out of an interrupt: it lapses instead
+                pass
+        self.heartbeat.stop()
+
+    # -- writing -------------------------------------------------------------------------------
 
     def _params(self, knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The knobs as params, each under a name whose stored distribution can hold its value
@@ -166,16 +353,14 @@ class StudyRecorder:
                     break
         return params, distributions
 
-    def finished(self, key: str) -> ProbeResult | None:
-        """The result of a probe this study already holds."""
-        trial = self._known.get(key)
-        if trial is None or "result" not in trial.user_attrs:
-            return None
-        result = ProbeResult.from_dict(trial.user_attrs["result"])
-        result.config = completed(result.config)  # knobs added since, at their defaults
-        return result
-
     def record_probe(self, key: str, result: ProbeResult) -> None:
+        """Adds a finished probe as a trial of its own (a single writer's way: a search records
+        through `claim`)."""
+        frozen = self._trial_of(key, result)
+        retrying(lambda: self.study.add_trial(frozen))
+
+    def _trial_of(self, key: str, result: ProbeResult) -> Any:
+        import optuna
         from optuna.trial import TrialState
 
         attrs = {
@@ -193,12 +378,14 @@ class StudyRecorder:
             "step_time_s": result.step_time_s,
             "result": _slim(result),
         }
+        with self._lock:
+            params, distributions = self._params(result.config)
         if result.outcome is Outcome.OK:
             from autofit.search.pareto import run_size as size_of
 
-            self._add(
-                key,
-                result.config,
+            return optuna.trial.create_trial(
+                params=params,
+                distributions=distributions,
                 state=TrialState.COMPLETE,
                 values=[float(result.samples_per_s or 0.0), float(size_of(result))],
                 user_attrs=attrs,
@@ -206,26 +393,84 @@ class StudyRecorder:
                     "peak_over_budget": float((result.peak_bytes or 0) - result.budget_bytes)
                 },
             )
-        else:
-            self._add(key, result.config, state=TrialState.FAIL, user_attrs=attrs)
+        return optuna.trial.create_trial(
+            params=params, distributions=distributions, state=TrialState.FAIL, user_attrs=attrs
+        )
 
     def record_pruned(self, knobs: dict[str, Any], reason: str) -> None:
+        """Notes a combination pruned without probing, once (several workers reach the same
+        note; one that records it while another does leaves two alike, which nothing counts)."""
+        import optuna
         from optuna.trial import TrialState
 
         key = pruned_key(knobs)
-        if key in self._known:
+        if key in self._pruned:
             return
-        attrs = {"key": key, "kind": "pruned", "outcome": "pruned", "reason": reason}
-        self._add(key, knobs, state=TrialState.PRUNED, user_attrs=attrs)
-
-    def _add(self, key: str, knobs: dict[str, Any], **trial: Any) -> None:
-        import optuna
-
-        with self._lock:  # one writer at a time: SQLite does not like concurrent writes
+        self.refresh()
+        with self._lock:
+            if key in self._pruned:
+                return
+            self._pruned.add(key)
             params, distributions = self._params(knobs)
-            frozen = optuna.trial.create_trial(params=params, distributions=distributions, **trial)
-            self.study.add_trial(frozen)
-            self._known[key] = frozen
+        attrs = {"key": key, "kind": "pruned", "outcome": "pruned", "reason": reason}
+        frozen = optuna.trial.create_trial(
+            params=params, distributions=distributions, state=TrialState.PRUNED, user_attrs=attrs
+        )
+        retrying(lambda: self.study.add_trial(frozen))
+
+
+class Claim:
+    """A probe this worker holds in the study: record its result, or release it."""
+
+    def __init__(self, recorder: StudyRecorder, trial_id: int, key: str) -> None:
+        self.recorder, self.trial_id, self.key = recorder, trial_id, key
+
+    def record(self, result: ProbeResult) -> None:
+        self.recorder._finish(self.trial_id, self.key, result)
+
+    def release(self) -> None:
+        """Gives the probe back unanswered (autofit is stopping): another worker, or the next
+        run, probes it."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self.recorder._end(self.trial_id, "released")
+        except (UpdateFinishedTrialError, *transient_errors()):
+            pass  # it lapses instead
+
+
+def _claim_template(
+    key: str, params: dict[str, Any], distributions: dict[str, Any], timeout_s: float
+) -> Any:
+    from optuna.trial import FrozenTrial, TrialState
+
+    return FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=datetime.now(),
+        datetime_complete=None,
+        params=params,
+        distributions=distributions,
+        user_attrs={"key": key, "kind": "claim"},
+        system_attrs={WORKER_ATTR: this_worker(), HEARTBEAT_ATTR: 0, TIMEOUT_ATTR: timeout_s},
+        intermediate_values={},
+        trial_id=-1,
+    )
+
+
+def _read(data: Any) -> ProbeResult:
+    result = ProbeResult.from_dict(data)
+    result.config = completed(result.config)  # knobs added since, at their defaults
+    return result
+
+
+def _describe(knobs: dict[str, Any]) -> str:
+    """A probe in a log line: its batch, resolution and the knobs not at their defaults."""
+    named = {k: knobs[k] for k in ("batch_size", "resolution") if k in knobs}
+    named.update(_significant({k: v for k, v in knobs.items() if k not in named}))
+    return " ".join(f"{k}={v}" for k, v in named.items())
 
 
 def _slim(result: ProbeResult) -> dict[str, Any]:
