@@ -353,15 +353,31 @@ NEEDED = {"budget_bytes": int, "model": str, "gpu": str, "pareto": list, "combin
 
 def damaged(folder: Path, file: str, what: str, summary: dict[str, Any] | None = None) -> Damaged:
     """One line: which file of `folder` is damaged, how, and the search that rewrites it."""
-    command = (summary or {}).get("rerun") or (
-        rerun_command(summary, folder) if summary and summary.get("model") else None
-    )
+    command = _rerun_of(summary, folder) if summary else None
     how = (
         f"rerun `{command}`"
         if command
         else f"rerun the `autofit search` that wrote it (study={folder.name}, or out={folder})"
     )
     return Damaged(f"{folder / file} is damaged ({what}): {how} to rewrite {folder}/")
+
+
+def _rerun_of(summary: dict[str, Any], folder: Path) -> str | None:
+    """The search that rewrites `folder`: the one its summary recorded when it was written there
+    (a copied folder is rewritten where it now is, with out=), else one made from its meta."""
+    stored = summary.get("rerun")
+    if isinstance(stored, str) and stored.startswith("autofit search "):
+        words = shlex.split(stored)
+        study = summary.get("study")
+        written_here = f"out={folder}" in words or (
+            isinstance(study, str) and f"study={study}" in words and "out=" not in stored
+            and Path(folder) == RESULTS / study
+        )  # fmt: skip
+        if written_here:
+            return stored
+    if isinstance(summary.get("model"), str):
+        return rerun_command(summary, folder)
+    return None
 
 
 def _read_trials(

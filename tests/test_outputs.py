@@ -369,3 +369,14 @@ def test_the_hydra_settings_a_sweep_needs_pass(override: str) -> None:
     assert validate_overrides("search", ["model=tiny_mlp", override]) == [
         "model=tiny_mlp", override,
     ]  # fmt: skip
+
+
+def test_a_damaged_copy_is_rewritten_where_it_now_is(workdir: Path) -> None:
+    """A folder copied elsewhere: its search is rerun with out= naming the copy."""
+    copy = workdir / "nightly copy"
+    shutil.copytree(workdir / "results" / STUDY, copy)
+    _cut_at_a_row(copy)
+    line = one_line(in_process("report", f"from='{copy}'", cwd=workdir))
+    command = line.split("`")[1]
+    assert shlex.split(command)[-2:] == [f"study={STUDY}", f"out={copy}"]
+    assert line.endswith(f"to rewrite {copy}/")
