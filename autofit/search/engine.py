@@ -6,7 +6,9 @@ combination without it) cannot fit, so its search starts just above the parent's
 and it is pruned, with the reason recorded, when that batch does not fit or the parent already
 fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
 Within a wave, combinations are searched concurrently (`jobs`), each by the planner; estimates of
-the memory per sample are shared between combinations whose per-sample memory is the same.
+the memory per sample are shared between combinations whose per-sample memory is the same. Other
+workers may share the study: a combination whose next probe one of them is running is set aside
+and taken up again once the others are started, so each worker probes what no other is probing.
 """
 
 from __future__ import annotations

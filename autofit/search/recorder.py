@@ -14,8 +14,9 @@ probed again. Several workers on one study split its probes: each is claimed in 
 it runs, and its result written into the claim's trial (autofit/search/claims.py).
 
 A stored trial this autofit cannot read (written by another program, or an outcome it does not
-know) is skipped with a warning naming its number and why; claims that ended without a result
-(PRUNED, `kind` claim) are not probes and are read by nothing but the claims.
+know) is skipped with a warning naming its number and why. A claim that ended without a result
+(lost to another worker's, given back, taken over) is a PRUNED trial that no reader takes for an
+answer: only COMPLETE and FAIL trials are probes.
 
 What is stored outlives the code that wrote it. A key leaves out every knob at its registry
 default, so a study written before a knob existed (which ran it at that default) still finds its
@@ -49,7 +50,7 @@ from autofit.search.claims import (
     Liveness,
     this_worker,
 )
-from autofit.search.storage import open_study, retrying, transient_errors
+from autofit.search.storage import open_study, retrying
 
 log = logging.getLogger(__name__)
 
@@ -431,12 +432,10 @@ class Claim:
     def release(self) -> None:
         """Gives the probe back unanswered (autofit is stopping): another worker, or the next
         run, probes it."""
-        from optuna.exceptions import UpdateFinishedTrialError
-
         try:
             self.recorder._end(self.trial_id, "released")
-        except (UpdateFinishedTrialError, *transient_errors()):
-            pass  # it lapses instead
+        except Exception:  # on the way out of an error, which it must not hide: it lapses instead
+            pass
 
 
 def _claim_template(
