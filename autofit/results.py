@@ -5,12 +5,19 @@ read back, and how any command finds it. The one place its layout is known.
   (`host_budget_bytes`, null when not stated), probe counts, wall time, the best run and the
   Pareto front (each run with `config` holding every knob as applied, its GPU and host peaks),
   and every combination with its status (`Status`) and largest fitting batch or why it has none;
+  `files`, the rows each table beside it holds (a reader tells a whole table from a cut one), and
+  `rerun`, the `autofit search` line that writes the folder again;
 - `trials.csv`: every probe (its outcome, an `Outcome`) and every pruned or invalid combination
   (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`, the host
   peak and budget after `budget_bytes` (studies written before host memory was counted have no
   such columns, and read as not counted);
 - `pareto.csv`: the Pareto front, the rows `autofit search` prints and `point=N` counts;
 - `best.yaml`: the best run as `autofit probe` overrides, with a header saying what it is.
+
+The four are written together (autofit/paths.py write_together): temporaries first, then renamed
+into place with `summary.json`, the folder's commit marker, removed first and renamed last, so a
+`summary.json` only ever stands beside the files of its own write. Reading checks the folder whole
+(`check_folder`) and names a damaged file and the search that rewrites it in one line.
 
 Reading needs nothing but the standard library: report and export never open the Optuna study.
 """
