@@ -6,13 +6,18 @@ imports nothing heavy: each command's module (and torch, through it) loads only 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 from autofit import __version__
-from autofit.errors import AutofitError, ConfigError
+from autofit.errors import AutofitError, ConfigError, Interrupted
 
 COMMANDS = {
     "search": "find the largest and fastest run that fits a GPU (every probe in an Optuna study)",
@@ -80,12 +85,65 @@ def _command_help(command: str) -> str:
     return "\n".join(lines)
 
 
+# What a terminal (Ctrl-C), a scheduler (SIGTERM before SIGKILL) or a closed session sends.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While a command runs, the first stop signal raises `Interrupted` in the main thread, so
+    that the command unwinds (a search kills its probes on the way out: autofit/probe/launcher.py)
+    and the CLI says so in one line; later ones are ignored, so that nothing cuts that unwinding
+    short. A signal set to be ignored when autofit started (nohup, `&` in a script) stays
+    ignored. The previous handlers come back after (tests run the CLI in their own process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupted = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            raise Interrupted(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, before in previous.items():
+        if before is not signal.SIG_IGN:
+            signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(sys.argv[1:] if argv is None else list(argv))
+        with _stopped_by_signals():
+            return _main(sys.argv[1:] if argv is None else list(argv))
     except BrokenPipeError:  # `autofit --help | head`: the reader left; so do we, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as exc:
+        code = _interrupted(exc)
+        if argv is None:
+            # The program itself (not a caller's `main([...])`): end now. Every probe is ended
+            # and each finished one was committed to the study as it finished; the interpreter's
+            # own teardown, with torch loaded, takes seconds, past the 2 a stop signal gets.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    if not isinstance(exc, Interrupted):  # a KeyboardInterrupt raised by other means
+        print("autofit: interrupted", file=sys.stderr)
+        return 130
+    note = f"; {exc.note}" if exc.note else ""
+    print(f"autofit: interrupted by {exc.signal_name}{note}", file=sys.stderr)
+    return exc.exit_code
 
 
 def _main(args: list[str]) -> int:
@@ -112,6 +170,3 @@ def _main(args: list[str]) -> int:
     except AutofitError as exc:
         print(f"autofit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("autofit: interrupted", file=sys.stderr)
-        return 130

@@ -19,3 +19,27 @@ def suggest(word: str, options: list[str]) -> str:
     """The words an error adds for a near miss: ` (did you mean 'rtx4090'?)`, or nothing."""
     close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class ProbeNotFinished(AutofitError):
+    """A probe that ended for a reason of autofit's own (the search was interrupted, or the fork
+    server running it died twice), not of the configuration's: it is not the configuration's
+    answer, so it is never recorded, and a rerun measures it again."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP reached autofit: raised in the main thread by the CLI's handler,
+    a KeyboardInterrupt so that no `except Exception` on the way out swallows it. `note` is what
+    the interrupted command adds to its one line (for a search: what is saved and how to resume)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        self.note = ""
+        super().__init__(self.signal_name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for a process ended by a signal

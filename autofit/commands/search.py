@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError
+from autofit.errors import AutofitError, ConfigError, Interrupted
 from autofit.host import budget_words, check_host_memory, host_budget_bytes
 from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
@@ -224,6 +224,12 @@ def run_config(cfg: Any) -> int:
                 space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
                 left_out=left_out,
             ).run()  # fmt: skip
+    except Interrupted as exc:  # the launcher's exit has ended every probe; say what is kept
+        exc.note = (
+            f"{progress.done - progress.reused} probes finished and are in study {study_name}; "
+            "rerun the same command to resume"
+        )
+        raise
     finally:
         recorder.close()  # gives back the claims of probes that did not finish
         progress.close()

@@ -12,6 +12,7 @@ so it is only for the CPU backends; `cuda` probes are spawned.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,105 +21,193 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from autofit.errors import ProbeNotFinished
+
+log = logging.getLogger(__name__)
+
+# Every wait on a process that was sent SIGKILL, or on a server asked to send it, is bounded: a
+# wait that never ends is the one failure a timeout must not have. A SIGKILLed process is gone in
+# milliseconds; these leave room for a loaded machine.
+KILL_WAIT_S = 5.0
+STOP_WAIT_S = 1.0  # on an interrupt, for the fork server to end its children and exit
+SERVER_START_S = 120.0  # for a fresh fork server's imports, before a kill gives up on it
+
+
+class ServerDied(ProbeNotFinished):
+    """The fork server died under a running probe: the probe's fate is unknown, and it is worth
+    one more try on a fresh server."""
+
 
 class WorkerProcess(Protocol):
     def wait(self, timeout: float) -> int | None:
-        """The exit code (negative: killed by that signal), or None if still running."""
+        """The exit code (negative: killed by that signal), or None if still running. Raises
+        ProbeNotFinished if the launcher was stopped under it, ServerDied if its server died."""
 
     def kill_group(self) -> None:
-        """Kill the worker and every process in its group, and reap it."""
+        """Kill the worker and every process in its group, and reap it (bounded)."""
 
 
 class Launcher(Protocol):
     def start(
-        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        module: str,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> WorkerProcess:
         """Run `python -m <module> <args>`, output to `log_path`, with `env` added to the
-        environment before the interpreter (and so torch) starts."""
+        environment before the interpreter (and so torch) starts. The process dies with its
+        parent and kills its own group `timeout_s` (plus a grace) after it starts
+        (autofit/probe/tether.py). Raises ProbeNotFinished once the launcher is stopped."""
+
+    def stop(self, reason: str) -> None:
+        """Kill every worker still running; their `wait` and every later `start` raise
+        ProbeNotFinished(reason). For an interrupted search: it returns within seconds."""
 
     def close(self) -> None: ...
 
 
+def _timeout_word(timeout_s: float | None) -> str:
+    return "none" if timeout_s is None else repr(float(timeout_s))
+
+
 class _Spawned:
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], launcher: SpawnLauncher) -> None:
         self._proc = proc
+        self._launcher = launcher
+        self.stopped: str | None = None  # why the launcher killed it, if it did
 
     def wait(self, timeout: float) -> int | None:
         try:
-            return self._proc.wait(timeout=timeout)
+            code = self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        self._launcher._forget(self)
+        if self.stopped:
+            raise ProbeNotFinished(self.stopped)
+        return code
+
+    def kill(self) -> None:
+        # Not reaped yet (returncode is None): the pid, and its group's id, are still this
+        # worker's. Reaping happens only in wait().
+        if self._proc.returncode is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def kill_group(self) -> None:
+        self.kill()
         try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._proc.wait()
+            self._proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "probe worker %d did not exit %g s after SIGKILL", self._proc.pid, KILL_WAIT_S
+            )
+        self._launcher._forget(self)
 
 
 class SpawnLauncher:
-    """`python -m <module> <args>` in a new session, output to `log_path`."""
+    """`python -m <module> <args>` in a new session, output to `log_path`, tethered
+    (autofit/probe/tether.py) to this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[_Spawned] = set()
+        self._stopped: str | None = None
 
     def close(self) -> None:
         pass
 
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            self._stopped = reason
+            running = list(self._running)
+            for spawned in running:
+                spawned.stopped = reason
+        for spawned in running:
+            spawned.kill()
+
+    def _forget(self, spawned: _Spawned) -> None:
+        with self._lock:
+            self._running.discard(spawned)
+
     def __enter__(self) -> SpawnLauncher:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        pass
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self.stop("the search stopped before this probe finished")
+        self.close()
 
     def start(
-        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        module: str,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> WorkerProcess:
-        with open(log_path, "wb") as log:
+        # The tether's death signal is bound to the thread that forks it (man 2 prctl): this one,
+        # which waits in run_probe for the worker, so it outlives it.
+        command = [sys.executable, "-m", "autofit.probe.tether", str(os.getpid()),
+                   _timeout_word(timeout_s), module, *args]  # fmt: skip
+        with self._lock, open(log_path, "wb") as log_file:
+            if self._stopped:  # under the lock: a stop either sees this worker or forbids it
+                raise ProbeNotFinished(self._stopped)
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                stdout=log,
+                command,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, **env} if env else None,
             )
-        return _Spawned(proc)
+            spawned = _Spawned(proc, self)
+            self._running.add(spawned)
+        return spawned
 
 
 class _Forked:
-    def __init__(self, server_proc: subprocess.Popen[bytes], request: int) -> None:
+    def __init__(
+        self, server: ForkServer, server_proc: subprocess.Popen[bytes], request: int
+    ) -> None:
+        self._server = server
         self._server_proc = server_proc  # the fork server this request was written to
         self._request = request
         self.pid: int | None = None
         self.returncode: int | None = None
-        self.started = threading.Event()
+        self.lost: ProbeNotFinished | None = None  # why it ended without an exit code
         self.exited = threading.Event()
 
     def wait(self, timeout: float) -> int | None:
         if not self.exited.wait(timeout):
             return None
+        if self.lost is not None:
+            raise self.lost
         return self.returncode
 
     def kill_group(self) -> None:
-        self.started.wait()
-        if self.pid is not None and not self.exited.is_set():
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                # Forked but not yet in a session of its own (its first act): no group of that id
-                # exists, and the child, which has started nothing yet, is killed alone. The server
-                # has not reaped it, so the pid is still its.
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        self.exited.wait()
+        """Ask the server, which reaps this worker and so knows its pid is still its, to kill the
+        worker's group; if no exit is reported within KILL_WAIT_S, the server is hung: kill it
+        (and the worker by pid) and give up on what it runs."""
+        self._server._send(self._server_proc, {"kill": self._request})
+        if self.exited.wait(KILL_WAIT_S):
+            return
+        if self.pid is None and self._server_proc.poll() is None:
+            # Not forked yet: the server is still importing (a fresh one, on a loaded machine,
+            # can take longer than the timeout). It forks the child and then reads the kill.
+            if self.exited.wait(SERVER_START_S):
+                return
+        self._server._abandon(self._server_proc, "the fork server did not answer a kill", True)
 
 
 class ForkServer:
     """A process that has imported `preload` and forks a worker for each `start`.
 
-    Thread-safe: a search starts probes from several threads. If the server dies, its running
-    workers report a crash and the next `start` brings up a new server.
+    Thread-safe: a search starts probes from several threads. If the server dies, the probes it
+    was running raise ServerDied and the next `start` brings up a new server.
     """
 
     def __init__(self, preload: list[str]) -> None:
@@ -127,9 +216,13 @@ class ForkServer:
         self._pending: dict[int, _Forked] = {}
         self._next = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped: str | None = None
+        # Servers given up on. A server's replies end (its pipes close) a moment before it can
+        # be reaped, and a retry comes in that moment: poll() alone would still call it alive.
+        self._gone: set[int] = set()
 
     def _ensure_running(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is None or self._proc.pid in self._gone or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "autofit.probe.forkserver", *self._preload],
                 stdin=subprocess.PIPE,
@@ -140,76 +233,139 @@ class ForkServer:
         return self._proc
 
     def start(
-        self, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        module: str,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> WorkerProcess:
         # The forked child sets `env` itself; the server has imported torch but never
         # initialised CUDA (it serves the CPU backends only), so nothing has read it yet.
         with self._lock:
+            if self._stopped:
+                raise ProbeNotFinished(self._stopped)
             proc = self._ensure_running()
             self._next += 1
-            forked = _Forked(proc, self._next)
+            forked = _Forked(self, proc, self._next)
             self._pending[self._next] = forked
-            request = {
-                "id": self._next,
-                "module": module,
-                "args": args,
-                "log": str(log_path),
-                "env": env or {},
-            }
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write((json.dumps(request) + "\n").encode())
-                proc.stdin.flush()
-                sent = True
-            except BrokenPipeError:
-                sent = False
-        if not sent:  # outside the lock: _finish takes it
-            self._finish(forked, None)
+            request = {"id": self._next, "module": module, "args": args, "log": str(log_path),
+                       "env": env or {}, "timeout_s": timeout_s}  # fmt: skip
+            sent = self._write(proc, request)
+        if not sent:  # outside the lock: _lose takes it
+            self._lose(forked, ServerDied("the fork server died before the probe started"))
         return forked
+
+    @staticmethod
+    def _write(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> bool:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+            proc.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError):  # ValueError: closed by stop() meanwhile
+            return False
+
+    def _send(self, proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(proc, message)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            message = json.loads(line)
-            with self._lock:
-                forked = self._pending.get(message["id"])
-            if forked is None:
-                continue
-            if "pid" in message:
-                forked.pid = message["pid"]
-                forked.started.set()
-            else:
-                self._finish(forked, message["returncode"])
+        try:
+            for line in proc.stdout:
+                message = json.loads(line)
+                with self._lock:
+                    forked = self._pending.get(message["id"])
+                if forked is None:
+                    continue
+                if "pid" in message:
+                    forked.pid = message["pid"]
+                else:
+                    self._finish(forked, message["returncode"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("the fork server wrote something that is not a reply; abandoning it")
+            self._abandon(proc, "the fork server's replies could not be read")
         # This server is gone: whatever it was running will never report (requests already sent
         # to a newer server are not its).
-        with self._lock:
-            orphans = [f for f in self._pending.values() if f._server_proc is proc]
-        for forked in orphans:
-            self._finish(forked, None)
+        self._abandon(proc, "the fork server died while the probe ran")
 
-    def _finish(self, forked: _Forked, returncode: int | None) -> None:
-        forked.returncode = -signal.SIGKILL if returncode is None else returncode
-        forked.started.set()
-        forked.exited.set()
+    def _finish(self, forked: _Forked, returncode: int) -> None:
+        forked.returncode = returncode  # after a stop, `lost` is set: wait() raises it
         with self._lock:
             self._pending.pop(forked._request, None)
+        forked.exited.set()
+
+    def _lose(self, forked: _Forked, why: ProbeNotFinished) -> None:
+        forked.lost = forked.lost or why
+        with self._lock:
+            self._pending.pop(forked._request, None)
+        forked.exited.set()
+
+    def _abandon(self, proc: subprocess.Popen[bytes], why: str, hung: bool = False) -> None:
+        """Give up on `proc`: kill it if alive, and its probes raise ServerDied (or, after a
+        stop, ProbeNotFinished with the stop's reason). A `hung` server, alive but not answering,
+        has not reaped its children, so their pids are still theirs: they are killed by pid
+        first. (A dead server's children die with it: tether.py.)"""
+        with self._lock:
+            self._gone.add(proc.pid)
+            orphans = [f for f in self._pending.values() if f._server_proc is proc]
+            stopped = self._stopped
+        if proc.poll() is None:
+            for forked in orphans if hung else ():
+                if forked.pid is not None:
+                    for kill, target in ((os.kill, forked.pid), (os.killpg, forked.pid)):
+                        try:
+                            kill(target, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server leads a session of its own
+            except ProcessLookupError:
+                pass
+        for forked in orphans:
+            self._lose(forked, ProbeNotFinished(stopped) if stopped else ServerDied(why))
+
+    def _shut(self, proc: subprocess.Popen[bytes], wait_s: float) -> None:
+        """End `proc`'s input, on which it kills what it still runs and exits; kill it if it has
+        not within `wait_s`."""
+        assert proc.stdin is not None
+        with self._lock:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self._abandon(proc, "the fork server did not exit when asked", True)
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("fork server %d did not exit after SIGKILL", proc.pid)
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            self._stopped = reason
+            proc = self._proc
+            for forked in self._pending.values():  # what the server reports now is no answer
+                forked.lost = ProbeNotFinished(reason)
+        if proc is not None:
+            self._shut(proc, STOP_WAIT_S)
+            self._abandon(proc, reason)  # what it reported killed: not an answer
 
     def close(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            assert proc.stdin is not None
-            proc.stdin.close()  # the server exits when its input ends
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            self._shut(proc, 10)
 
     def __enter__(self) -> ForkServer:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self.stop("the search stopped before this probe finished")
         self.close()
 
 

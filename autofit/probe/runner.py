@@ -5,7 +5,8 @@ Each probe gets a fresh interpreter, so process exit is the reset: no allocator 
 cache or CUDA context leaks from one probe into the next (the trap of in-process finders). The
 worker runs in a new session so that a timeout kills its whole process group, including any
 process it started. The parent never raises because a child failed: a timeout, a crash or an
-out-of-memory error is an ordinary `ProbeResult`.
+out-of-memory error is an ordinary `ProbeResult`. It raises only when the child did not fail but
+was cut short by autofit itself (an interrupt, a dead fork server): that is no answer to record.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from autofit.errors import ProbeNotFinished
 from autofit.knobs import invalid_reason
 from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
-from autofit.probe.launcher import Launcher, SpawnLauncher
+from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,11 @@ def run_probe(
 
     `log_path` keeps the worker's combined stdout and stderr; by default it is discarded with the
     temporary directory. `launcher` starts the process (default: a fresh interpreter).
+
+    Raises ProbeNotFinished, and returns no result, when the probe ended for a reason of
+    autofit's own: the launcher was stopped (the search is interrupted), or its fork server died
+    under it twice (once is retried on a fresh server). An exception raised here (an interrupt)
+    kills the worker's group before it propagates.
     """
     reason = invalid_reason(
         spec.knobs, spec.gpu_spec, ModelPreset.from_dict(spec.model), spec.backend
@@ -74,12 +81,22 @@ def run_probe(
         # worker's environment, not the spec: by the time the worker reads its spec, torch is
         # imported.
         env = worker_environment(spec.knobs.get("allocator", "default"))
-        proc = (launcher or SpawnLauncher()).start(
-            worker, [str(spec_path), str(result_path)], log_file, env
-        )
-        returncode = proc.wait(timeout=spec.timeout_s)
-        if returncode is None:
-            proc.kill_group()
+        for attempt in range(2):
+            try:
+                returncode, waited = _run(
+                    launcher or SpawnLauncher(), worker, [str(spec_path), str(result_path)],
+                    log_file, env, spec.timeout_s,
+                )  # fmt: skip
+                break
+            except ServerDied as exc:
+                if attempt:
+                    raise ProbeNotFinished(
+                        f"the probe of {spec.knobs} did not finish: {exc}, twice; "
+                        "rerun the same command to measure it again"
+                    ) from None
+                log.warning("probe %s: %s; trying it once more on a new server", spec.knobs, exc)
+        if returncode is None or (returncode == -signal.SIGKILL and waited >= spec.timeout_s):
+            # (the second: the worker's own watchdog ended it at its deadline, before we could)
             result = ProbeResult.failed(
                 spec,
                 Outcome.TIMEOUT,
@@ -91,6 +108,24 @@ def run_probe(
     result.wall_s = time.perf_counter() - started
     log.debug("probe %s -> %s in %.1f s", spec.knobs, result.outcome.value, result.wall_s)
     return result
+
+
+def _run(
+    launcher: Launcher, worker: str, args: list[str], log_file: Path, env: dict[str, str],
+    timeout_s: float,
+) -> tuple[int | None, float]:  # fmt: skip
+    """Start the worker and wait for it: its exit code (None: killed at the timeout) and the
+    seconds waited."""
+    started = time.perf_counter()
+    proc = launcher.start(worker, args, log_file, env, timeout_s)
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except BaseException:  # an interrupt in this thread, or the launcher stopped under it
+        proc.kill_group()
+        raise
+    if returncode is None:
+        proc.kill_group()
+    return returncode, time.perf_counter() - started
 
 
 def _read_result(spec: ProbeSpec, path: Path, returncode: int, log_file: Path) -> ProbeResult:
