@@ -548,7 +548,7 @@ def check_study_name(name: str, setting: str = "study") -> str:
     if bad:
         raise ConfigError(
             f"{setting}={name!r} is not a study name: {bad}; a name is one folder under "
-            f"{RESULTS}/ (letters, digits, '-', '_', '.', not starting with '.'); choose a "
+            f"{RESULTS}/ (any characters but '/' and '\\', not starting with '.'); choose a "
             "folder with out=DIR"
         )
     return name

@@ -296,8 +296,8 @@ def test_a_study_that_is_not_a_name_is_refused_in_one_line(
     line = one_line(in_process(command, f"study='{name}'", *args, cwd=tmp_path), 2)
     assert line == (
         f"autofit: error: study={name!r} is not a study name: {BAD_NAMES[name]}; a name is one "
-        "folder under results/ (letters, digits, '-', '_', '.', not starting with '.'); choose "
-        "a folder with out=DIR"
+        "folder under results/ (any characters but '/' and '\\', not starting with '.'); "
+        "choose a folder with out=DIR"
     )
     assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing written, anywhere
 
