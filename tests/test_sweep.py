@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import time
 from pathlib import Path
 
 import pytest
@@ -131,8 +131,8 @@ def test_a_job_hydra_marks_failed_counts_with_its_exception_and_a_password_is_ma
     ]
     failed = failed_jobs(returns)
     assert failed == [
-        ("gpu=l4", "OSError"),
-        (r"gpu=l40s storage=postgresql\://me\:s3cret@db\:5432/autofit", 3),
+        ("gpu=l4", "exit OSError"),
+        (r"gpu=l40s storage=postgresql\://me\:s3cret@db\:5432/autofit", "exit 3"),
     ]
     assert summary_line(failed, 3) == (
         "autofit: 2 of 3 jobs of the sweep failed: gpu=l4 (exit OSError); "
@@ -140,24 +140,82 @@ def test_a_job_hydra_marks_failed_counts_with_its_exception_and_a_password_is_ma
     )
 
 
-def _dies_on_l4(cfg) -> int:
-    """A job that dies without a word (as one SLURM kills at its time limit)."""
+def _dies_fails_or_raises(cfg) -> int:
+    """l4's job dies without a word (as one SLURM kills at its time limit), l40s's exits 2, a10g's
+    raises, a40's succeeds."""
     if cfg.gpu.name == "l4":
         os._exit(9)
-    return 0
+    if cfg.gpu.name == "a10g":
+        raise RuntimeError("a bug in the job")
+    return 2 if cfg.gpu.name == "l40s" else 0
 
 
-def test_a_job_that_dies_stops_the_sweep_with_one_line_not_a_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_job_that_dies_is_listed_with_every_other_failed_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """submitit has no return for a job that died: its launcher raises, and the sweep says so."""
+    """submitit has no return for a job that died and its launcher raises at the first such job;
+    the sweep still waits for every job and names each failed one, the dead one with submitit's
+    state for it (a local job's process that exited without a result is FINISHED)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the job imports this module
+    overrides = ["model=tiny_mlp", "gpu=l4,l40s,a10g,a40", "hydra/launcher=submitit_local"]
+    assert sweep("search", overrides, _dies_fails_or_raises) == 1
+    assert _summary_lines(capsys.readouterr().err) == [
+        "autofit: 3 of 4 jobs of the sweep failed: "
+        "model=tiny_mlp gpu=l4 (died without a result: state FINISHED); "
+        "model=tiny_mlp gpu=l40s (exit 2); "
+        "model=tiny_mlp gpu=a10g (exit 1)"
+    ]
+
+
+def _dies_at_once_or_fails_late(cfg) -> int:
+    if cfg.gpu.name == "l4":
+        os._exit(9)
+    time.sleep(25)  # still running when the launcher gives up on l4 (after submitit's 15 s)
+    return 3
+
+
+@pytest.mark.slow
+def test_the_sweep_waits_for_the_jobs_still_running_when_the_launcher_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     overrides = ["model=tiny_mlp", "gpu=l4,a40", "hydra/launcher=submitit_local"]
+    assert sweep("search", overrides, _dies_at_once_or_fails_late) == 1
+    assert _summary_lines(capsys.readouterr().err) == [
+        "autofit: 2 of 2 jobs of the sweep failed: "
+        "model=tiny_mlp gpu=l4 (died without a result: state FINISHED); "
+        "model=tiny_mlp gpu=a40 (exit 3)"
+    ]
+
+
+def test_jobs_that_cannot_load_their_task_are_listed_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without this test module on the jobs' path, each job fails to unpickle its call: submitit
+    stores the error as the job's result and its launcher raises FailedJobError at the first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    overrides = ["model=tiny_mlp", "gpu=l4,a40", "hydra/launcher=submitit_local"]
+    assert sweep("search", overrides, _dies_fails_or_raises) == 1
+    assert _summary_lines(capsys.readouterr().err) == [
+        "autofit: 2 of 2 jobs of the sweep failed: "
+        "model=tiny_mlp gpu=l4 (exit FailedJobError); model=tiny_mlp gpu=a40 (exit FailedJobError)"
+    ]
+
+
+def test_a_launcher_failure_that_is_not_a_job_s_stops_the_sweep_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error the sweep cannot attribute to jobs (here submitit refuses the launcher's settings
+    before any job starts) keeps the one line naming it, not a traceback."""
+    monkeypatch.chdir(tmp_path)
+    overrides = [
+        "model=tiny_mlp", "gpu=l4,a40", "hydra/launcher=submitit_local", "hydra.launcher.nodes=2",
+    ]  # fmt: skip
     with pytest.raises(AutofitError) as error:
-        sweep("search", overrides, _dies_on_l4)
-    assert re.fullmatch(
-        r"the sweep's launcher stopped: UncompletedJobError: Job \d+ \(task: 0\) with path "
-        r"\S+_result\.pkl has not produced any output \(state: \w+\)",
-        str(error.value),
+        sweep("search", overrides, _dies_fails_or_raises)
+    assert str(error.value) == (
+        "the sweep's launcher stopped: ValueError: LocalExecutor can use only one node. Use nodes=1"
     )

@@ -16,6 +16,18 @@ returns, so the sweep calls `Hydra.multirun` itself, inside `initialize_config_d
 A job never raises: an error becomes its exit status, so the basic sweeper (which re-raises the
 first failed job's exception and stops) runs every job, and a job that returns or raises reads the
 same in the summary.
+
+A job that dies without a result (SLURM kills it at its time limit or memory) breaks that channel:
+the submitit launcher's `launch()` waits on its jobs in order with `job.results()`, which raises
+submitit's UncompletedJobError for the first one with no result file, and the JobReturns of all the
+others are lost. The sweep then takes the launcher's own submitit Job objects (the `jobs` list in
+the frame of `BaseSubmititLauncher.launch`, hydra-submitit-launcher 1.2.0, which pyproject pins)
+from the exception's traceback, and the returns of the sweeper's earlier batches (the `returns` list
+of `BasicSweeper.sweep`), and asks every job for its result itself: a live Job is the only handle
+that can wait for a job still running (a submitit_local job is known by its process; one rebuilt
+from the `.submitit` folder reports no process and no result while it runs), and it gives SLURM's
+state (TIMEOUT, OUT_OF_MEMORY, ...) for a dead one. Anything the sweep cannot attribute to jobs
+stays one line naming the launcher's error.
 """
 
 from __future__ import annotations
@@ -56,10 +68,21 @@ class SweepJob:
             return UNEXPECTED_ERROR
 
 
-def failed_jobs(returns: Sequence[Any]) -> list[tuple[str, int | str]]:
-    """(the job's overrides, its exit status) for every job that did not exit 0. `returns` is what
-    `Hydra.multirun` gives: a list per batch of the sweeper, of JobReturns. A job whose Hydra run
-    itself failed (status FAILED: it raised before or after the task) counts as failed with the
+class DiedWithoutResult(Exception):
+    """Stands for the return of a job that ended without a result: `state` is submitit's word for
+    it (SLURM's job state, e.g. TIMEOUT or OUT_OF_MEMORY; FINISHED or INTERRUPTED for a local job's
+    process)."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(state)
+        self.state = state
+
+
+def failed_jobs(returns: Sequence[Any]) -> list[tuple[str, str]]:
+    """(the job's overrides, how it failed) for every job that did not exit 0: `exit <status>`, or
+    `died without a result: state <submitit's state>`. `returns` is what `Hydra.multirun` gives: a list per batch of
+    the sweeper, of JobReturns. A job whose Hydra run itself failed (status FAILED: it raised
+    before or after the task, or in the launcher's own code in the job) counts as failed with the
     exception's type as its status."""
     from hydra.core.utils import JobStatus
 
@@ -67,18 +90,78 @@ def failed_jobs(returns: Sequence[Any]) -> list[tuple[str, int | str]]:
     for batch in returns:
         for ret in batch:
             name = " ".join(ret.overrides or []) or "the default run"
-            if ret.status == JobStatus.FAILED:
-                failed.append((name, type(ret._return_value).__name__))
+            if isinstance(ret._return_value, DiedWithoutResult):
+                failed.append((name, f"died without a result: state {ret._return_value.state}"))
+            elif ret.status == JobStatus.FAILED:
+                failed.append((name, f"exit {type(ret._return_value).__name__}"))
             elif ret.status != JobStatus.COMPLETED:
-                failed.append((name, str(ret.status.name).lower()))
+                failed.append((name, f"exit {str(ret.status.name).lower()}"))
             elif ret.return_value:
-                failed.append((name, ret.return_value))
+                failed.append((name, f"exit {ret.return_value}"))
     return failed
 
 
-def summary_line(failed: list[tuple[str, int | str]], total: int) -> str:
-    jobs = "; ".join(f"{_without_password(name)} (exit {code})" for name, code in failed)
+def summary_line(failed: list[tuple[str, str]], total: int) -> str:
+    jobs = "; ".join(f"{_without_password(name)} ({how})" for name, how in failed)
     return f"autofit: {len(failed)} of {total} jobs of the sweep failed: {jobs}"
+
+
+def returns_of_a_stopped_launcher(exc: BaseException) -> list[list[Any]] | None:
+    """What `Hydra.multirun` would have returned had the submitit launcher not raised `exc`: the
+    earlier batches' returns and, for the batch it stopped in, every job's JobReturn, waiting for
+    the jobs still running; a job with no result becomes a FAILED JobReturn holding
+    DiedWithoutResult, one whose submitit call raised a FAILED one holding submitit's
+    FailedJobError. None when `exc` did not come from a submitit launcher waiting on its jobs."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+        from submitit.core.core import Job
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+    except ImportError:
+        return None
+    frames = {}
+    tb = exc.__traceback__
+    while tb is not None:
+        frames[tb.tb_frame.f_code] = tb.tb_frame.f_locals
+        tb = tb.tb_next
+    launch = frames.get(BaseSubmititLauncher.launch.__code__)
+    if launch is None or not isinstance(exc, (UncompletedJobError, FailedJobError)):
+        return None
+    jobs, job_overrides = launch.get("jobs"), launch.get("job_overrides")
+    if jobs is None or job_overrides is None or len(jobs) != len(job_overrides):
+        return None
+    earlier = frames.get(BasicSweeper.sweep.__code__, {}).get("returns", [])
+    # the job `exc` is about: already waited for, its result is known to be missing
+    known_dead = frames.get(Job._get_outcome_and_result.__code__, {}).get("self")
+    return [
+        *earlier,
+        [
+            _job_return(list(o), job, job is known_dead)
+            for o, job in zip(job_overrides, jobs, strict=True)
+        ],
+    ]
+
+
+def _job_return(overrides: list[str], job: Any, known_dead: bool) -> Any:
+    """The job's JobReturn, waiting for it to end (`results()` also waits, up to submitit's 15 s,
+    for a result file a shared disk is slow to show)."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    try:
+        if not known_dead:
+            return job.results()[0]
+    # FailedJobError (a kind of UncompletedJobError): the launcher's own code in the job raised
+    # (run_job turns the task's errors into a FAILED JobReturn), or the job could not load its call
+    except FailedJobError as exc:
+        return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=exc)
+    except UncompletedJobError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - e.g. a result file that cannot be read
+        return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=exc)
+    died = DiedWithoutResult(job.state)
+    return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=died)
 
 
 def _without_password(overrides: str) -> str:
@@ -112,12 +195,14 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
         except Exception as exc:
             # The launcher itself gave up, and with it the returns of the jobs that did finish:
             # submitit raises for a job the cluster killed (time limit, memory) instead of
-            # returning it.
-            # submitit's first two lines: the job and its result file, and why it has none
-            what = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-            raise AutofitError(
-                f"the sweep's launcher stopped: {type(exc).__name__}: {what}"
-            ) from exc
+            # returning it. Its jobs answer for themselves where the sweep can reach them.
+            returns = returns_of_a_stopped_launcher(exc)
+            if returns is None:
+                # submitit's first two lines: the job and its result file, and why it has none
+                what = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise AutofitError(
+                    f"the sweep's launcher stopped: {type(exc).__name__}: {what}"
+                ) from exc
     failed = failed_jobs(returns)
     if failed:
         print(summary_line(failed, sum(len(batch) for batch in returns)), file=sys.stderr)
