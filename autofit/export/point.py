@@ -1,6 +1,6 @@
 """The configuration an export starts from: one point of a study's results, every knob filled in.
 
-A study leaves `results/<study>/summary.json` (autofit/results.py): its `best` run and its
+A study leaves `results/<study>/summary.json` (autofit/results/): its `best` run and its
 Pareto front, each with `config` holding every knob as applied. Knobs added after a study was
 made are absent from its config; they take their registry default, which is what autofit did
 before the knob existed (autofit/knobs/base.py).

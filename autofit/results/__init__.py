@@ -1,0 +1,68 @@
+"""A study's results folder, `results/<study>/`: what a search writes there, what report and export
+read back, and how any command finds it. The one place its layout is known.
+
+- `summary.json`: study, model, gpu, backend, space, margin, budget, host budget
+  (`host_budget_bytes`, null when not stated), probe counts, wall time, the best run and the
+  Pareto front (each run with `config` holding every knob as applied, its GPU and host peaks),
+  and every combination with its status (`Status`) and largest fitting batch or why it has none;
+  `files`, the rows each table beside it holds (a reader tells a whole table from a cut one), and
+  `rerun`, the `autofit search` line that writes the folder again;
+- `trials.csv`: every probe (its outcome, an `Outcome`) and every pruned or invalid combination
+  (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`, the host
+  peak and budget after `budget_bytes` (studies written before host memory was counted have no
+  such columns, and read as not counted);
+- `pareto.csv`: the Pareto front, the rows `autofit search` prints and `point=N` counts;
+- `best.yaml`: the best run as `autofit probe` overrides, with a header saying what it is.
+
+The four are written together (autofit/paths.py write_together): temporaries first, then renamed
+into place with `summary.json`, the folder's commit marker, removed first and renamed last, so a
+`summary.json` only ever stands beside the files of its own write. Reading checks the folder whole
+(`check_folder`) and names a damaged file and the search that rewrites it in one line.
+
+Reading needs nothing but the standard library: report and export never open the Optuna study.
+"""
+
+from autofit.results.layout import (
+    BEST,
+    PARETO,
+    RESULTS,
+    SUMMARY,
+    TRIALS,
+    Status,
+    check_study_name,
+    study_folder,
+)
+from autofit.results.locate import locate, studies_under
+from autofit.results.read import (
+    Damaged,
+    Probe,
+    Study,
+    check_folder,
+    knobs_key,
+    load_study,
+    read_summary,
+)
+from autofit.results.write import point, rerun_command, write_results
+
+__all__ = [
+    "BEST",
+    "PARETO",
+    "RESULTS",
+    "SUMMARY",
+    "TRIALS",
+    "Damaged",
+    "Probe",
+    "Status",
+    "Study",
+    "check_folder",
+    "check_study_name",
+    "knobs_key",
+    "load_study",
+    "locate",
+    "point",
+    "read_summary",
+    "rerun_command",
+    "studies_under",
+    "study_folder",
+    "write_results",
+]

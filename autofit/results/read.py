@@ -1,0 +1,291 @@
+"""What report and export read back from a results folder, checked whole: a damaged file is
+named in one line with the search that rewrites it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import AutofitError, ConfigError
+from autofit.probe.spec import Outcome
+from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS, Status
+from autofit.results.write import rerun_command
+from autofit.units import parsed_value
+from autofit.units import value as show
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One row of trials.csv: a probed configuration (its `Outcome`), or a combination pruned or
+    invalid without a probe (its `Status`; then `batch_size` is None)."""
+
+    outcome: Outcome | Status
+    resolution: int
+    batch_size: int | None
+    knobs: dict[str, Any]
+    peak_bytes: int | None
+    samples_per_s: float | None
+    phase: str
+    reason: str
+    host_peak_bytes: int | None = None  # None: not counted (a study from before host memory)
+
+    def key(self) -> tuple[Any, ...]:
+        """What a configuration is matched by across studies: batch, resolution and knobs."""
+        return (self.batch_size, self.resolution, knobs_key(self.knobs))
+
+
+def knobs_key(knobs: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Knob values as the command line writes them, so `False` from a CSV matches `false`."""
+    return tuple(sorted((k, show(v)) for k, v in knobs.items()))
+
+
+@dataclass
+class Study:
+    """A results folder, read."""
+
+    path: Path
+    summary: dict[str, Any]
+    probes: list[Probe]  # trials.csv, in its order
+    knob_names: list[str]
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("study") or self.path.name)
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.summary["budget_bytes"])
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.summary.get("best")
+
+    @property
+    def pareto(self) -> list[dict[str, Any]]:
+        return list(self.summary.get("pareto") or [])
+
+    @property
+    def combinations(self) -> list[dict[str, Any]]:
+        return list(self.summary.get("combinations") or [])
+
+    def best_per_resolution(self) -> dict[int, dict[str, Any]]:
+        """The fastest fitting run at each resolution (ties to less memory). The fastest run at a
+        resolution is never dominated, so the Pareto front holds it."""
+        best: dict[int, dict[str, Any]] = {}
+        for run in self.pareto:
+            resolution = int(run["config"]["resolution"])
+            rank = (run["samples_per_s"] or 0.0, -(run["peak_bytes"] or 0))
+            held = best.get(resolution)
+            if held is None or rank > (held["samples_per_s"] or 0.0, -(held["peak_bytes"] or 0)):
+                best[resolution] = run
+        return dict(sorted(best.items()))
+
+    def probes_of(self, combination: dict[str, Any]) -> list[Probe]:
+        """The probes of one combination at its resolution, smallest batch first."""
+        key, resolution = knobs_key(combination["knobs"]), int(combination["resolution"])
+        return sorted(
+            (
+                p
+                for p in self.probes
+                if p.batch_size is not None
+                and p.resolution == resolution
+                and knobs_key(p.knobs) == key
+            ),
+            key=lambda p: p.batch_size or 0,
+        )
+
+    def smallest_peak(self) -> int | None:
+        nothing = self.summary.get("nothing_fits") or {}
+        if nothing.get("smallest_peak_bytes"):
+            return int(nothing["smallest_peak_bytes"])
+        return min((p.peak_bytes for p in self.probes if p.peak_bytes), default=None)
+
+
+def _number(text: str, kind: type) -> Any:
+    return kind(text) if text not in ("", None) else None
+
+
+def _outcome(text: str) -> Outcome | Status:
+    for vocabulary in (Outcome, Status):
+        try:
+            return vocabulary(text)
+        except ValueError:
+            pass
+    valid = ", ".join([*(o.value for o in Outcome), Status.PRUNED.value, Status.INVALID.value])
+    raise ValueError(f"outcome {text!r} is none of {valid}")
+
+
+class Damaged(AutofitError):
+    """A results folder that is not whole: a file missing, cut short, or from another write."""
+
+
+# What report and export need of a summary, and the type each must have.
+NEEDED = {"budget_bytes": int, "model": str, "gpu": str, "pareto": list, "combinations": list}
+
+
+def damaged(folder: Path, file: str, what: str, summary: dict[str, Any] | None = None) -> Damaged:
+    """One line: which file of `folder` is damaged, how, and the search that rewrites it."""
+    command = _rerun_of(summary, folder) if summary else None
+    how = (
+        f"rerun `{command}`"
+        if command
+        else f"rerun the `autofit search` that wrote it (study={folder.name}, or out={folder})"
+    )
+    return Damaged(f"{folder / file} is damaged ({what}): {how} to rewrite {folder}/")
+
+
+def _rerun_of(summary: dict[str, Any], folder: Path) -> str | None:
+    """The search that rewrites `folder`: the one its summary recorded when it was written there
+    (a copied folder is rewritten where it now is, with out=), else one made from its meta."""
+    stored = summary.get("rerun")
+    if isinstance(stored, str) and stored.startswith("autofit search "):
+        words = shlex.split(stored)
+        study = summary.get("study")
+        written_here = f"out={folder}" in words or (
+            isinstance(study, str) and f"study={study}" in words and "out=" not in stored
+            and Path(folder) == RESULTS / study
+        )  # fmt: skip
+        if written_here:
+            return stored
+    if isinstance(summary.get("model"), str):
+        return rerun_command(summary, folder)
+    return None
+
+
+def _read_trials(
+    folder: Path, summary: dict[str, Any], expected_rows: int | None
+) -> tuple[list[Probe], list[str]]:
+    """trials.csv, checked whole: its header, every row with every column, the last row ended,
+    and as many rows as summary.json says were written."""
+    path = folder / TRIALS
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        raise damaged(folder, TRIALS, "its last row is cut short", summary)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    # The searched knobs sit between batch_size and peak_gib (write_results writes them so).
+    fields = list(reader.fieldnames or [])
+    needed = ("outcome", "resolution", "batch_size", "peak_gib", "peak_bytes", "samples_per_s")
+    missing = [c for c in needed if c not in fields]
+    if missing:
+        raise damaged(folder, TRIALS, f"its header has no {', '.join(missing)}", summary)
+    knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
+    probes = []
+    for row in reader:
+        line = reader.line_num
+        if None in row or None in row.values():
+            raise damaged(folder, TRIALS, f"line {line} has not {len(fields)} columns", summary)
+        try:
+            probes.append(
+                Probe(
+                    outcome=_outcome(row["outcome"]),
+                    resolution=int(row["resolution"]),
+                    batch_size=_number(row["batch_size"], int),
+                    knobs={k: parsed_value(row[k]) for k in knob_names},
+                    peak_bytes=_number(row["peak_bytes"], int),
+                    samples_per_s=_number(row["samples_per_s"], float),
+                    phase=row.get("phase") or "",
+                    reason=row.get("reason") or "",
+                    host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
+                )
+            )
+        except ValueError as exc:
+            raise damaged(folder, TRIALS, f"line {line}: {exc}", summary) from None
+    if expected_rows is not None and len(probes) != expected_rows:
+        raise damaged(
+            folder,
+            TRIALS,
+            f"{len(probes)} rows where {SUMMARY} says {expected_rows} were written",
+            summary,
+        )
+    return probes, knob_names
+
+
+def _check_table(folder: Path, name: str, expected_rows: int, summary: dict[str, Any]) -> None:
+    """A CSV beside summary.json (pareto.csv): ended, every row whole, the rows it says."""
+    text = (folder / name).read_text()
+    if text and not text.endswith("\n"):
+        raise damaged(folder, name, "its last row is cut short", summary)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    width = len(rows[0]) if rows else 0
+    if not rows or any(len(r) != width for r in rows) or len(rows) - 1 != expected_rows:
+        raise damaged(
+            folder, name, f"not the {expected_rows} whole rows {SUMMARY} says were written", summary
+        )
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A study's summary.json, checked: it parses and holds what report and export read; else a
+    one-line error naming the file and the search that rewrites the folder."""
+    folder = path.parent
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise damaged(folder, path.name, "missing") from None
+    except OSError as exc:
+        raise damaged(folder, path.name, exc.strerror or str(exc)) from None
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise damaged(
+            folder, path.name, f"not whole JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    if not isinstance(summary, dict):
+        raise damaged(folder, path.name, "not a JSON object")
+    wrong = [k for k, kind in NEEDED.items() if not isinstance(summary.get(k), kind)]
+    if summary.get("best") is not None and not isinstance(summary["best"], dict):
+        wrong.append("best")
+    if wrong:
+        raise damaged(folder, path.name, f"no valid {', '.join(wrong)}", summary)
+    return summary
+
+
+def check_folder(folder: Path) -> tuple[dict[str, Any], list[Probe], list[str]]:
+    """A results folder read and checked whole: its summary, trials and knob names, or a
+    one-line error (`Damaged`) naming the damaged file and the search that rewrites it.
+
+    A summary written with its files' record (`files`) must have each file beside it, with the
+    rows it lists; one from before that record is read as it is."""
+    summary_path = folder / SUMMARY
+    if not summary_path.is_file():
+        leftovers = [p.name for p in (folder.iterdir() if folder.is_dir() else [])]
+        if any(name in leftovers for name in (TRIALS, PARETO, BEST)):
+            raise damaged(folder, SUMMARY, "missing: the search that wrote the others stopped")
+        raise ConfigError(
+            f"{folder} is not a study's results folder: it has no {SUMMARY} "
+            f"(autofit search writes {SUMMARY}, {TRIALS}, {PARETO} and {BEST} there)"
+        )
+    summary = read_summary(summary_path)
+    record = summary.get("files")
+    if record is not None and not isinstance(record, dict):
+        raise damaged(folder, SUMMARY, "its files record is not a JSON object", summary)
+    record = record or {}
+    for name in record:
+        if not (folder / name).is_file():
+            raise damaged(folder, name, "missing", summary)
+    rows = (record.get(TRIALS) or {}).get("rows")
+    try:
+        if (folder / TRIALS).is_file():
+            probes, knob_names = _read_trials(folder, summary, rows)
+        else:
+            probes, knob_names = [], []
+        if isinstance((record.get(PARETO) or {}).get("rows"), int):
+            _check_table(folder, PARETO, record[PARETO]["rows"], summary)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise damaged(folder, TRIALS, str(exc), summary) from None
+    if not knob_names and summary.get("combinations"):
+        first = summary["combinations"][0]
+        if not isinstance(first, dict) or not isinstance(first.get("knobs"), dict):
+            raise damaged(folder, SUMMARY, "its combinations have no knobs", summary)
+        knob_names = list(first["knobs"])
+    return summary, probes, knob_names
+
+
+def load_study(folder: Path) -> Study:
+    """Read a results folder of `autofit search`, checked whole (check_folder)."""
+    summary, probes, knob_names = check_folder(folder)
+    return Study(folder, summary, probes, knob_names)

@@ -1,0 +1,211 @@
+"""What a search writes into its results folder: the four files, together or not at all."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import AutofitError
+from autofit.host import budget_words
+from autofit.paths import search_spaces_dir, write_together
+from autofit.probe.spec import ProbeResult
+from autofit.results.layout import (
+    BEST,
+    GIB,
+    HOST_COLUMNS,
+    PARETO,
+    RESULTS,
+    SUMMARY,
+    TRIALS,
+    Status,
+    study_folder,
+)
+from autofit.search.pareto import run_size
+from autofit.units import size
+from autofit.units import value as show
+
+
+def point(result: ProbeResult) -> dict[str, Any]:
+    """A fitting run as the summary lists it."""
+    return {
+        "config": result.config,
+        "peak_bytes": result.peak_bytes,
+        "samples_per_s": result.samples_per_s,
+        "step_time_s": result.step_time_s,
+        "run_size": run_size(result),
+        "breakdown": result.breakdown,
+        "host_peak_bytes": result.host_peak_bytes,
+        "host_pinned_bytes": result.host_pinned_bytes,
+    }
+
+
+def write_results(
+    out: Path,
+    meta: dict[str, Any],
+    results: list[ProbeResult],
+    combinations: list[Any],
+    pareto: list[ProbeResult],
+    best: ProbeResult | None,
+    counts: dict[str, Any],
+    knob_names: list[str],
+) -> dict[str, Any]:
+    """Write the four files of a search into `out`, together or not at all (summary.json, the
+    folder's commit marker, last: autofit/paths.py write_together); return the summary.
+    `combinations` are the search's (each with knobs, resolution, status, best_batch, probes and
+    reason)."""
+    budget = int(counts["budget_bytes"])
+    trials, trial_rows = _trials_text(results, combinations, budget, knob_names)
+    pareto_csv = _pareto_text(pareto, knob_names)
+    summary = {
+        **meta,
+        **counts,
+        "best": point(best) if best else None,
+        "pareto": [point(r) for r in pareto],
+        "combinations": [c.to_dict() for c in combinations],
+        # What the tables beside it hold, so a reader can tell a complete file from a cut one.
+        "files": {TRIALS: {"rows": trial_rows}, PARETO: {"rows": len(pareto)}, BEST: {}},
+        "rerun": rerun_command(meta, out),
+    }
+    if best is None:
+        smallest = min((r.peak_bytes for r in results if r.peak_bytes), default=None)
+        summary["nothing_fits"] = {"smallest_peak_bytes": smallest}
+    files = {
+        TRIALS: trials,
+        PARETO: pareto_csv,
+        BEST: _best_text(best, meta),
+        SUMMARY: json.dumps(summary, indent=2),
+    }
+    try:
+        write_together(out, files, marker=SUMMARY)
+    except OSError as exc:
+        raise AutofitError(f"cannot write the results to {out}: {exc.strerror or exc}") from None
+    return summary
+
+
+def rerun_command(meta: dict[str, Any], folder: Path) -> str:
+    """The `autofit search` line that writes this study's folder again, from its meta: every
+    value quoted for the shell. Settings the meta does not keep (target.*, timeout_s) are left
+    at their defaults."""
+    words = ["autofit", "search"]
+    for key in ("model", "gpu", "space", "backend", "margin", "trainer"):
+        if meta.get(key) is not None:
+            words.append(f"{key}={show(meta[key])}")
+    space = meta.get("space")
+    if space and not (search_spaces_dir() / f"{space}.yaml").is_file():
+        # The meta keeps a space file's stem: a file of that name here is the one searched.
+        if Path(f"{space}.yaml").is_file():
+            words[words.index(f"space={space}")] = f"space={space}.yaml"
+    study = meta.get("study")
+    if study:
+        words.append(f"study={study}")
+    storage = meta.get("storage")
+    if storage and storage != f"sqlite:///{RESULTS / 'studies.db'}":
+        words.append(f"storage={storage}")
+    if not study or Path(folder) != study_folder(str(study)):
+        words.append(f"out={folder}")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _csv_text(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _trials_text(
+    results: list[ProbeResult],
+    combinations: list[Any],
+    budget: int,
+    knob_names: list[str],
+) -> tuple[str, int]:
+    """trials.csv's text and its number of rows."""
+    columns = ["outcome", "resolution", "batch_size", *knob_names, "peak_gib", "peak_bytes",
+               "budget_bytes", *HOST_COLUMNS, "samples_per_s", "step_time_s", "phase", "backend",
+               "reason"]  # fmt: skip
+    rows = [
+        {
+            **result.config,
+            "outcome": result.outcome.value,
+            "peak_gib": round(result.peak_bytes / GIB, 3) if result.peak_bytes else "",
+            "peak_bytes": result.peak_bytes or "",
+            "budget_bytes": result.budget_bytes,
+            **_host_cells(result),
+            "samples_per_s": result.samples_per_s or "",
+            "step_time_s": result.step_time_s or "",
+            "phase": result.phase or "",
+            "backend": result.backend,
+            "reason": (result.error or {}).get("message", ""),
+        }
+        for result in results
+    ]
+    rows += [
+        {
+            **combination.knobs,
+            "outcome": combination.status.value,
+            "resolution": combination.resolution,
+            "budget_bytes": budget,
+            "reason": combination.reason,
+        }
+        for combination in combinations
+        if combination.status in (Status.PRUNED, Status.INVALID)
+    ]
+    return _csv_text(columns, rows), len(rows)
+
+
+def _host_cells(result: ProbeResult) -> dict[str, Any]:
+    """A result's host memory as trials.csv and pareto.csv write it (empty when not counted)."""
+    peak = result.host_peak_bytes
+    return {
+        "host_peak_gib": round(peak / GIB, 3) if peak is not None else "",
+        "host_peak_bytes": peak if peak is not None else "",
+        "host_pinned_bytes": result.host_pinned_bytes
+        if result.host_pinned_bytes is not None
+        else "",
+        "host_budget_bytes": result.host_budget_bytes or "",
+    }
+
+
+def _pareto_text(pareto: list[ProbeResult], knob_names: list[str]) -> str:
+    columns = ["resolution", "batch_size", *knob_names, "run_size", "samples_per_s", "peak_gib",
+               "peak_bytes", "host_peak_gib", "host_peak_bytes", "host_pinned_bytes"]  # fmt: skip
+    rows = [
+        {
+            **result.config,
+            "run_size": run_size(result),
+            "samples_per_s": result.samples_per_s,
+            "peak_gib": round((result.peak_bytes or 0) / GIB, 3),
+            "peak_bytes": result.peak_bytes,
+            **_host_cells(result),
+        }
+        for result in pareto
+    ]
+    return _csv_text(columns, rows)
+
+
+def _best_text(best: ProbeResult | None, meta: dict[str, Any]) -> str:
+    import yaml
+
+    if best is None:
+        return f"# Nothing fits {meta['gpu']} in this space: no best configuration.\n"
+    how = "estimated" if best.throughput_estimated else "measured"
+    host = (
+        f"; host {size(best.host_peak_bytes)} of {budget_words(best.host_budget_bytes)}"
+        if best.host_peak_bytes is not None
+        else ""
+    )
+    probe = ["autofit", "probe", f"model={meta['model']}", f"gpu={meta['gpu']}"]
+    probe += [f"{k}={show(v)}" for k, v in best.config.items()]
+    header = (
+        f"# The fastest configuration of {meta['model']} that fits {meta['gpu']}: peak "
+        f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget, "
+        f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}){host}.\n"
+        f"# Re-measure it with: {' '.join(shlex.quote(w) for w in probe)}\n"
+    )
+    body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}
+    return header + yaml.safe_dump(body, sort_keys=False)
