@@ -230,7 +230,9 @@ def simulate_rows(
 
     for family in sorted({r.family for r in rows}):
         group = [r for r in rows if r.family == family]
-        with launcher_for("simulate", family) as launcher, ThreadPoolExecutor(jobs) as pool:
+        # The launcher closes first: on an interrupt its exit ends the running probes (and refuses
+        # queued ones) before the pool waits for its threads, so the stop takes seconds.
+        with ThreadPoolExecutor(jobs) as pool, launcher_for("simulate", family) as launcher:
             for future in [pool.submit(one, row, launcher) for row in group]:
                 future.result()
     return [outcomes[r.id] for r in rows]
