@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from autofit.errors import ProbeNotFinished
 
@@ -108,7 +108,29 @@ class _Spawned:
         self._launcher._forget(self)
 
 
-class SpawnLauncher:
+_Context = TypeVar("_Context", bound="_StopsOnError")
+
+
+class _StopsOnError:
+    """A launcher as a context: leaving it on an error (an interrupt included) stops every worker
+    still running before closing, so none outlives the search."""
+
+    def stop(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Context) -> _Context:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self.stop("the search stopped before this probe finished")
+        self.close()
+
+
+class SpawnLauncher(_StopsOnError):
     """`python -m <module> <args>` in a new session, output to `log_path`, tethered
     (autofit/probe/tether.py) to this process."""
 
@@ -132,14 +154,6 @@ class SpawnLauncher:
     def _forget(self, spawned: _Spawned) -> None:
         with self._lock:
             self._running.discard(spawned)
-
-    def __enter__(self) -> SpawnLauncher:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is not None:
-            self.stop("the search stopped before this probe finished")
-        self.close()
 
     def start(
         self,
@@ -203,7 +217,7 @@ class _Forked:
         self._server._abandon(self._server_proc, "the fork server did not answer a kill", True)
 
 
-class ForkServer:
+class ForkServer(_StopsOnError):
     """A process that has imported `preload` and forks a worker for each `start`.
 
     Thread-safe: a search starts probes from several threads. If the server dies, the probes it
@@ -359,14 +373,6 @@ class ForkServer:
             proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             self._shut(proc, 10)
-
-    def __enter__(self) -> ForkServer:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is not None:
-            self.stop("the search stopped before this probe finished")
-        self.close()
 
 
 def launcher_for(backend: str, family: str) -> SpawnLauncher | ForkServer:
