@@ -27,8 +27,9 @@ from autofit.config import validate_overrides
 from autofit.errors import ConfigError
 from autofit.paths import write_together
 
-# Two probes of tiny_mlp (batch 1 and 2), so a real search takes a few seconds.
-SPACE = "batch_size: {min: 1, max: 2}\nresolution: [x1]\nknobs:\n  precision: [bf16]\n"
+# Two structures of tiny_mlp, each reported at its largest batch (2): two trials, and a real
+# search takes a few seconds.
+SPACE = "batch_size: {min: 1, max: 2}\nresolution: [x1]\nknobs:\n  precision: [bf16, bf16_pure]\n"
 STUDY = "outputs"
 RERUN = (
     "rerun `autofit search model=tiny_mlp gpu=a40 space=space.yaml backend=simulate margin=0.05 "
@@ -81,7 +82,7 @@ def test_a_search_writes_its_files_whole_with_their_record_and_no_temporaries(
         "pareto.csv": {"rows": len(pareto) - 1},
         "best.yaml": {},
     }
-    assert len(trials) - 1 == 2  # the two probes
+    assert len(trials) - 1 == 2  # the two reported points
     assert summary["rerun"] == RERUN.split("`")[1]
     # Written under the umask like any file, not mkstemp's 0600.
     mask = os.umask(0)

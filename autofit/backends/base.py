@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.gpus import GpuSpec
 from autofit.host import host_ranks, loader
 from autofit.simulator.allocator import required_memory
-from autofit.simulator.tracker import HostReport, MemoryTracker
+from autofit.simulator.step_log import HostReport, StepLog
 
 if TYPE_CHECKING:
     from autofit.probe.spec import ProbeSpec
@@ -86,7 +86,7 @@ class ModeledMemory:
 
 
 def model_gpu_memory(
-    tracker: MemoryTracker, gpu: GpuSpec, budget_bytes: int, allocator: str = "default"
+    tracker: StepLog, gpu: GpuSpec, budget_bytes: int, allocator: str = "default"
 ) -> ModeledMemory:
     """What the tracked steps would hold on `gpu`: the allocation log replayed through the
     caching-allocator model for the `allocator` knob's setting with the cuBLAS workspace, under
@@ -103,7 +103,7 @@ def model_gpu_memory(
     )
 
 
-def model_host_memory(tracker: MemoryTracker, spec: ProbeSpec) -> HostReport:
+def model_host_memory(tracker: StepLog, spec: ProbeSpec) -> HostReport:
     """The host memory of the tracked steps for the whole run: the tracker's host ledger times
     the processes sharing the machine, with the loader's working set as autofit/host.py
     `loader` says (how much each reader holds, and how many processes read)."""

@@ -20,6 +20,7 @@ Throughput is a roofline estimate over the ops of one steady-state step (simulat
 from __future__ import annotations
 
 import dataclasses
+import gc
 from contextlib import nullcontext
 
 import torch
@@ -36,7 +37,8 @@ from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
 from autofit.simulator.kernel_outputs import RealKernelOutputs
-from autofit.simulator.roofline import RooflineCounter
+from autofit.simulator.roofline import RooflineCounter, StepCost
+from autofit.simulator.step_log import StepLog
 from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
@@ -46,6 +48,11 @@ def trace(
 ) -> tuple[TrainingRun, MemoryTracker]:
     """Build and step the run on fake tensors under a tracker; price the last step if asked."""
     cuda_autocast.install()
+    # Cyclic garbage holding a storage is freed when the collector runs, which it does after so
+    # many object allocations: collecting first starts every trace from the same count, so the
+    # same program frees at the same points whatever ran in this process before (batch_curve.py
+    # compares traces event by event).
+    gc.collect()
     tracker = MemoryTracker(device_type="meta")  # a fake tensor's storage is on the meta device
     # Created outside fake mode: it imports the model library, whose constants must stay real.
     run = TrainingRun(spec, torch.device("cpu"), tracker, fake=True)
@@ -79,13 +86,19 @@ def trace(
 
 
 def measure(spec: ProbeSpec) -> Measurement:
-    gpu = spec.gpu_spec
-    roofline = RooflineCounter(gpu)
+    roofline = RooflineCounter(spec.gpu_spec)
     run, tracker = trace(spec, roofline)
-    memory = model_gpu_memory(
-        tracker, gpu, spec.budget_bytes, spec.knobs.get("allocator", "default")
-    )
-    report = tracker.peak_report()
+    return measurement(spec, tracker, roofline.cost, run.param_count, run.trainable_param_count)
+
+
+def measurement(
+    spec: ProbeSpec, log: StepLog, cost: StepCost, param_count: int, trainable_param_count: int
+) -> Measurement:
+    """The figures of a simulated run from its steps' allocation log and priced step, traced
+    (`measure`) or answered from a batch curve (autofit/simulator/batch_curve.py)."""
+    gpu = spec.gpu_spec
+    memory = model_gpu_memory(log, gpu, spec.budget_bytes, spec.knobs.get("allocator", "default"))
+    report = log.peak_report()
     return Measurement(
         backend="simulate",
         peak_allocated_bytes=memory.peak_allocated_bytes,
@@ -97,10 +110,10 @@ def measure(spec: ProbeSpec) -> Measurement:
         phase_peaks=report.phase_peaks,
         phase=report.phase,
         over_budget_phase=memory.over_budget_phase,
-        step_time_s=roofline.cost.step_seconds,
+        step_time_s=cost.step_seconds,
         throughput_estimated=True,
-        flops_per_step=roofline.cost.flops,
-        param_count=run.param_count,
-        trainable_param_count=run.trainable_param_count,
-        **host_fields(model_host_memory(tracker, spec)),
+        flops_per_step=cost.flops,
+        param_count=param_count,
+        trainable_param_count=trainable_param_count,
+        **host_fields(model_host_memory(log, spec)),
     )

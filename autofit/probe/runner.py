@@ -11,6 +11,8 @@ was cut short by autofit itself (an interrupt, a dead fork server): that is no a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import signal
 import tempfile
@@ -22,11 +24,13 @@ from autofit.knobs import invalid_reason
 from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 
 log = logging.getLogger(__name__)
 
 WORKER = "autofit.probe.worker"
+SCAN_WORKER = "autofit.probe.scan"
+SCAN_TRACES = 4  # at most: three for the curve, and batch 1 by itself
 LOG_TAIL_CHARS = 4000
 
 
@@ -77,24 +81,9 @@ def run_probe(
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         log_file = log_path or Path(tmp) / "worker.log"
         spec_path.write_text(spec.to_json())
-        # Settings read from the environment as torch starts (the CUDA allocator's) go into the
-        # worker's environment, not the spec: by the time the worker reads its spec, torch is
-        # imported.
-        env = worker_environment(spec.knobs.get("allocator", "default"))
-        for attempt in range(2):
-            try:
-                returncode, waited = _run(
-                    launcher or SpawnLauncher(), worker, [str(spec_path), str(result_path)],
-                    log_file, env, spec.timeout_s,
-                )  # fmt: skip
-                break
-            except ServerDied as exc:
-                if attempt:
-                    raise ProbeNotFinished(
-                        f"the probe of {spec.knobs} did not finish: {exc}, twice; "
-                        "rerun the same command to measure it again"
-                    ) from None
-                log.warning("probe %s: %s; trying it once more on a new server", spec.knobs, exc)
+        returncode, waited = _run_retried(
+            spec, launcher, worker, [spec_path, result_path], log_file, spec.timeout_s
+        )
         if returncode is None or (returncode == -signal.SIGKILL and waited >= spec.timeout_s):
             # (the second: the worker's own watchdog ended it at its deadline, before we could)
             result = ProbeResult.failed(
@@ -108,6 +97,66 @@ def run_probe(
     result.wall_s = time.perf_counter() - started
     log.debug("probe %s -> %s in %.1f s", spec.knobs, result.outcome.value, result.wall_s)
     return result
+
+
+def run_scan(spec: ProbeSpec, lo: int, hi: int, launcher: Launcher | None = None) -> ScanResult:
+    """Scan `spec`'s structure over batches `lo`..`hi` in a subprocess (autofit/probe/scan.py).
+    A scan traces three or four batches, so it may take four times a probe's `timeout_s`; one
+    that runs past that, or dies, is a ScanResult with no curve whose one result says so, at
+    `lo`. Raises ProbeNotFinished as `run_probe` does."""
+    started = time.perf_counter()
+    first = dataclasses.replace(spec, knobs={**spec.knobs, "batch_size": lo})
+    timeout_s = SCAN_TRACES * spec.timeout_s
+    with tempfile.TemporaryDirectory(prefix="autofit-scan-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        log_file = Path(tmp) / "worker.log"
+        request_path.write_text(json.dumps({"spec": dataclasses.asdict(spec), "lo": lo, "hi": hi}))
+        returncode, waited = _run_retried(
+            spec, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s
+        )
+        if returncode is None or (returncode == -signal.SIGKILL and waited >= timeout_s):
+            failed = ProbeResult.failed(
+                first, Outcome.TIMEOUT,
+                f"the scan ran past {timeout_s:g} s ({SCAN_TRACES} x timeout_s) and was killed",
+                _tail(log_file),
+            )  # fmt: skip
+            answer = ScanResult(lo, hi, None, [failed], [], False, "the scan timed out")
+        elif result_path.exists():
+            answer = ScanResult.from_json(result_path.read_text())
+        else:
+            failed = ProbeResult.failed(
+                first, Outcome.CRASH, _describe_exit(returncode), _tail(log_file)
+            )
+            answer = ScanResult(lo, hi, None, [failed], [], False, "the scan worker died")
+    wall_s = time.perf_counter() - started
+    for result in answer.results:
+        result.wall_s = wall_s / len(answer.results)
+    return answer
+
+
+def _run_retried(
+    spec: ProbeSpec, launcher: Launcher | None, worker: str, paths: list[Path], log_file: Path,
+    timeout_s: float,
+) -> tuple[int | None, float]:  # fmt: skip
+    """`_run`, once more on a fresh server when the fork server died under the first."""
+    # Settings read from the environment as torch starts (the CUDA allocator's) go into the
+    # worker's environment, not the spec: by the time the worker reads its spec, torch is
+    # imported.
+    env = worker_environment(spec.knobs.get("allocator", "default"))
+    for attempt in range(2):
+        try:
+            return _run(
+                launcher or SpawnLauncher(), worker, [str(p) for p in paths], log_file, env,
+                timeout_s,
+            )  # fmt: skip
+        except ServerDied as exc:
+            if attempt:
+                raise ProbeNotFinished(
+                    f"the probe of {spec.knobs} did not finish: {exc}, twice; "
+                    "rerun the same command to measure it again"
+                ) from None
+            log.warning("probe %s: %s; trying it once more on a new server", spec.knobs, exc)
+    raise AssertionError("unreachable")
 
 
 def _run(

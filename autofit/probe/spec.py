@@ -95,6 +95,10 @@ class ProbeResult:
     error: dict[str, str] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     wall_s: float | None = None
+    # Where a simulated point's figures come from: "traced" (its own fake step), "replayed" (a
+    # batch curve traced at other batches: autofit/simulator/batch_curve.py); None: a probe of
+    # its own (traced when simulated, measured otherwise), as every result before curves.
+    source: str | None = None
 
     @classmethod
     def failed(
@@ -140,3 +144,33 @@ class ProbeResult:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(self.to_json())
         tmp.replace(path)  # atomic: a reader never sees half a result
+
+
+@dataclass
+class ScanResult:
+    """What a scan of one structure over batches `lo`..`hi` found (autofit/probe/scan.py).
+
+    `best_batch`: the largest batch that fits (None: none does). `results`: the points the search
+    reports: the best batch and the one above it (or `lo` when none fits), each with its figures
+    and `source`; with `affine` false (the traces did not lie on one line, `reason` says why),
+    the traced points instead, and `best_batch` is not known: the caller probes batch by batch.
+    `traced`: the batches traced."""
+
+    lo: int
+    hi: int
+    best_batch: int | None
+    results: list[ProbeResult]
+    traced: list[int]
+    affine: bool = True
+    reason: str = ""
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["results"] = [r.to_dict() for r in self.results]
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ScanResult:
+        data = json.loads(text)
+        data["results"] = [ProbeResult.from_dict(r) for r in data["results"]]
+        return cls(**data)

@@ -29,7 +29,7 @@ from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
 from autofit.search.claims import POLL_S, Busy
 from autofit.search.pareto import best_config, pareto_front
-from autofit.search.planner import Observation, largest_fitting_batch
+from autofit.search.planner import LargestBatch, Observation, largest_fitting_batch
 from autofit.search.prober import Prober
 from autofit.search.space import SearchSpace
 from autofit.units import value as show
@@ -165,16 +165,18 @@ class Search:
                 f"{parent_note}, the space's largest; {_setting(knobs, savings)} would only be slower",
             )
             return
-        plan = largest_fitting_batch(
-            self._probe(combination),
-            self.budget,
-            self.space.max_batch,
-            floor=floor,
-            slope_hint=self._slopes.get(_hint_key(knobs, resolution)),
-        )
-        slopes = plan.slopes()
-        if slopes:
-            self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
+        plan = self._scan(combination, floor) if getattr(self.prober, "scans", False) else None
+        if plan is None:
+            plan = largest_fitting_batch(
+                self._probe(combination),
+                self.budget,
+                self.space.max_batch,
+                floor=floor,
+                slope_hint=self._slopes.get(_hint_key(knobs, resolution)),
+            )
+            slopes = plan.slopes()
+            if slopes:
+                self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
         self._best[(_frozen(knobs), resolution)] = plan.best_batch
         if plan.failed is not None:
             combination.status = Status.FAILED
@@ -197,6 +199,37 @@ class Search:
             if (_frozen(knobs), resolution, self.space.min_batch) in self._over_host:
                 combination.reason += " the host memory (oom_host)"
         self.listener.on_combination(combination)
+
+    def _scan(self, combination: Combination, floor: int) -> LargestBatch | None:
+        """The exact largest batch above `floor` from a scan of the combination's batch curve
+        (every batch of the range answered from three traces); None when its traces do not lie
+        on one line, and the planner must probe batch by batch."""
+        knobs = {**combination.knobs, "resolution": combination.resolution}
+        answer, reused = self.prober.scan(knobs, floor + 1, self.space.max_batch)
+        if not reused:
+            combination.probes += len(answer.traced)
+        plan = LargestBatch(best_batch=answer.best_batch)
+        for result in answer.results:
+            batch = result.config["batch_size"]
+            with self._lock:
+                self._results.append(result)
+                self._reused += reused
+                self._new += not reused
+            if result.outcome is Outcome.OOM_HOST:
+                with self._lock:
+                    self._over_host.add((_frozen(combination.knobs), combination.resolution, batch))
+            self.listener.on_probe(result, reused)
+            observation = Observation.of(batch, result)
+            self._observed[(_frozen(combination.knobs), combination.resolution, batch)] = (
+                observation
+            )
+            plan.observations.append(observation)
+            if observation.fits is None:
+                plan.failed = observation
+        if plan.failed is None and not answer.affine:
+            log.warning("%s: %s; probing it batch by batch", combination.label(), answer.reason)
+            return None
+        return plan
 
     def _prune(self, combination: Combination, reason: str) -> None:
         combination.status, combination.reason = Status.PRUNED, reason

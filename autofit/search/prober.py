@@ -10,9 +10,9 @@ from autofit.knobs import registry
 from autofit.models import ModelPreset
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
-from autofit.probe.runner import run_probe
-from autofit.probe.spec import ProbeResult
-from autofit.search.recorder import StudyRecorder, probe_key
+from autofit.probe.runner import run_probe, run_scan
+from autofit.probe.spec import Outcome, ProbeResult, ScanResult
+from autofit.search.recorder import StudyRecorder, probe_key, scan_key
 
 
 class Prober:
@@ -64,3 +64,72 @@ class Prober:
             raise
         claim.record(result)
         return result, False
+
+    @property
+    def scans(self) -> bool:
+        """Whether this prober answers a structure for every batch at once (`scan`): simulated
+        probes can (autofit/simulator/batch_curve.py); real ones measure batch by batch."""
+        return self.backend == "simulate"
+
+    def scan(self, knobs: dict[str, Any], lo: int, hi: int) -> tuple[ScanResult, bool]:
+        """The largest batch in `lo`..`hi` that fits with these knobs (batch size aside), and
+        whether it came from the study. The study keeps a scan as the trial of its first
+        reported point (the best batch, or `lo` failing) under the scan's key; the other point
+        (the batch above the best) is a trial of its own under its probe key."""
+        spec = make_spec(
+            self.preset, self.gpu, {**knobs, "batch_size": lo}, self.backend, self.margin,
+            self.timeout_s, self.host_budget,
+        )  # fmt: skip
+        fingerprints = (self.backend, self.budget, *self.fingerprints, self.host_budget)
+        key = scan_key(spec.knobs, lo, hi, *fingerprints)
+        stored = self.recorder.finished(key)
+        if stored is not None:
+            return _stored_scan(self, stored, lo, hi, fingerprints), True
+        structure = {k: v for k, v in spec.knobs.items() if k != "batch_size"}
+        claim = self.recorder.claim(key, structure, SCAN_CLAIM_TIMEOUT * self.timeout_s)
+        if claim is None:
+            stored = self.recorder.finished(key)
+            assert stored is not None
+            return _stored_scan(self, stored, lo, hi, fingerprints), True
+        try:
+            answer = run_scan(spec, lo, hi, launcher=self.launcher)
+        except BaseException:
+            claim.release()
+            raise
+        if not answer.affine and not _failed(answer):
+            # No curve: the traced points are probes like any; the caller probes batch by batch.
+            claim.release()
+            for result in answer.results:
+                point = probe_key(result.config, *fingerprints)
+                if self.recorder.finished(point) is None:
+                    self.recorder.record_probe(point, result)
+            return answer, False
+        first, *others = answer.results
+        for result in others:
+            self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
+        claim.record(first)
+        return answer, False
+
+
+SCAN_CLAIM_TIMEOUT = 4  # a scan traces up to four batches: runner.SCAN_TRACES
+
+
+def _failed(answer: ScanResult) -> bool:
+    return any(r.outcome in (Outcome.CRASH, Outcome.TIMEOUT) for r in answer.results)
+
+
+def _stored_scan(
+    prober: Prober, first: ProbeResult, lo: int, hi: int, fingerprints: tuple[Any, ...]
+) -> ScanResult:
+    """A scan a study holds, from its first reported point (and the point above, if stored)."""
+    results = [first]
+    best = first.config["batch_size"] if first.outcome is Outcome.OK else None
+    if first.outcome in (Outcome.CRASH, Outcome.TIMEOUT):
+        return ScanResult(lo, hi, None, results, [], False, "the stored scan failed")
+    if best is not None and best < hi:
+        above = prober.recorder.finished(
+            probe_key({**first.config, "batch_size": best + 1}, *fingerprints)
+        )
+        if above is not None:
+            results.append(above)
+    return ScanResult(lo, hi, best, results, [])

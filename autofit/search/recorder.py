@@ -95,6 +95,26 @@ def probe_key(
     return json.dumps(key, sort_keys=True)
 
 
+def scan_key(
+    knobs: dict[str, Any],
+    lo: int,
+    hi: int,
+    backend: str,
+    budget_bytes: int,
+    model: str,
+    gpu: str,
+    host_budget_bytes: int | None = None,
+) -> str:
+    """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
+    probe key of the structure, its batch size replaced by the range."""
+    key = json.loads(probe_key(
+        {k: v for k, v in knobs.items() if k != "batch_size"}, backend, budget_bytes, model, gpu,
+        host_budget_bytes,
+    ))  # fmt: skip
+    key["scan"] = [lo, hi]
+    return json.dumps(key, sort_keys=True)
+
+
 def pruned_key(knobs: dict[str, Any]) -> str:
     return json.dumps({"knobs": _significant(knobs), "pruned": True}, sort_keys=True)
 
@@ -286,7 +306,7 @@ class StudyRecorder:
                 raise Busy(key)
             return None
         self.heartbeat.hold(trial_id)
-        return Claim(self, trial_id, key)
+        return Claim(self, trial_id, key, set(params))
 
     def _beat(self, trial_id: int) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
@@ -304,7 +324,7 @@ class StudyRecorder:
         retrying(lambda: self._storage.set_trial_system_attr(trial_id, CLAIM_ATTR, why))
         retrying(lambda: self._storage.set_trial_state_values(trial_id, TrialState.PRUNED))
 
-    def _finish(self, trial_id: int, key: str, result: ProbeResult) -> None:
+    def _finish(self, trial_id: int, key: str, result: ProbeResult, claimed: set[str]) -> None:
         """Writes the probe's result into its claim: the trial `record_probe` would add."""
         from optuna.exceptions import UpdateFinishedTrialError
 
@@ -314,6 +334,14 @@ class StudyRecorder:
         self.heartbeat.drop(trial_id)
         storage = self._storage
         try:
+            # A scan's claim was made before its batch was known: the point's params it lacks.
+            for name, value in frozen.params.items():
+                if name in claimed:
+                    continue
+                distribution = frozen.distributions[name]
+                retrying(lambda n=name, v=value, d=distribution: storage.set_trial_param(
+                    trial_id, n, d.to_internal_repr(v), d
+                ))  # fmt: skip
             for name, value in frozen.user_attrs.items():
                 retrying(lambda n=name, v=value: storage.set_trial_user_attr(trial_id, n, v))
             for name, value in frozen.system_attrs.items():
@@ -377,6 +405,8 @@ class StudyRecorder:
             "phase": result.phase,
             "samples_per_s": result.samples_per_s,
             "step_time_s": result.step_time_s,
+            # traced or replayed (simulated from a batch curve), or measured on the hardware
+            "source": result.source or ("traced" if result.backend == "simulate" else "measured"),
             "result": _slim(result),
         }
         with self._lock:
@@ -423,11 +453,12 @@ class StudyRecorder:
 class Claim:
     """A probe this worker holds in the study: record its result, or release it."""
 
-    def __init__(self, recorder: StudyRecorder, trial_id: int, key: str) -> None:
+    def __init__(self, recorder: StudyRecorder, trial_id: int, key: str, params: set[str]) -> None:
         self.recorder, self.trial_id, self.key = recorder, trial_id, key
+        self.params = params  # the params the claim's trial was created with
 
     def record(self, result: ProbeResult) -> None:
-        self.recorder._finish(self.trial_id, self.key, result)
+        self.recorder._finish(self.trial_id, self.key, result, self.params)
 
     def release(self) -> None:
         """Gives the probe back unanswered (autofit is stopping): another worker, or the next

@@ -201,14 +201,67 @@ def exchange_wait(exchanges: Sequence[Exchange], link_gbs: float) -> float:
     return delays[-1] if delays else 0.0
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One launched kernel as the roofline priced it: bytes moved, FLOPs, and the math rate
+    (FLOP/s) its FLOPs run at (0.0 without FLOPs)."""
+
+    nbytes: int
+    flops: int
+    rate: float
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What `RooflineCounter.add_traffic` was given for a step."""
+
+    link_bytes: int
+    host_compute_bytes: int
+    peer_bytes: int
+    exchanges: tuple[Exchange, ...]
+    nvme_bytes: int
+    nvme_step_bytes: int
+
+
+def _kernel_seconds(nbytes: int, flops: int, rate: float, bandwidth: float) -> float:
+    """A kernel's device time: the longer of its memory time and its math time, at least the
+    floor."""
+    seconds = nbytes / bandwidth
+    if flops:
+        seconds = max(seconds, flops / rate)
+    return max(seconds, KERNEL_FLOOR_S)
+
+
+def price(gpu: GpuSpec, kernels: Sequence[Kernel], ops: int, traffic: Traffic) -> StepCost:
+    """The cost a RooflineCounter on `gpu` would have counted for a step of these kernels,
+    `ops` dispatched ops and this traffic: the same sums in the same order, so the same floats."""
+    counter = RooflineCounter(gpu)
+    cost, bandwidth = counter.cost, counter._bandwidth
+    cost.ops = ops
+    for kernel in kernels:
+        cost.flops += kernel.flops
+        cost.bytes += kernel.nbytes
+        cost.kernels += 1
+        cost.device_seconds += _kernel_seconds(kernel.nbytes, kernel.flops, kernel.rate, bandwidth)
+    counter.add_traffic(
+        traffic.link_bytes, traffic.host_compute_bytes, traffic.peer_bytes, traffic.exchanges,
+        traffic.nvme_bytes, traffic.nvme_step_bytes,
+    )  # fmt: skip
+    return cost
+
+
 class RooflineCounter(TorchDispatchMode):
     """Accumulates a `StepCost` for the ops dispatched under it, priced on `gpu`."""
 
-    def __init__(self, gpu: GpuSpec) -> None:
+    def __init__(self, gpu: GpuSpec, keep_kernels: bool = False) -> None:
+        """`keep_kernels`: also keep each kernel's figures (`kernels`) and what `add_traffic`
+        was given (`traffic`), so that `price` can price the step again with other figures."""
         super().__init__()
         self.gpu = gpu
         self.cost = StepCost()
         self._bandwidth = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
+        self.kernels: list[Kernel] | None = [] if keep_kernels else None
+        self.traffic: Traffic | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -222,13 +275,13 @@ class RooflineCounter(TorchDispatchMode):
         formula = _FORMULAS.get(packet) or flop_registry.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula else 0
         nbytes = _io_bytes(args) + _io_bytes(list(kwargs.values())) + _io_bytes(out)
-        seconds = nbytes / self._bandwidth
-        if flops:
-            seconds = max(seconds, flops / self._math_rate(packet, _first_dtype(args)))
+        rate = self._math_rate(packet, _first_dtype(args)) if flops else 0.0
+        if self.kernels is not None:
+            self.kernels.append(Kernel(nbytes, flops, rate))
         self.cost.flops += flops
         self.cost.bytes += nbytes
         self.cost.kernels += 1
-        self.cost.device_seconds += max(seconds, KERNEL_FLOOR_S)
+        self.cost.device_seconds += _kernel_seconds(nbytes, flops, rate, self._bandwidth)
         return out
 
     def add_traffic(
@@ -242,6 +295,11 @@ class RooflineCounter(TorchDispatchMode):
     ) -> None:
         """Price what the step moved over the host link, to the other GPUs and to NVMe, what the
         host CPU computed, and the waits for block swap's exchanges."""
+        if self.kernels is not None:
+            self.traffic = Traffic(
+                link_bytes, host_compute_bytes, peer_bytes, tuple(exchanges), nvme_bytes,
+                nvme_step_bytes,
+            )  # fmt: skip
         self.cost.exchange_wait_seconds += exchange_wait(exchanges, self.gpu.host_link_gbs)
         self.cost.link_seconds += link_bytes / (self.gpu.host_link_gbs * 1e9)
         self.cost.peer_seconds += peer_bytes / (self.gpu.peer_link_gbs * 1e9)

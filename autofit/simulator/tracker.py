@@ -61,55 +61,20 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
-_TEMPORARIES = CATEGORIES.index("temporaries")
-ALLOCATION_GRANULARITY = 512  # CUDA caching allocator: every block is a multiple of 512 bytes
-
-
-def round_allocation(nbytes: int) -> int:
-    """The bytes the CUDA caching allocator hands out for a request of `nbytes` (0 stays 0)."""
-    if nbytes <= 0:
-        return 0
-    return -(-nbytes // ALLOCATION_GRANULARITY) * ALLOCATION_GRANULARITY
-
-
-@dataclass(frozen=True)
-class PeakReport:
-    """The allocated peak, where it happened, and what was live at that moment."""
-
-    peak_allocated_bytes: int
-    phase: str
-    breakdown: dict[str, int]
-    event_index: int
-    phase_peaks: dict[str, int]
-
-
-def round_pinned(nbytes: int) -> int:
-    """The bytes torch's CUDA host allocator takes for a pinned request: the next power of two."""
-    if nbytes <= 0:
-        return 0
-    return 1 << (nbytes - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class HostReport:
-    """The host memory peak of the tracked steps and what it held (bytes). `pinned_bytes` and
-    `pageable_bytes` sum to `peak_bytes`; `loader_bytes` is the part of the pageable bytes that
-    was a loader's working set (capped at one shard)."""
-
-    peak_bytes: int
-    pinned_bytes: int
-    pageable_bytes: int
-    loader_bytes: int
-    phase: str
-    phase_peaks: dict[str, int]
-
+from autofit.simulator.step_log import (  # noqa: F401  (re-exported: what a tracker records)
+    _TEMPORARIES,
+    CATEGORIES,
+    HostReport,
+    PeakReport,
+    StepLog,
+    round_allocation,
+    round_pinned,
+)
 
 # Ops that change a storage's size in place (FSDP2 uses the inductor one under torch.compile).
 _RESIZING_OPS = frozenset(
@@ -159,11 +124,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if local is None else local
 
 
-class MemoryTracker(TorchDispatchMode):
-    """Counts storages created under it. Enter it inside a FakeTensorMode to count fake tensors."""
+class MemoryTracker(TorchDispatchMode, StepLog):
+    """Counts storages created under it, into its StepLog. Enter it inside a FakeTensorMode to
+    count fake tensors."""
 
     def __init__(self, device_type: str = "cpu") -> None:
-        super().__init__()
+        TorchDispatchMode.__init__(self)
+        StepLog.__init__(self)
         self.device_type = device_type  # storages elsewhere are host memory
         self._host_depth = 0
         self._pinned_depth = 0  # host() contexts open with pinned=True
@@ -171,28 +138,14 @@ class MemoryTracker(TorchDispatchMode):
         # Host storages on the ledger: address -> (its live host allocation id, or None once
         # resized to nothing; pinned or not).
         self._host_ids: dict[int, tuple[int | None, bool]] = {}
-        # The host ledger: host allocation id -> bytes and pinned or not; events as for the GPU
-        # (id, ~id when freed), each with the phase it happened in.
-        self.host_sizes: list[int] = []
-        self.host_pinned: list[bool] = []
-        self.host_events: list[int] = []
-        self.host_event_phases: list[str] = []
         self._live: dict[int, int] = {}  # storage address -> allocation id, live storages only
         self._refs: dict[
             int, weakref.ref[Any]
         ] = {}  # allocation id -> weak ref (holds the callback)
         # Storages resized to nothing, still alive: address -> (weak ref, category index).
         self._emptied: dict[int, tuple[weakref.ref[Any], int]] = {}
-        self.sizes: list[int] = []  # allocation id -> rounded bytes
-        self.categories: list[int] = []  # allocation id -> index into CATEGORIES
-        self.events: list[int] = []  # allocation id when allocated, ~id when freed
-        self.phase_changes: list[tuple[int, str]] = [(0, "setup")]  # (first event index, phase)
         self.phase = "setup"
         self.current = 0
-        self.peak = 0
-        self.peak_event = -1
-        self.peak_phase = "setup"
-        self.phase_peaks: dict[str, int] = {}  # the allocated peak within each phase
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -251,14 +204,16 @@ class MemoryTracker(TorchDispatchMode):
                 )
             self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host_freed(key))
             return None
-        size = round_allocation(storage.nbytes())
-        if size == 0:  # CUDA hands out no block for an empty tensor
+        nbytes = storage.nbytes()
+        if nbytes <= 0:  # CUDA hands out no block for an empty tensor
             return None
-        return self._allocated(storage, key, size)
+        return self._allocated(storage, key, nbytes)
 
-    def _allocated(self, storage: torch.UntypedStorage, key: int, size: int) -> int:
+    def _allocated(self, storage: torch.UntypedStorage, key: int, nbytes: int) -> int:
         aid = len(self.sizes)
+        size = round_allocation(nbytes)
         self.sizes.append(size)
+        self.raw_sizes.append(nbytes)
         self.categories.append(_TEMPORARIES)
         self._live[key] = aid
         self._refs[aid] = weakref.ref(storage, lambda _ref, key=key, aid=aid: self._freed(key, aid))
@@ -279,6 +234,7 @@ class MemoryTracker(TorchDispatchMode):
             pinned = self._pinned_depth > 0
         hid = len(self.host_sizes)
         self.host_sizes.append(round_pinned(nbytes) if pinned else nbytes)
+        self.host_raw_sizes.append(nbytes)
         self.host_pinned.append(pinned)
         self.host_events.append(hid)
         self.host_event_phases.append(self.phase)
@@ -318,7 +274,7 @@ class MemoryTracker(TorchDispatchMode):
             self._see_storage(storage)
             return
         if size:
-            self.categories[self._allocated(storage, key, size)] = category
+            self.categories[self._allocated(storage, key, storage.nbytes())] = category
         else:
             self._emptied[key] = (
                 weakref.ref(storage, lambda _ref, key=key: self._emptied.pop(key, None)),
@@ -394,102 +350,7 @@ class MemoryTracker(TorchDispatchMode):
         self.phase = phase
         self.phase_changes.append((len(self.events), phase))
 
-    # -- reading -------------------------------------------------------------------------------
-
-    def phase_at(self, event_index: int) -> str:
-        """The phase that was current when event `event_index` was recorded."""
-        phase = "setup"
-        for start, name in self.phase_changes:
-            if start > event_index:
-                break
-            phase = name
-        return phase
-
-    def live_at(self, event_index: int) -> set[int]:
-        """Allocation ids live just after event `event_index`."""
-        live: set[int] = set()
-        for event in self.events[: event_index + 1]:
-            if event >= 0:
-                live.add(event)
-            else:
-                live.discard(~event)
-        return live
-
     def live_bytes(self, category: str) -> int:
         """Bytes of `category` live now (or when the tracker was exited)."""
         index = CATEGORIES.index(category)
         return sum(self.sizes[aid] for aid in self._live.values() if self.categories[aid] == index)
-
-    def peak_report(self) -> PeakReport:
-        breakdown = dict.fromkeys(CATEGORIES, 0)
-        for aid in self.live_at(self.peak_event):
-            breakdown[CATEGORIES[self.categories[aid]]] += self.sizes[aid]
-        return PeakReport(
-            self.peak, self.peak_phase, breakdown, self.peak_event, dict(self.phase_peaks)
-        )
-
-    # -- host memory ---------------------------------------------------------------------------
-
-    def host_live_bytes(self, pinned: bool | None = None) -> int:
-        """Host bytes of live storages now (or when the tracker was exited), pinned ones rounded
-        as the host allocator rounds them (its cache aside); `pinned` picks one kind."""
-        live: dict[int, None] = {}
-        for event in self.host_events:
-            if event >= 0:
-                live[event] = None
-            else:
-                live.pop(~event, None)
-        return sum(
-            self.host_sizes[hid]
-            for hid in live
-            if pinned is None or self.host_pinned[hid] == pinned
-        )
-
-    def _loader_working_set(self) -> set[int]:
-        """Pageable host allocations made during setup and freed before it ended."""
-        born: set[int] = set()
-        transient: set[int] = set()
-        for event, phase in zip(self.host_events, self.host_event_phases, strict=True):
-            if phase != "setup":
-                break
-            if event >= 0:
-                if not self.host_pinned[event]:
-                    born.add(event)
-            elif ~event in born:
-                transient.add(~event)
-        return transient
-
-    def host_report(
-        self, loader_cap: int | None = None, ranks: int = 1, loader_ranks: int | None = None
-    ) -> HostReport:
-        """The host peak (module docstring: pinned as the caching host allocator holds it,
-        pageable live, the loader's working set at most `loader_cap`; None: counted in full),
-        of `ranks` processes like this one on one machine, `loader_ranks` of which (default:
-        all) read the checkpoint."""
-        readers = ranks if loader_ranks is None else loader_ranks
-        transient = self._loader_working_set()
-        cached: dict[int, int] = {}  # pinned block size -> blocks the allocator holds
-        in_use: dict[int, int] = {}  # pinned block size -> blocks handed out now
-        pinned = pageable = loading = 0
-        best = (0, 0, 0, 0, "setup")
-        phase_peaks: dict[str, int] = {}
-        for event, phase in zip(self.host_events, self.host_event_phases, strict=True):
-            hid = event if event >= 0 else ~event
-            size, sign = self.host_sizes[hid], (1 if event >= 0 else -1)
-            if self.host_pinned[hid]:
-                in_use[size] = in_use.get(size, 0) + sign
-                if in_use[size] > cached.get(size, 0):
-                    cached[size] = in_use[size]
-                    pinned += size
-            elif hid in transient:
-                loading += sign * size
-            else:
-                pageable += sign * size
-            loader = readers * (loading if loader_cap is None else min(loading, loader_cap))
-            total = ranks * (pinned + pageable) + loader
-            if total > best[0]:
-                best = (total, ranks * pinned, ranks * pageable + loader, loader, phase)
-            if total > phase_peaks.get(phase, 0):
-                phase_peaks[phase] = total
-        peak, pinned_at, pageable_at, loader_at, phase_at = best
-        return HostReport(peak, pinned_at, pageable_at, loader_at, phase_at, phase_peaks)

@@ -1,0 +1,158 @@
+"""A structure's batch curve answers every batch as a direct trace would, to the byte; a step
+that is not affine in the batch is caught and traced batch by batch; the largest batch that fits
+is exact even where memory is not monotonic in the batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from helpers import spec as make
+
+from autofit.models import ModelPreset, load_preset
+from autofit.probe.scan import at_batch, curve_batches, replayed_point, scan, trace_point
+from autofit.probe.spec import Outcome, ProbeSpec
+from autofit.probe.worker import execute
+from autofit.simulator.batch_curve import BatchCurve, canonical_frees
+
+TESTS = Path(__file__).parent
+TIMING = {"versions", "wall_s", "source"}  # what a replayed point may report differently
+
+
+def _same(replayed: dict, direct: dict) -> dict:
+    return {
+        k: (replayed[k], direct[k]) for k in direct if k not in TIMING and replayed[k] != direct[k]
+    }
+
+
+def _curve(probe: ProbeSpec, hi: int) -> BatchCurve:
+    return BatchCurve.fit([trace_point(at_batch(probe, b), {})[1] for b in curve_batches(2, hi)])
+
+
+CASES = [
+    # (model, gpu, knobs): plain, checkpointed, 8-bit state, LoRA, ZeRO-2 with offload
+    ("tiny_sana", "a40", {"resolution": 128, "precision": "bf16", "optimizer": "adamw"}),
+    ("tiny_sana", "a40", {"resolution": 128, "checkpointing": True, "optimizer": "adamw8bit"}),
+    ("tiny_mlp", "l4", {"train_mode": "lora", "precision": "bf16_pure"}),
+    ("tiny_sana", "a40", {"resolution": 64, "zero_stage": 2, "offload_optimizer": "cpu"}),
+]
+
+
+@pytest.mark.parametrize("model,gpu,knobs", CASES, ids=lambda v: str(v)[:40])
+def test_a_replayed_batch_is_a_direct_trace_to_the_byte(model: str, gpu: str, knobs: dict) -> None:
+    probe = make(model, gpu, **knobs)
+    curve = _curve(probe, 24)
+    for batch in (5, 11, 17):
+        point = at_batch(probe, batch)
+        replayed = replayed_point(curve, point, {}).to_dict()
+        assert _same(replayed, execute(point).to_dict()) == {}, batch
+        assert replayed["source"] == "replayed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model,knobs",
+    [
+        ("sana_600m", {"resolution": 512}),
+        ("sd35_medium", {"resolution": 512, "checkpointing": True}),
+        ("sdxl", {"resolution": 512}),
+        ("flux_dev", {"resolution": 512, "train_mode": "lora", "swap_blocks": 8}),
+        ("llama3_2_1b", {"resolution": 1024, "train_mode": "qlora"}),
+    ],
+    ids=lambda v: str(v)[:30],
+)
+def test_presets_replay_as_they_trace(model: str, knobs: dict) -> None:
+    probe = make(model, "h100_80", **knobs)
+    curve = _curve(probe, 16)
+    for batch in (4, 9):
+        point = at_batch(probe, batch)
+        assert _same(replayed_point(curve, point, {}).to_dict(), execute(point).to_dict()) == {}
+
+
+def test_batch_one_is_traced_by_itself_and_the_scan_reports_the_edge() -> None:
+    """Batch 1 is a program of its own (a size-1 dimension makes copies views); a scan whose
+    budget fits only batch 1 traces it and reports it with batch 2 above it."""
+    probe = make("tiny_sana", "a40", resolution=512)
+    batch_1 = execute(at_batch(probe, 1))
+    batch_2 = execute(at_batch(probe, 2))
+    budget = (batch_1.peak_bytes + batch_2.peak_bytes) // 2
+    margin = 1 - budget / probe.gpu_spec.memory_bytes
+    tight = dataclasses.replace(probe, margin=margin)
+    answer = scan(tight, 1, 40)
+    assert answer.best_batch == 1
+    assert [r.config["batch_size"] for r in answer.results] == [1, 2]
+    assert [r.outcome for r in answer.results] == [Outcome.OK, Outcome.OOM]
+    assert 1 in answer.traced
+
+
+def test_the_scan_finds_the_largest_batch_a_grid_finds() -> None:
+    probe = make("tiny_mlp", "l4", resolution=256)
+    grid = {b: execute(at_batch(probe, b)) for b in range(2, 13)}
+    # a budget between two batches' peaks, so the answer is inside the range
+    budget = (grid[7].peak_bytes + grid[8].peak_bytes) // 2
+    tight = dataclasses.replace(probe, margin=1 - budget / probe.gpu_spec.memory_bytes)
+    truth = max(b for b in grid if execute(at_batch(tight, b)).outcome is Outcome.OK)
+    answer = scan(tight, 2, 12)
+    assert answer.best_batch == truth and 2 < truth < 12
+    best, above = answer.results
+    assert (best.source, above.source) == ("replayed", "replayed")
+    for result in answer.results:
+        direct = execute(at_batch(tight, result.config["batch_size"])).to_dict()
+        assert _same(result.to_dict(), direct) == {}
+
+
+def test_a_step_that_is_not_affine_is_caught() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    try:
+        preset = load_preset("custom")
+        preset = ModelPreset.from_dict(
+            {**preset.to_dict(), "entry": "custom_models.pairwise:build"}
+        )
+        from autofit.gpus import load_gpu
+        from autofit.probe.build import make_spec
+
+        probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
+        answer = scan(probe, 1, 30)
+    finally:
+        sys.path.remove(str(TESTS))
+    assert not answer.affine and answer.best_batch is None
+    assert "not on the line" in answer.reason and "raw sizes" in answer.reason
+    assert sorted(r.config["batch_size"] for r in answer.results) == [2, 3, 30]
+
+
+def test_largest_fitting_is_exact_where_memory_is_not_monotonic() -> None:
+    """Fits at 50 and 54, not at 51 to 53 (the allocator packs 54 better): the largest is 54,
+    and the scan asks only from the bound of requested bytes down."""
+    probe = make("tiny_mlp", "l4")
+    curve = _curve(probe, 64)
+    asked: list[int] = []
+
+    def fits(batch: int) -> bool:
+        asked.append(batch)
+        return batch <= 50 or batch == 54
+
+    limit = 1 << 40  # every batch's requested bytes are within it: the bound is the range's top
+    assert curve.requested_bound(limit, 1, 64) == 64
+    assert curve.largest_fitting(1, 64, limit, fits) == 54
+    assert asked == list(range(64, 53, -1))
+
+
+def test_the_requested_bound_is_sound() -> None:
+    """No batch above the bound has its requested bytes within the limit at every event."""
+    probe = make("tiny_mlp", "l4", resolution=256)
+    curve = _curve(probe, 64)
+    limit = curve.log_at(20).peak + 1
+    bound = curve.requested_bound(limit, 2, 64)
+    assert 20 <= bound < 64
+    assert sum(curve._numbers(bound)["raw_sizes"]) > 0
+    over = curve.log_at(bound + 1)
+    assert over.peak > limit
+
+
+def test_runs_of_frees_compare_in_one_order() -> None:
+    # allocations 0..3; 1, 2 and 0 die together in one order here, in another there
+    assert canonical_frees([0, 1, 2, ~1, ~2, ~0, 3]) == canonical_frees([0, 1, 2, ~0, ~2, ~1, 3])
+    assert canonical_frees([0, ~0, 1]) != canonical_frees([0, 1, ~0])  # an allocation between
