@@ -1,10 +1,17 @@
 """How long one simulated probe takes, subprocess included.
 
     python benchmarks/probe_speed.py [--repeat 3] [--model flux_dev ...]
+    python benchmarks/probe_speed.py --against /tmp/base [--repeat 3] [--model sana_1600m]
 
 For each case it times `run_probe` (the worker process: interpreter start, imports, model build on
 fake tensors, two training steps, allocator replay) and the whole `autofit probe` command (adds
 Hydra composition and the CLI), and writes the figures to results/benchmarks/probe_speed.json.
+
+`--against PATH` compares the whole `autofit probe` command of another checkout (a
+`git worktree add PATH <commit>` of the code to compare with) with this one's, side by side: the two
+run alternately (A B A B ...: the same machine under the same load), each with its own tree first on
+`sys.path`. It prints each one's median wall time and their ratio, checks that every result field
+but the wall time is the same in both, and writes results/benchmarks/probe_speed_against.json.
 """
 
 from __future__ import annotations
@@ -53,24 +60,92 @@ def time_probe(model: str, gpu: str, knobs: dict) -> tuple[float, str]:
     return time.perf_counter() - started, result.outcome.value
 
 
-def time_cli(model: str, gpu: str, knobs: dict, out: Path) -> float:
+def time_cli(model: str, gpu: str, knobs: dict, out: Path, tree: Path | None = None) -> float:
+    """The wall time of `autofit probe`, run from `tree` (a checkout) when given: its code first
+    on the path of the command and of the worker it starts."""
     args = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()]
     started = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "autofit", "probe", f"model={model}", f"gpu={gpu}", "backend=simulate",
-         *args, f"out={out}"],
-        check=True, capture_output=True,
+         *args, f"out={out.resolve()}"],
+        check=True, capture_output=True, **_in_tree(tree),
     )  # fmt: skip
     return time.perf_counter() - started
+
+
+def _in_tree(tree: Path | None) -> dict:
+    if tree is None:
+        return {}
+    return {"cwd": tree, "env": {**os.environ, "PYTHONPATH": str(tree)}}
+
+
+def _code_of(tree: Path) -> Path:
+    """Where the worker's code comes from when run from `tree`: must be `tree` itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import autofit.probe.worker as w; print(w.__file__)"],
+        check=True, capture_output=True, text=True, **_in_tree(tree),
+    )  # fmt: skip
+    return Path(done.stdout.strip()).resolve()
+
+
+# Fields a result may differ in between two runs of the same probe: how long it took.
+TIMING_FIELDS = ("wall_s",)
+
+
+def _answer(path: Path) -> dict:
+    result = json.loads(path.read_text())
+    return {k: v for k, v in result.items() if k not in TIMING_FIELDS}
+
+
+def against(base: Path, repeat: int, only: list[str] | None, out_dir: Path) -> None:
+    """Time `autofit probe` of `base` and of this checkout alternately; compare their answers."""
+    here = Path(__file__).resolve().parents[1]
+    for tree in (base, here):
+        code = _code_of(tree)
+        if not code.is_relative_to(tree.resolve()):
+            raise SystemExit(f"from {tree} the worker's code comes from {code}, not from {tree}")
+    rows = []
+    for model, gpu, knobs in CASES:
+        if only and model not in only:
+            continue
+        times: dict[str, list[float]] = {"base": [], "here": []}
+        answers: dict[str, list[dict]] = {"base": [], "here": []}
+        for _ in range(repeat):
+            for name, tree in (("base", base), ("here", here)):
+                out = out_dir / f"probe_speed_{name}.json"
+                times[name].append(time_cli(model, gpu, knobs, out, tree))
+                answers[name].append(_answer(out))
+        runs = answers["base"] + answers["here"]
+        differ = sorted({k for run in runs for k in run if run.get(k) != runs[0].get(k)})
+        base_s, here_s = statistics.median(times["base"]), statistics.median(times["here"])
+        rows.append({
+            "model": model, "gpu": gpu, "knobs": knobs, "base": str(base), "here": str(here),
+            "base_s": times["base"], "here_s": times["here"], "ratio": here_s / base_s,
+            "differing_fields": differ,
+        })  # fmt: skip
+        print(
+            f"{model:<12} {gpu:<8} autofit probe: base {base_s:6.2f} s, this tree {here_s:6.2f} s "
+            f"(medians of {repeat}, alternating); ratio {here_s / base_s:.2f}; "
+            + (f"answers DIFFER in {', '.join(differ)}" if differ else "answers identical")
+        )
+    (out_dir / "probe_speed_against.json").write_text(json.dumps({"cases": rows}, indent=2))
+    if any(row["differing_fields"] for row in rows):
+        raise SystemExit(1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--model", nargs="*", default=None, help="only these cases (default: all)")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="a checkout to compare `autofit probe` with"
+    )
     options = parser.parse_args()
     out_dir = Path("results/benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if options.against is not None:
+        against(options.against, options.repeat, options.model, out_dir)
+        return
     rows = []
     for model, gpu, knobs in CASES:
         if options.model and model not in options.model:

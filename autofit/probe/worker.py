@@ -8,6 +8,7 @@ with its traceback. A worker that dies before writing is the parent's to report.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import sys
 import traceback
@@ -137,5 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the worker without the interpreter's teardown, which frees every object of torch and
+    the model libraries one by one: 1.5 to 2.5 s on a 2-core machine (most of it after the exit
+    handlers, which take milliseconds), for nothing, as the result is written and the worker's
+    process group ends with it. Streams and log handlers are flushed first; the fork server's
+    children end the same way (autofit/probe/forkserver.py)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())
