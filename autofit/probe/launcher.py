@@ -246,6 +246,27 @@ class ForkServer(_StopsOnError):
             threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         return self._proc
 
+    def warm(self) -> None:
+        """Start the server now, so that its imports run while the caller does something else
+        (`autofit probe` composes its configuration meanwhile)."""
+        with self._lock:
+            if not self._stopped:
+                self._ensure_running()
+
+    def discard(self) -> None:
+        """Kill the server at once, whatever it is doing, and reap it: for a server warmed for a
+        probe that turned out not to be its to run (a `cuda` probe, a configuration error). Unlike
+        `stop`, no wait for a server busy importing to read that its input ended."""
+        with self._lock:
+            self._stopped = self._stopped or "the fork server was discarded"
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            self._abandon(proc, "the fork server was discarded")
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("fork server %d did not exit after SIGKILL", proc.pid)
+
     def start(
         self,
         module: str,
