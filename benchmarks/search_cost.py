@@ -1,23 +1,23 @@
-"""What the planner saves: its probes and wall time against an exhaustive grid over the same space,
-and, on batch size alone, against the finders of Lightning and accelerate.
+"""What a search costs, measured side by side in one run: the batch-curve scan, the probe-by-probe
+planner it replaced, an exhaustive grid, and one probe of the same model as the unit.
 
-    python benchmarks/search_cost.py [--model sana_1600m] [--gpu a40] [--space default] [--jobs N]
+    python benchmarks/search_cost.py [--model sana_1600m] [--gpu a40] [--space default]
+        [--grid-space benchmarks/search_cost_space.yaml | --no-grid] [--no-planner] [--jobs N]
 
-The grid over the whole default space (12,288 probes for Sana 1600M) is out of reach on a
-laptop; the published comparison runs `--space benchmarks/search_cost_space.yaml`, a slice of it
-with every batch size and resolution and 8 of its 96 structural combinations.
+1. One probe: `autofit probe model=M gpu=G backend=simulate` at the preset's native resolution
+   and batch 1, the whole command timed (interpreter, imports, trace, files), median of two.
+2. The scan (today's `autofit search`): each structure's batch curve from three traces, shared
+   between structures that differ only in the optimizer and the like, on a fresh study, timed.
+3. The planner (the search before curves: fit, extrapolate, verify, one probe per batch it
+   asks), on a fresh study, timed. Its answers are compared with the scan's.
+4. The grid, on `--grid-space` (a slice of the default space small enough to probe every batch
+   of every combination; its study under results/benchmarks/ is reused by a rerun, with the
+   wall time measured when it was computed): every point a probe of its own. The scan runs on
+   the slice too, and its best configuration and largest batch per combination are compared
+   with the grid's: the largest batch that fits, wherever memory is not monotonic.
 
-1. The planner: `autofit search` on a fresh study, timed.
-2. The grid: every structural combination x resolution x batch size in the space, each a real
-   simulated probe (the same probe the planner runs). The grid's probes are kept in their own
-   study under results/benchmarks/, so a rerun reuses them; the wall time reported is the one
-   measured when they were computed.
-3. Batch size alone, for every combination and resolution, with the grid's answers as the oracle
-   (no extra probes): doubling then bisection from 1 (Lightning's `binsearch` finder), plain
-   bisection over [1, max], and shrinking by x0.9 from the space's maximum until a batch fits
-   (accelerate's `find_executable_batch_size`, which stops at the first batch that fits).
-
-Writes results/benchmarks/search_cost.json and prints a Markdown table.
+Wall times on these machines vary about 3x from day to day: read the ratios, measured in one
+run. Writes results/benchmarks/search_cost-<model>-<gpu>.json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -25,67 +25,122 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from autofit.backends import resolve
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.launcher import launcher_for
 from autofit.probe.spec import Outcome, ProbeResult
-from autofit.search.engine import Search
-from autofit.search.pareto import best_config
+from autofit.search.engine import Search, SearchResult
 from autofit.search.prober import Prober
 from autofit.search.recorder import StudyRecorder
 from autofit.search.space import load_space
 
 OUT = Path("results/benchmarks")
+MARGIN = 0.05
 
 
-def lightning_binsearch(fits: dict[int, bool], max_batch: int) -> tuple[int, int | None]:
-    """Doubling from 1 until a batch fails (or the maximum is reached), then bisection between
-    the last that fitted and the first that failed. Returns (probes, batch found)."""
-    tried: list[int] = []
-    batch, low, high = 1, 0, None
-    while True:
-        tried.append(batch)
-        if fits[batch]:
-            low = batch
-            if high is None:
-                if batch == max_batch:
-                    break
-                batch = min(2 * batch, max_batch)
-                continue
-        else:
-            high = batch
-        if high is not None and high - low <= 1:
-            break
-        batch = (low + high) // 2
-    return len(tried), (low or None)
+def one_probe(model: str, gpu: str, resolution: int, repeat: int = 2) -> float:
+    """The median wall time of the whole `autofit probe` command."""
+    times = []
+    for index in range(repeat):
+        out = OUT / f"probe-{model}-{index}.json"
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "autofit", "probe", f"model={model}", f"gpu={gpu}",
+             "backend=simulate", "batch_size=1", f"resolution={resolution}", f"out={out}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        times.append(time.perf_counter() - started)
+        if done.returncode != 0:
+            raise SystemExit(f"the probe failed: {done.stderr.strip()[-500:]}")
+    return statistics.median(times)
 
 
-def bisection(fits: dict[int, bool], max_batch: int) -> tuple[int, int | None]:
-    low, high, probes = 0, max_batch + 1, 0
-    while high - low > 1:
-        middle = (low + high) // 2
-        probes += 1
-        if fits[middle]:
-            low = middle
-        else:
-            high = middle
-    return probes, (low or None)
+def search(
+    model: str, gpu_name: str, space_name: str, jobs: int, scan: bool, storage: str, study: str
+) -> tuple[SearchResult, float]:
+    preset, gpu = load_preset(model), load_gpu(gpu_name)
+    space = load_space(space_name, preset)
+    backend = resolve("simulate", gpu, gpu.budget_bytes(MARGIN))
+    recorder = StudyRecorder(storage, study, {})
+    with launcher_for(backend, preset.family) as launcher:
+        prober = Prober(preset, gpu, backend, MARGIN, 900, recorder, launcher, scan=scan)
+        started = time.perf_counter()
+        found = Search(space, prober, jobs=jobs).run()
+    recorder.close()
+    return found, time.perf_counter() - started
 
 
-def accelerate_shrink(fits: dict[int, bool], max_batch: int) -> tuple[int, int | None]:
-    """accelerate: start at the largest batch, multiply by 0.9 on each out-of-memory error."""
-    batch, probes = max_batch, 0
-    while batch >= 1:
-        probes += 1
-        if fits[batch]:
-            return probes, batch
-        batch = int(batch * 0.9)
-    return probes, None
+def answers(found: SearchResult) -> dict[str, Any]:
+    """Each searched combination's largest batch (pruned and invalid ones left out)."""
+    return {
+        c.label(): c.best_batch
+        for c in found.combinations
+        if c.status.value in ("exact", "none_fit")
+    }
+
+
+def best(found: SearchResult) -> dict[str, Any] | None:
+    return None if found.best is None else found.best.config
+
+
+def grid(
+    model: str, gpu_name: str, space_name: str, jobs: int, storage: str
+) -> tuple[dict[str, int | None], dict[str, Any] | None, dict[str, Any], list[str]]:
+    """Every batch of every combination of the space, each a probe; per combination the
+    largest batch that fits; the best configuration by the search's own rule; the timing; the
+    combinations where memory is not monotonic in the batch."""
+    from autofit.search.engine import Combination
+    from autofit.search.pareto import best_config
+
+    preset, gpu = load_preset(model), load_gpu(gpu_name)
+    space = load_space(space_name, preset)
+    backend = resolve("simulate", gpu, gpu.budget_bytes(MARGIN))
+    tag = f"{preset.name}-{gpu.name}-{space.name}"
+    recorder = StudyRecorder(storage, f"grid-{tag}", {})
+    points = [
+        (
+            {**knobs, "resolution": resolution, "batch_size": batch},
+            Combination(dict(knobs), resolution),
+        )
+        for resolution in space.resolutions
+        for knobs in space.combinations()
+        for batch in range(space.min_batch, space.max_batch + 1)
+    ]
+    with launcher_for(backend, preset.family) as launcher:
+        prober = Prober(preset, gpu, backend, MARGIN, 900, recorder, launcher)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(jobs) as pool:
+            done = list(pool.map(prober, [p for p, _ in points]))
+        wall_now = time.perf_counter() - started
+    recorder.close()
+    timing_file = OUT / f"search_cost_grid_timing-{tag}.json"
+    new = sum(not reused for _, reused in done)
+    if new == len(points) or not timing_file.exists():
+        timing_file.write_text(json.dumps({"probes": new, "wall_s": wall_now, "jobs": jobs}))
+    fits: dict[str, dict[int, bool]] = {}
+    results: list[ProbeResult] = []
+    for (point, combination), (result, _) in zip(points, done, strict=True):
+        fits.setdefault(combination.label(), {})[point["batch_size"]] = result.outcome is Outcome.OK
+        results.append(result)
+    largest = {
+        label: max((b for b, ok in f.items() if ok), default=None) for label, f in fits.items()
+    }
+    not_monotonic = [
+        label for label, f in fits.items()
+        if any(not f[b] and f.get(b + 1) for b in f)
+    ]  # fmt: skip
+    winner = best_config(results, space.target_resolution, space.target_min_batch)
+    timing = json.loads(timing_file.read_text())
+    return largest, None if winner is None else winner.config, timing, not_monotonic
 
 
 def main() -> None:
@@ -93,133 +148,70 @@ def main() -> None:
     parser.add_argument("--model", default="sana_1600m")
     parser.add_argument("--gpu", default="a40")
     parser.add_argument("--space", default="default")
-    parser.add_argument("--margin", type=float, default=0.05)
+    parser.add_argument("--grid-space", default="benchmarks/search_cost_space.yaml")
+    parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument("--no-planner", action="store_true")
     parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     options = parser.parse_args()
-
     OUT.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{OUT / 'search_cost.db'}"
-    preset, gpu = load_preset(options.model), load_gpu(options.gpu)
-    space = load_space(options.space, preset)
-    backend = resolve("simulate", gpu, gpu.budget_bytes(options.margin))
-    tag = f"{preset.name}-{gpu.name}-{space.name}"
+    stamp = int(time.time())
+    preset = load_preset(options.model)
+    report: dict[str, Any] = {"model": options.model, "gpu": options.gpu, "jobs": options.jobs}
 
-    # 1. The planner, on a study of its own.
-    planner_study = StudyRecorder(storage, f"planner-{tag}-{int(time.time())}", {})
-    with launcher_for(backend, preset.family) as launcher:
-        prober = Prober(preset, gpu, backend, options.margin, 900, planner_study, launcher)
-        started = time.perf_counter()
-        planned = Search(space, prober, jobs=options.jobs).run()
-        planner_wall = time.perf_counter() - started
-
-        # 2. The grid, reusing whatever an earlier run of this benchmark computed.
-        grid_study = StudyRecorder(storage, f"grid-{tag}", {})
-        grid_prober = Prober(preset, gpu, backend, options.margin, 900, grid_study, launcher)
-        points = [
-            {**knobs, "resolution": resolution, "batch_size": batch}
-            for resolution in space.resolutions
-            for knobs in space.combinations()
-            for batch in range(space.min_batch, space.max_batch + 1)
-        ]
-        started = time.perf_counter()
-        with ThreadPoolExecutor(options.jobs) as pool:
-            answers = list(pool.map(grid_prober, points))
-        grid_wall_now = time.perf_counter() - started
-    new_grid_probes = sum(not reused for _, reused in answers)
-    timing_file = OUT / f"search_cost_grid_timing-{tag}.json"
-    if new_grid_probes == len(points) or not timing_file.exists():
-        timing_file.write_text(
-            json.dumps({"probes": new_grid_probes, "wall_s": grid_wall_now, "jobs": options.jobs})
+    probe_s = one_probe(options.model, options.gpu, preset.resolution)
+    report["probe_s"] = probe_s
+    scanned, scan_s = search(options.model, options.gpu, options.space, options.jobs, True,
+                             storage, f"scan-{options.model}-{options.gpu}-{stamp}")  # fmt: skip
+    report["scan"] = {"wall_s": scan_s, "times_probe": scan_s / probe_s,
+                      "traces": sum(c.probes for c in scanned.combinations),
+                      "best": best(scanned), "largest": answers(scanned)}  # fmt: skip
+    rows = [("one probe (`autofit probe`)", probe_s, "-", "-"),
+            ("scan (batch curves)", scan_s, report["scan"]["traces"], "-")]  # fmt: skip
+    if not options.no_planner:
+        planned, plan_s = search(options.model, options.gpu, options.space, options.jobs, False,
+                                 storage, f"planner-{options.model}-{options.gpu}-{stamp}")  # fmt: skip
+        mine, theirs = answers(scanned), answers(planned)
+        report["planner"] = {
+            "wall_s": plan_s, "times_probe": plan_s / probe_s, "probes": planned.new_probes,
+            "best": best(planned), "largest": theirs,
+            "differ": {k: (mine.get(k), theirs[k]) for k in theirs if mine.get(k) != theirs[k]},
+        }  # fmt: skip
+        rows.append(("planner (probe by probe)", plan_s, planned.new_probes,
+                     "same" if best(planned) == best(scanned) else "DIFFERENT"))  # fmt: skip
+    if not options.no_grid:
+        largest, winner, timing, not_monotonic = grid(
+            options.model, options.gpu, options.grid_space, options.jobs, storage
         )
-    grid_timing = json.loads(timing_file.read_text())
-    grid_results: list[ProbeResult] = [result for result, _ in answers]
+        sliced, slice_s = search(options.model, options.gpu, options.grid_space, options.jobs,
+                                 True, storage, f"scan-slice-{options.model}-{stamp}")  # fmt: skip
+        mine = answers(sliced)
+        report["grid"] = {
+            "space": options.grid_space, "probes": timing["probes"], "wall_s": timing["wall_s"],
+            "best": winner, "scan_best": best(sliced), "scan_wall_s": slice_s,
+            "not_monotonic": not_monotonic,
+            "differ": {k: (mine.get(k), v) for k, v in largest.items() if k in mine and mine[k] != v},
+            "compared": sum(1 for k in largest if k in mine),
+        }  # fmt: skip
 
-    # The grid's answer per combination and resolution.
-    oracle: dict[tuple, dict[int, bool]] = {}
-    for point, result in zip(points, grid_results, strict=True):
-        key = (tuple((k, point[k]) for k in space.knobs), point["resolution"])
-        oracle.setdefault(key, {})[point["batch_size"]] = result.outcome is Outcome.OK
-    grid_best = best_config(grid_results, space.target_resolution, space.target_min_batch)
-
-    rows = {"lightning": [0, 0], "bisection": [0, 0], "accelerate": [0, 0]}  # probes, exact answers
-    exact_batches = {}
-    for key, fits in oracle.items():
-        truth = max((b for b, ok in fits.items() if ok), default=None)
-        exact_batches[key] = truth
-        for name, strategy in (
-            ("lightning", lightning_binsearch),
-            ("bisection", bisection),
-            ("accelerate", accelerate_shrink),
-        ):
-            probes, found = strategy(fits, space.max_batch)
-            rows[name][0] += probes
-            rows[name][1] += found == truth
-    planner_exact = sum(
-        1
-        for c in planned.combinations
-        if c.status in ("exact", "none_fit")
-        and c.best_batch
-        == exact_batches[(tuple((k, c.knobs[k]) for k in space.knobs), c.resolution)]
-    )
-    pruned = sum(1 for c in planned.combinations if c.status == "pruned")
-    # Where the grid's memory curve is not monotonic in batch size (the allocator's segments can
-    # pack a larger batch better than a smaller one), the largest fitting batch and the issue's
-    # rule (b* fits, b* + 1 does not) part: name those pairs and whether the planner met the rule.
-    non_monotonic = []
-    for c in planned.combinations:
-        key = (tuple((k, c.knobs[k]) for k in space.knobs), c.resolution)
-        fits = oracle[key]
-        first_failure = min((b for b, ok in fits.items() if not ok), default=None)
-        if first_failure is not None and exact_batches[key] and exact_batches[key] > first_failure:
-            b = c.best_batch
-            rule = b is not None and fits[b] and (b == space.max_batch or not fits[b + 1])
-            non_monotonic.append({
-                "pair": f"{c.label()}", "fits": sorted(k for k, ok in fits.items() if ok and k >= first_failure - 1),
-                "first_failure": first_failure, "largest_fitting": exact_batches[key],
-                "planner": b, "planner_meets_rule": rule,
-            })  # fmt: skip
-    pairs = len(oracle)
-    planner_probes = planned.new_probes + planned.reused_probes
-    mean_probe = grid_timing["wall_s"] * grid_timing["jobs"] / max(1, grid_timing["probes"])
-
-    def same(a: ProbeResult | None, b: ProbeResult | None) -> bool:
-        return a is not None and b is not None and a.config == b.config
-
-    report = {
-        "model": preset.name, "gpu": gpu.name, "space": space.name, "combinations_x_resolutions": pairs,
-        "batch_range": [space.min_batch, space.max_batch], "jobs": options.jobs,
-        "planner": {"probes": planner_probes, "wall_s": planner_wall, "exact_pairs": planner_exact,
-                    "pruned_pairs": pruned, "best": planned.best.config if planned.best else None},
-        "grid": {"probes": len(points), "wall_s": grid_timing["wall_s"],
-                 "best": grid_best.config if grid_best else None},
-        "same_best": same(planned.best, grid_best),
-        "batch_only": {name: {"probes": probes, "exact_pairs": exact} for name, (probes, exact) in rows.items()},
-        "mean_probe_s_single_job": mean_probe,
-        "non_monotonic": non_monotonic,
-    }  # fmt: skip
-    (OUT / "search_cost.json").write_text(json.dumps(report, indent=2))
-
-    print(f"{preset.name} on {gpu.name}, space {space.name}: {pairs} combinations x resolutions, batch "
-          f"{space.min_batch}..{space.max_batch}, {options.jobs} probes at once\n")  # fmt: skip
-    print("| method | probes | share of grid | wall time | exact b* | best config |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
-    print(f"| planner (fit, extrapolate, verify; {pruned} pairs pruned) | {planner_probes} | "
-          f"{planner_probes / len(points):.1%} | {planner_wall:.0f} s | {planner_exact} / {pairs - pruned} searched "
-          f"(+{pruned} pruned) | "
-          f"{'same as grid' if report['same_best'] else 'DIFFERENT'} |")  # fmt: skip
-    print(f"| exhaustive grid | {len(points)} | 100% | {grid_timing['wall_s']:.0f} s | {pairs} / {pairs} | "
-          f"{' '.join(f'{k}={grid_best.config[k]}' for k in ('batch_size', 'resolution', *space.knobs)) if grid_best else 'none fits'} |")  # fmt: skip
-    for name, label in (("lightning", "doubling then bisection (Lightning)"), ("bisection", "bisection over [1, max]"),
-                        ("accelerate", "x0.9 from the max (accelerate)")):  # fmt: skip
-        probes, exact = rows[name]
-        print(f"| {label}, batch only | {probes} | {probes / len(points):.1%} | ~{probes * mean_probe / options.jobs:.0f} s "
-              f"(at the grid's mean probe time) | {exact} / {pairs} | - |")  # fmt: skip
-
-    for pair in non_monotonic:
-        print(f"\nnot monotonic: {pair['pair']}: fits up to {pair['first_failure'] - 1}, not at "
-              f"{pair['first_failure']}, fits again at {[b for b in pair['fits'] if b > pair['first_failure']]}; "
-              f"the planner's b* = {pair['planner']} "
-              f"{'meets' if pair['planner_meets_rule'] else 'does not meet'} the rule (b* fits, b* + 1 does not)")  # fmt: skip
+    path = OUT / f"search_cost-{options.model}-{options.gpu}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"{options.model} on {options.gpu}, space {options.space}, {options.jobs} jobs\n")
+    print("| run | wall | x one probe | traces or probes | best vs scan |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for name, wall, count, same in rows:
+        print(f"| {name} | {wall:.0f} s | {wall / probe_s:.1f} | {count} | {same} |")
+    if "planner" in report:
+        print(
+            f"\nplanner vs scan, combinations whose largest batch differs: {report['planner']['differ'] or 'none'}"
+        )
+    if "grid" in report:
+        g = report["grid"]
+        print(f"\ngrid on {g['space']}: {g['probes']} probes in {g['wall_s']:.0f} s; scan of the "
+              f"slice {g['scan_wall_s']:.0f} s; best {'same' if g['best'] == g['scan_best'] else 'DIFFERENT'}; "
+              f"largest batch differs in {len(g['differ'])} of {g['compared']} combinations "
+              f"{g['differ'] or ''}; not monotonic: {g['not_monotonic'] or 'none'}")  # fmt: skip
+    print(f"\nwritten to {path}")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ import pytest
 from helpers import spec as make
 
 from autofit.models import ModelPreset, load_preset
-from autofit.probe.scan import at_batch, curve_batches, replayed_point, scan, trace_point
+from autofit.probe.scan import TracedPoint, at_batch, curve_batches, replayed_point, scan
 from autofit.probe.spec import Outcome, ProbeSpec
 from autofit.probe.worker import execute
-from autofit.simulator.batch_curve import BatchCurve, canonical_frees
+from autofit.simulator.batch_curve import BatchCurve, NotAffine, canonical_frees
 
 TESTS = Path(__file__).parent
 TIMING = {"versions", "wall_s", "source"}  # what a replayed point may report differently
@@ -27,7 +27,9 @@ def _same(replayed: dict, direct: dict) -> dict:
 
 
 def _curve(probe: ProbeSpec, hi: int) -> BatchCurve:
-    return BatchCurve.fit([trace_point(at_batch(probe, b), {})[1] for b in curve_batches(2, hi)])
+    return BatchCurve.fit(
+        [TracedPoint(at_batch(probe, b), {}).record for b in curve_batches(2, hi)]
+    )
 
 
 CASES = [
@@ -48,6 +50,57 @@ def test_a_replayed_batch_is_a_direct_trace_to_the_byte(model: str, gpu: str, kn
         replayed = replayed_point(curve, point, {}).to_dict()
         assert _same(replayed, execute(point).to_dict()) == {}, batch
         assert replayed["source"] == "replayed"
+
+
+@pytest.mark.parametrize(
+    "model,gpu,knobs,member",
+    [
+        ("tiny_sana", "a40", {"resolution": 128}, {"optimizer": "lion"}),
+        (
+            "tiny_sana",
+            "a40",
+            {"resolution": 128, "checkpointing": True},
+            {"optimizer": "adamw8bit"},
+        ),
+        pytest.param(
+            "tiny_sana",
+            "a40",
+            {"resolution": 128, "precision": "bf16_pure"},
+            {"optimizer": "adamw_bf16"},
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "tiny_mlp",
+            "l4",
+            {"train_mode": "lora"},
+            {"optimizer": "adafactor", "ema": "cpu"},
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_a_structure_that_differs_in_the_optimizer_shares_the_curve(
+    model: str, gpu: str, knobs: dict, member: dict
+) -> None:
+    """One trace of the member at the curve's first batch, and the curve's growth elsewhere,
+    answer the member as its own traces would."""
+    curve = _curve(make(model, gpu, **knobs), 24)
+    other = make(model, gpu, **knobs, **member)
+    shared = curve.shared_with(TracedPoint(at_batch(other, 2), {}).record)
+    for batch in (6, 19):
+        point = at_batch(other, batch)
+        assert _same(replayed_point(shared, point, {}).to_dict(), execute(point).to_dict()) == {}
+
+
+def test_a_member_whose_backward_differs_is_refused() -> None:
+    """fused_backward runs the update inside backward: the backward differs, the curve is not
+    shared."""
+    curve = _curve(make("tiny_sana", "a40", resolution=128, optimizer="adafactor"), 24)
+    other = make(
+        "tiny_sana", "a40", resolution=128, optimizer="adafactor", fused_backward="parameter"
+    )
+    with pytest.raises(NotAffine, match="the member's phases differ"):
+        curve.shared_with(TracedPoint(at_batch(other, 2), {}).record)
 
 
 @pytest.mark.slow
@@ -156,3 +209,41 @@ def test_runs_of_frees_compare_in_one_order() -> None:
     # allocations 0..3; 1, 2 and 0 die together in one order here, in another there
     assert canonical_frees([0, 1, 2, ~1, ~2, ~0, 3]) == canonical_frees([0, 1, 2, ~0, ~2, ~1, 3])
     assert canonical_frees([0, ~0, 1]) != canonical_frees([0, 1, ~0])  # an allocation between
+
+
+def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: Path) -> None:
+    """Two structures that differ in the optimizer, over batches 1 to 400,000: each scan is
+    kept as two trials (b*, which fits, and b* + 1, which does not), marked replayed; the
+    answer is what probes of those batches say; the same command again reuses the scans."""
+    import json
+
+    import optuna
+    from helpers import in_process
+
+    (tmp_path / "space.yaml").write_text(
+        "batch_size: {min: 1, max: 400000}\nresolution: [x1]\n"
+        "knobs:\n  precision: [bf16_pure]\n  optimizer: [adamw, lion]\n"
+    )
+    args = ("search", "model=tiny_mlp", "gpu=l4", "backend=simulate", "space=space.yaml",
+            "study=wide", "jobs=1")  # fmt: skip
+    done = in_process(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    study = optuna.load_study(
+        study_name="wide", storage=f"sqlite:///{tmp_path / 'results' / 'studies.db'}"
+    )
+    trials = sorted(study.trials, key=lambda t: (t.params["optimizer"], t.params["batch_size"]))
+    assert [(t.params["optimizer"], t.state.name, t.user_attrs["source"]) for t in trials] == [
+        ("adamw", "COMPLETE", "replayed"), ("adamw", "FAIL", "replayed"),
+        ("lion", "COMPLETE", "replayed"), ("lion", "FAIL", "replayed"),
+    ]  # fmt: skip
+    best, above = trials[0].params["batch_size"], trials[1].params["batch_size"]
+    assert above == best + 1 and 1000 < best < 400000
+    probe = make("tiny_mlp", "l4", precision="bf16_pure", optimizer="adamw")
+    assert execute(at_batch(probe, best)).outcome is Outcome.OK
+    assert execute(at_batch(probe, best + 1)).outcome is Outcome.OOM
+
+    again = in_process(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp_path / "results" / "wide" / "summary.json").read_text())
+    assert summary["new_probes"] == 0 and summary["reused_probes"] == 4
+    assert len(optuna.load_study(study_name="wide", storage=study._storage).trials) == 4

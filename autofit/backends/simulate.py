@@ -70,6 +70,7 @@ def trace(
         first_exchange = len(run.traffic.exchanges)
         if roofline:
             run.traffic.clock = lambda: roofline.cost.device_seconds
+            roofline.where = lambda: len(tracker.events)
         with roofline or nullcontext():  # the last step is the steady state
             run.step()
         if roofline:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 WORKER = "autofit.probe.worker"
 SCAN_WORKER = "autofit.probe.scan"
-SCAN_TRACES = 4  # at most: three for the curve, and batch 1 by itself
+SCAN_TRACES = 4  # a structure's at most: three for its curve, and batch 1 by itself
 LOG_TAIL_CHARS = 4000
 
 
@@ -99,39 +99,48 @@ def run_probe(
     return result
 
 
-def run_scan(spec: ProbeSpec, lo: int, hi: int, launcher: Launcher | None = None) -> ScanResult:
-    """Scan `spec`'s structure over batches `lo`..`hi` in a subprocess (autofit/probe/scan.py).
-    A scan traces three or four batches, so it may take four times a probe's `timeout_s`; one
-    that runs past that, or dies, is a ScanResult with no curve whose one result says so, at
+def run_scans(
+    items: list[tuple[ProbeSpec, int]], hi: int, launcher: Launcher | None = None
+) -> list[ScanResult]:
+    """Scan structures (each a spec and the smallest batch `lo` of its range `lo`..`hi`) in one
+    subprocess (autofit/probe/scan.py `scan_group`). Each structure traces at most four
+    batches, so the scans may take four times a probe's `timeout_s` each; scans that run past
+    that, or whose worker dies, come back with no curve and one result saying so, at their
     `lo`. Raises ProbeNotFinished as `run_probe` does."""
     started = time.perf_counter()
-    first = dataclasses.replace(spec, knobs={**spec.knobs, "batch_size": lo})
-    timeout_s = SCAN_TRACES * spec.timeout_s
+    first = items[0][0]
+    timeout_s = SCAN_TRACES * len(items) * first.timeout_s
     with tempfile.TemporaryDirectory(prefix="autofit-scan-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         log_file = Path(tmp) / "worker.log"
-        request_path.write_text(json.dumps({"spec": dataclasses.asdict(spec), "lo": lo, "hi": hi}))
+        structures = [{"spec": dataclasses.asdict(spec), "lo": lo} for spec, lo in items]
+        request_path.write_text(json.dumps({"structures": structures, "hi": hi}))
         returncode, waited = _run_retried(
-            spec, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s
+            first, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s
         )
         if returncode is None or (returncode == -signal.SIGKILL and waited >= timeout_s):
-            failed = ProbeResult.failed(
-                first, Outcome.TIMEOUT,
-                f"the scan ran past {timeout_s:g} s ({SCAN_TRACES} x timeout_s) and was killed",
-                _tail(log_file),
-            )  # fmt: skip
-            answer = ScanResult(lo, hi, None, [failed], [], False, "the scan timed out")
+            outcome, reason = Outcome.TIMEOUT, f"the scans ran past {timeout_s:g} s and were killed"
         elif result_path.exists():
-            answer = ScanResult.from_json(result_path.read_text())
+            outcome, reason = None, ""
         else:
-            failed = ProbeResult.failed(
-                first, Outcome.CRASH, _describe_exit(returncode), _tail(log_file)
-            )
-            answer = ScanResult(lo, hi, None, [failed], [], False, "the scan worker died")
+            outcome, reason = Outcome.CRASH, _describe_exit(returncode)
+        if outcome is None:
+            answers = [ScanResult.from_dict(a) for a in json.loads(result_path.read_text())]
+        else:
+            tail = _tail(log_file)
+            answers = [
+                ScanResult(lo, hi, None, [ProbeResult.failed(
+                    dataclasses.replace(spec, knobs={**spec.knobs, "batch_size": lo}),
+                    outcome, reason, tail,
+                )], [], False, reason)
+                for spec, lo in items
+            ]  # fmt: skip
     wall_s = time.perf_counter() - started
-    for result in answer.results:
-        result.wall_s = wall_s / len(answer.results)
-    return answer
+    points = sum(len(answer.results) for answer in answers)
+    for answer in answers:
+        for result in answer.results:
+            result.wall_s = wall_s / max(1, points)
+    return answers
 
 
 def _run_retried(

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 
 if TYPE_CHECKING:
-    from autofit.simulator.batch_curve import BatchCurve, StepRecord
+    from autofit.simulator.batch_curve import BatchCurve
+    from autofit.simulator.step_log import StepLog
 
 log = logging.getLogger("autofit.probe.scan")
 
@@ -46,22 +47,38 @@ def curve_batches(lo: int, hi: int) -> list[int]:
     return sorted({b for b in (start, start + 1, hi) if start <= b <= hi})
 
 
-def trace_point(spec: ProbeSpec, found: dict[str, str]) -> tuple[ProbeResult, StepRecord]:
-    """A probe's trace of `spec`: its result, and its record for a batch curve."""
-    import torch
+class TracedPoint:
+    """A batch traced for a curve: its record, and its result, computed when asked (a traced
+    batch far over the budget costs a search for the least limit it would need, which only a
+    reported point is worth)."""
 
-    from autofit.backends.simulate import measurement, trace
-    from autofit.probe.worker import to_result
-    from autofit.simulator.batch_curve import record
-    from autofit.simulator.roofline import RooflineCounter
+    def __init__(self, spec: ProbeSpec, found: dict[str, str]) -> None:
+        import torch
 
-    torch.manual_seed(0)  # as a probe's worker does
-    roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
-    run, tracker = trace(spec, roofline)
-    params, trainable = run.param_count, run.trainable_param_count
-    figures = measurement(spec, tracker, roofline.cost, params, trainable)
-    result = _result(to_result(spec, figures), "traced", found)
-    return result, record(spec.knobs["batch_size"], tracker, roofline, params, trainable)
+        from autofit.backends.simulate import trace
+        from autofit.simulator.batch_curve import record
+        from autofit.simulator.roofline import RooflineCounter
+
+        torch.manual_seed(0)  # as a probe's worker does
+        roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
+        run, self.log = trace(spec, roofline)
+        self.spec, self.found, self.cost = spec, found, roofline.cost
+        self.params, self.trainable = run.param_count, run.trainable_param_count
+        self.record = record(spec.knobs["batch_size"], self.log, roofline, *self.counts)
+        self._result: ProbeResult | None = None
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        return self.params, self.trainable
+
+    def result(self) -> ProbeResult:
+        if self._result is None:
+            from autofit.backends.simulate import measurement
+            from autofit.probe.worker import to_result
+
+            figures = measurement(self.spec, self.log, self.cost, *self.counts)
+            self._result = _result(to_result(self.spec, figures), "traced", self.found)
+        return self._result
 
 
 def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) -> ProbeResult:
@@ -77,64 +94,130 @@ def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) ->
     return _result(to_result(spec, figures), "replayed", found)
 
 
-def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
-    """The scan of `spec`'s structure (its batch size is ignored) over `lo`..`hi`."""
-    from autofit.backends.base import model_host_memory
-    from autofit.probe.worker import versions
-    from autofit.simulator.batch_curve import BatchCurve, NotAffine, gpu_fits
+class _Scan:
+    """One structure's scan: its traced points, its curve, its answer over `lo`..`hi`."""
 
-    found = versions()
-    traced: dict[int, ProbeResult] = {}
-    records = []
+    def __init__(self, spec: ProbeSpec, lo: int, hi: int, found: dict[str, str]) -> None:
+        self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
+        self.traced: dict[int, TracedPoint] = {}
+        self.curve: BatchCurve | None = None
+        self.shared = False  # the curve's growth came from another structure's
+        gpu = spec.gpu_spec
+        self.workspace = [gpu.cublas_workspace_bytes]
+        self.limit = spec.budget_bytes - gpu.cuda_context_bytes  # the allocator's
 
-    def traced_at(batch: int) -> ProbeResult:
-        if batch not in traced:
-            traced[batch], step = trace_point(at_batch(spec, batch), found)
-            records.append(step)
-        return traced[batch]
+    def traced_at(self, batch: int) -> TracedPoint:
+        if batch not in self.traced:
+            self.traced[batch] = TracedPoint(at_batch(self.spec, batch), self.found)
+        return self.traced[batch]
 
-    batches = curve_batches(lo, hi)
-    for batch in batches:
-        traced_at(batch)
-    if len(batches) < 3:  # the range is too short for a curve: trace every batch
-        fitting = [b for b in range(hi, lo - 1, -1) if traced_at(b).outcome is Outcome.OK]
-        return _reported(lo, hi, max(fitting, default=None), traced_at, sorted(traced))
-    try:
-        curve = BatchCurve.fit(records)
-    except NotAffine as exc:
-        log.warning("%s: traced %s, answering batch by batch instead", exc, batches)
-        return ScanResult(lo, hi, None, list(traced.values()), sorted(traced), False, str(exc))
+    def fits(self, batch: int, log: StepLog) -> bool:
+        """Whether `batch`, whose step is `log`, comes out `ok`: what the outcome of its result
+        says (GPU budget, then host budget), without the search for its least limit."""
+        from autofit.backends.base import model_host_memory
+        from autofit.simulator.batch_curve import gpu_fits
 
-    gpu = spec.gpu_spec
-    allocator = spec.knobs.get("allocator", "default")
-    workspace = [gpu.cublas_workspace_bytes]
-    limit = spec.budget_bytes - gpu.cuda_context_bytes
-
-    def fits(batch: int) -> bool:
-        if batch in traced or batch < FIRST_CURVE_BATCH:
-            return traced_at(batch).outcome is Outcome.OK
-        step = curve.log_at(batch)
-        if not gpu_fits(step, workspace, limit, allocator):
+        allocator = self.spec.knobs.get("allocator", "default")
+        if not gpu_fits(log, self.workspace, self.limit, allocator):
             return False
-        host_budget = spec.host_memory_bytes
+        host_budget = self.spec.host_memory_bytes
         return host_budget is None or (
-            model_host_memory(step, at_batch(spec, batch)).peak_bytes <= host_budget
+            model_host_memory(log, at_batch(self.spec, batch)).peak_bytes <= host_budget
         )
 
-    def replayed(batch: int) -> ProbeResult:
-        if batch in traced or batch < FIRST_CURVE_BATCH:
-            return traced_at(batch)
-        return replayed_point(curve, at_batch(spec, batch), found)
+    def fit(self, start: int, donor: BatchCurve | None = None) -> ScanResult | None:
+        """Trace the curve's batches from `start` (only `start` where `donor`, a structure with
+        the same forward and backward, lends its growth) and fit the curve. Returns the answer
+        itself when no curve is needed or possible (a range of three or fewer batches, or traces
+        that do not lie on one line); None when the curve is ready."""
+        from autofit.simulator.batch_curve import BatchCurve, NotAffine
 
-    best = curve.largest_fitting(lo, hi, limit - sum(workspace), fits)
-    reported = _reported(lo, hi, best, replayed, [])
-    reported.traced = sorted(traced)
-    return reported
+        batches = curve_batches(start, self.hi)
+        if len(batches) < 3:  # the range is too short for a curve: trace every batch
+            fitting = [b for b in range(self.hi, self.lo - 1, -1) if self._fits_traced(b)]
+            best = max(fitting, default=None)
+            return _reported(self.lo, self.hi, best, lambda b: self.traced_at(b).result(), [])
+        if donor is not None:
+            first = self.traced_at(batches[0])
+            try:
+                self.curve, self.shared = donor.shared_with(first.record), True
+                return None
+            except NotAffine as exc:
+                log.info("%s: tracing %s itself", exc, self.spec.knobs)
+        for batch in batches:
+            self.traced_at(batch)
+        try:
+            self.curve = BatchCurve.fit([self.traced[b].record for b in batches])
+        except NotAffine as exc:
+            log.warning("%s: traced %s, answering batch by batch instead", exc, batches)
+            traced = [point.result() for point in self.traced.values()]
+            return ScanResult(self.lo, self.hi, None, traced, sorted(self.traced), False, str(exc))
+        return None
+
+    def _fits_traced(self, batch: int) -> bool:
+        return self.fits(batch, self.traced_at(batch).log)
+
+    def answer(self) -> ScanResult:
+        """The largest batch that fits, from the curve, and the points reported."""
+        curve, spec = self.curve, self.spec
+        assert curve is not None
+
+        def fits(batch: int) -> bool:
+            if batch in self.traced or batch < FIRST_CURVE_BATCH:
+                return self._fits_traced(batch)
+            return self.fits(batch, curve.log_at(batch))
+
+        def result_at(batch: int) -> ProbeResult:
+            if batch in self.traced or batch < FIRST_CURVE_BATCH:
+                return self.traced_at(batch).result()
+            return replayed_point(curve, at_batch(spec, batch), self.found)
+
+        best = curve.largest_fitting(self.lo, self.hi, self.limit - sum(self.workspace), fits)
+        return _reported(self.lo, self.hi, best, result_at, [])
+
+
+def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
+    """The scan of `spec`'s structure (its batch size is ignored) over `lo`..`hi`."""
+    return scan_group([(spec, lo)], hi)[0]
+
+
+def scan_group(items: list[tuple[ProbeSpec, int]], hi: int) -> list[ScanResult]:
+    """Scans of structures that differ only in knobs that do not change what a sample adds (the
+    optimizer, say), each over its `lo`..`hi`: the first is traced at the curve's three
+    batches, each other once at the curve's first batch, lending the first's growth where
+    their steps agree (BatchCurve.shared_with), or traced three times itself where not."""
+    from autofit.probe.worker import versions
+
+    found = versions()
+    start = max(min(lo for _, lo in items), FIRST_CURVE_BATCH)
+    answers: list[ScanResult] = []
+    donor: BatchCurve | None = None
+    for spec, lo in items:
+        one = _Scan(spec, lo, hi, found)
+        try:
+            early = one.fit(start, donor)
+            answer = early if early is not None else one.answer()
+        except Exception as exc:  # a crash is this structure's answer, as a probe's would be
+            answer = _crashed(spec, lo, hi, exc)
+        answer.traced = sorted(one.traced)
+        answer.shared = one.shared
+        answers.append(answer)
+        if donor is None and one.curve is not None:
+            donor = one.curve
+    return answers
+
+
+def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:
+    failed = ProbeResult.failed(
+        at_batch(spec, lo), Outcome.CRASH, f"{type(exc).__name__}: {exc}",
+        traceback.format_exc()[-4000:], "simulate",
+    )  # fmt: skip
+    return ScanResult(lo, hi, None, [failed], [], False, f"the scan crashed: {exc}")
 
 
 def _reported(
     lo: int, hi: int, best: int | None, result_at: Callable[[int], ProbeResult], traced: list[int]
-) -> ScanResult:
+) -> ScanResult:  # `traced` is filled in by the caller
     """The scan's answer with the points it reports: the best batch and the one above it, or
     `lo` when none fits."""
     points = [lo] if best is None else [best] + ([best + 1] if best < hi else [])
@@ -155,21 +238,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     request_path, result_path = (Path(a) for a in args)
     request = json.loads(request_path.read_text())
-    spec = ProbeSpec(**request["spec"])
-    lo, hi = request["lo"], request["hi"]
+    items = [(ProbeSpec(**item["spec"]), item["lo"]) for item in request["structures"]]
+    hi = request["hi"]
     try:
-        answer = scan(spec, lo, hi)
-    except Exception as exc:  # a crash is an answer, as a probe's is
-        failed = ProbeResult.failed(
-            spec, Outcome.CRASH, f"{type(exc).__name__}: {exc}", traceback.format_exc()[-4000:],
-            "simulate",
-        )  # fmt: skip
-        answer = ScanResult(lo, hi, None, [failed], [], False, f"the scan crashed: {exc}")
+        answers = scan_group(items, hi)
+    except Exception as exc:  # before any structure's scan began: each has crashed
+        answers = [_crashed(spec, lo, hi, exc) for spec, lo in items]
+    text = json.dumps([json.loads(answer.to_json()) for answer in answers])
     tmp = result_path.with_name(result_path.name + ".tmp")
-    tmp.write_text(answer.to_json())
+    tmp.write_text(text)
     tmp.replace(result_path)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from autofit.probe.worker import exit_now
+
+    exit_now(main())  # as a probe's worker does: no teardown of torch's objects

@@ -163,6 +163,7 @@ class ScanResult:
     traced: list[int]
     affine: bool = True
     reason: str = ""
+    shared: bool = False  # its curve grew as another structure's (batch_curve.shared_with)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -171,6 +172,10 @@ class ScanResult:
 
     @classmethod
     def from_json(cls, text: str) -> ScanResult:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScanResult:
+        data = dict(data)
         data["results"] = [ProbeResult.from_dict(r) for r in data["results"]]
         return cls(**data)

@@ -5,8 +5,12 @@ checkpointing on, say): a saver is worth probing only at batches its faster pare
 combination without it) cannot fit, so its search starts just above the parent's largest batch,
 and it is pruned, with the reason recorded, when that batch does not fit or the parent already
 fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
-Within a wave, combinations are searched concurrently (`jobs`), each by the planner; estimates of
-the memory per sample are shared between combinations whose per-sample memory is the same. Other
+Within a wave, combinations are searched concurrently (`jobs`). Simulated ones are scanned: the
+combinations of a wave whose per-sample memory is the same (they differ in the optimizer, say)
+go to one subprocess, which answers each for every batch from batch curves (autofit/probe/scan.py)
+and reports the largest that fits; the others, and simulated ones whose step is not affine in the
+batch, are searched by the planner, probe by probe, with estimates of the memory per sample
+shared between combinations whose per-sample memory is the same. Other
 workers may share the study: a combination whose next probe one of them is running is set aside
 and taken up again once the others are started, so each worker probes what no other is probing.
 """
@@ -25,7 +29,7 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.probe.spec import Outcome, ProbeResult, ScanResult
 from autofit.results import Status
 from autofit.search.claims import POLL_S, Busy
 from autofit.search.pareto import best_config, pareto_front
@@ -148,7 +152,10 @@ class Search:
 
     # -- one combination -----------------------------------------------------------------------
 
-    def _search(self, combination: Combination) -> None:
+    def _floor(self, combination: Combination) -> tuple[int, str, dict[str, Any]] | None:
+        """The batch below which the combination need not look (its faster parents fit up to
+        it), why, and its memory-saving settings; None when it is pruned (a parent already fits
+        the space's largest batch)."""
         knobs, resolution = combination.knobs, combination.resolution
         floor, parent_note = self.space.min_batch - 1, ""
         savings = _savings(knobs, self.space)
@@ -164,19 +171,63 @@ class Search:
                 combination,
                 f"{parent_note}, the space's largest; {_setting(knobs, savings)} would only be slower",
             )
+            return None
+        return floor, parent_note, savings
+
+    def _search(self, combination: Combination) -> None:
+        """Probe batch by batch (the planner): for backends that measure, and structures whose
+        simulated step is not affine in the batch."""
+        found = self._floor(combination)
+        if found is None:
             return
-        plan = self._scan(combination, floor) if getattr(self.prober, "scans", False) else None
-        if plan is None:
-            plan = largest_fitting_batch(
-                self._probe(combination),
-                self.budget,
-                self.space.max_batch,
-                floor=floor,
-                slope_hint=self._slopes.get(_hint_key(knobs, resolution)),
-            )
-            slopes = plan.slopes()
-            if slopes:
-                self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
+        floor = found[0]
+        knobs, resolution = combination.knobs, combination.resolution
+        plan = largest_fitting_batch(
+            self._probe(combination),
+            self.budget,
+            self.space.max_batch,
+            floor=floor,
+            slope_hint=self._slopes.get(_hint_key(knobs, resolution)),
+        )
+        slopes = plan.slopes()
+        if slopes:
+            self._slopes.setdefault(_hint_key(knobs, resolution), slopes)
+        self._conclude(combination, plan, *found)
+
+    def _search_group(self, group: list[Combination]) -> list[Combination]:
+        """Scan a group of combinations that differ only in knobs that do not change what a
+        sample adds (one subprocess, one curve lent where the steps agree); those whose traces
+        are not affine are probed batch by batch. Returns the combinations another worker is
+        scanning now, to come back to."""
+        floors = [(c, self._floor(c)) for c in group]
+        todo = [(c, found) for c, found in floors if found is not None]
+        if not todo:
+            return []
+        answers = self.prober.scan(
+            [({**c.knobs, "resolution": c.resolution}, found[0] + 1) for c, found in todo],
+            self.space.max_batch,
+        )
+        busy = []
+        for (combination, found), answer in zip(todo, answers, strict=True):
+            if answer is None:
+                busy.append(combination)
+                continue
+            plan = self._scanned(combination, *answer)
+            if plan is None:
+                self._search(combination)
+            else:
+                self._conclude(combination, plan, *found)
+        return busy
+
+    def _conclude(
+        self,
+        combination: Combination,
+        plan: LargestBatch,
+        floor: int,
+        parent_note: str,
+        savings: dict[str, Any],
+    ) -> None:
+        knobs, resolution = combination.knobs, combination.resolution
         self._best[(_frozen(knobs), resolution)] = plan.best_batch
         if plan.failed is not None:
             combination.status = Status.FAILED
@@ -200,12 +251,11 @@ class Search:
                 combination.reason += " the host memory (oom_host)"
         self.listener.on_combination(combination)
 
-    def _scan(self, combination: Combination, floor: int) -> LargestBatch | None:
-        """The exact largest batch above `floor` from a scan of the combination's batch curve
-        (every batch of the range answered from three traces); None when its traces do not lie
-        on one line, and the planner must probe batch by batch."""
-        knobs = {**combination.knobs, "resolution": combination.resolution}
-        answer, reused = self.prober.scan(knobs, floor + 1, self.space.max_batch)
+    def _scanned(
+        self, combination: Combination, answer: ScanResult, reused: bool
+    ) -> LargestBatch | None:
+        """The planner's answer from a scan of the combination's batch curve; None when its
+        traces do not lie on one line, and the planner must probe batch by batch."""
         if not reused:
             combination.probes += len(answer.traced)
         plan = LargestBatch(best_batch=answer.best_batch)
@@ -289,16 +339,22 @@ class Search:
         )
 
     def _run_wave(self, wave: list[Combination]) -> None:
-        # Spread combinations that share a memory-per-sample estimate, so the first of each group
-        # finishes (and shares its estimate) before the others start.
-        seen: dict[tuple[Any, ...], int] = defaultdict(int)
-        order = []
-        for combination in wave:
-            key = _hint_key(combination.knobs, combination.resolution)
-            order.append((seen[key], len(order), combination))
-            seen[key] += 1
-        ordered = [c for _, _, c in sorted(order, key=lambda item: item[:2])]
-        queue = _WaveQueue(ordered)
+        if getattr(self.prober, "scans", False):
+            # Combinations that share what a sample adds are scanned together, one curve lent.
+            groups: dict[tuple[Any, ...], list[Combination]] = defaultdict(list)
+            for combination in wave:
+                groups[_hint_key(combination.knobs, combination.resolution)].append(combination)
+            queue = _WaveQueue(list(groups.values()))
+        else:
+            # Spread combinations that share a memory-per-sample estimate, so the first of each
+            # group finishes (and shares its estimate) before the others start.
+            seen: dict[tuple[Any, ...], int] = defaultdict(int)
+            order = []
+            for combination in wave:
+                key = _hint_key(combination.knobs, combination.resolution)
+                order.append((seen[key], len(order), combination))
+                seen[key] += 1
+            queue = _WaveQueue([[c] for _, _, c in sorted(order, key=lambda item: item[:2])])
         if self.jobs == 1:
             self._work(queue)
             return
@@ -319,43 +375,51 @@ class Search:
         worker is running (`Busy`) is set aside and taken up again later (its probes so far are
         remembered), so this worker probes other combinations meanwhile and waits only when
         every one left is busy elsewhere."""
-        while (combination := queue.next()) is not None:
+        while (group := queue.next()) is not None:
             try:
-                self._search(combination)
+                if getattr(self.prober, "scans", False):
+                    busy = self._search_group(group)
+                else:
+                    self._search(group[0])
+                    busy = []
             except Busy:
-                queue.later(combination)
+                queue.later(group)
             except BaseException:
                 queue.abort()
                 raise
             else:
-                queue.done()
+                if busy:
+                    queue.later(busy)
+                else:
+                    queue.done()
 
 
 class _WaveQueue:
-    """The combinations of one wave still to search, shared by the search's threads: those not
-    yet tried first, then those set aside as busy, each no sooner than `POLL_S` after."""
+    """The combinations of one wave still to search, in groups searched together, shared by the
+    search's threads: those not yet tried first, then those set aside as busy, each no sooner
+    than `POLL_S` after."""
 
-    def __init__(self, combinations: list[Combination]) -> None:
-        self._fresh = deque(combinations)
-        self._busy: deque[tuple[float, Combination]] = deque()
+    def __init__(self, groups: list[list[Combination]]) -> None:
+        self._fresh = deque(groups)
+        self._busy: deque[tuple[float, list[Combination]]] = deque()
         self._active = 0  # combinations being searched now: each may be set aside again
         self._aborted = False
         self._changed = threading.Condition()
 
-    def next(self) -> Combination | None:
-        """The next combination to search; None once the wave is done (or stopped)."""
+    def next(self) -> list[Combination] | None:
+        """The next group to search; None once the wave is done (or stopped)."""
         with self._changed:
             while not self._aborted:
                 if self._fresh:
                     self._active += 1
                     return self._fresh.popleft()
                 if self._busy:
-                    due, combination = self._busy[0]
+                    due, group = self._busy[0]
                     wait = due - time.monotonic()
                     if wait <= 0:
                         self._busy.popleft()
                         self._active += 1
-                        return combination
+                        return group
                     self._changed.wait(wait)
                 elif self._active:
                     self._changed.wait()
@@ -363,10 +427,10 @@ class _WaveQueue:
                     return None
             return None
 
-    def later(self, combination: Combination) -> None:
+    def later(self, group: list[Combination]) -> None:
         with self._changed:
             self._active -= 1
-            self._busy.append((time.monotonic() + POLL_S, combination))
+            self._busy.append((time.monotonic() + POLL_S, group))
             self._changed.notify_all()
 
     def done(self) -> None:

@@ -10,9 +10,10 @@ from autofit.knobs import registry
 from autofit.models import ModelPreset
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
-from autofit.probe.runner import run_probe, run_scan
-from autofit.probe.spec import Outcome, ProbeResult, ScanResult
-from autofit.search.recorder import StudyRecorder, probe_key, scan_key
+from autofit.probe.runner import SCAN_TRACES, run_probe, run_scans
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
+from autofit.search.claims import Busy
+from autofit.search.recorder import Claim, StudyRecorder, probe_key, scan_key
 
 
 class Prober:
@@ -29,11 +30,15 @@ class Prober:
         recorder: StudyRecorder,
         launcher: Launcher,
         host_memory_bytes: int | None = None,
+        scan: bool = True,
     ) -> None:
+        """`scan`: answer simulated structures from batch curves (`scan`); False probes them
+        batch by batch as a real backend is (benchmarks/search_cost.py compares the two)."""
         self.preset, self.gpu, self.backend = preset, gpu, backend
         self.margin, self.timeout_s = margin, timeout_s
         self.host_budget = host_memory_bytes  # None: no host limit
         self.recorder, self.launcher = recorder, launcher
+        self._scan = scan
         self.budget = gpu.budget_bytes(margin)
         self.fingerprints = (preset.fingerprint(), gpu.fingerprint())  # the same for every probe
         # every knob's default: the engine checks combinations with them filled in
@@ -69,33 +74,62 @@ class Prober:
     def scans(self) -> bool:
         """Whether this prober answers a structure for every batch at once (`scan`): simulated
         probes can (autofit/simulator/batch_curve.py); real ones measure batch by batch."""
-        return self.backend == "simulate"
+        return self._scan and self.backend == "simulate"
 
-    def scan(self, knobs: dict[str, Any], lo: int, hi: int) -> tuple[ScanResult, bool]:
-        """The largest batch in `lo`..`hi` that fits with these knobs (batch size aside), and
-        whether it came from the study. The study keeps a scan as the trial of its first
-        reported point (the best batch, or `lo` failing) under the scan's key; the other point
-        (the batch above the best) is a trial of its own under its probe key."""
-        spec = make_spec(
-            self.preset, self.gpu, {**knobs, "batch_size": lo}, self.backend, self.margin,
-            self.timeout_s, self.host_budget,
-        )  # fmt: skip
+    def scan(
+        self, structures: list[tuple[dict[str, Any], int]], hi: int
+    ) -> list[tuple[ScanResult, bool] | None]:
+        """For each structure (its knobs, batch size aside, and the smallest batch `lo` of its
+        range): the largest batch in `lo`..`hi` that fits, and whether it came from the study;
+        None where another worker is scanning it (come back later). Those not in the study are
+        scanned together in one subprocess, which lends the first one's curve to the others
+        where their steps agree (autofit/probe/scan.py).
+
+        The study keeps a scan as the trial of its first reported point (the best batch, or `lo`
+        failing) under the scan's key; the other point (the batch above the best) is a trial of
+        its own under its probe key."""
         fingerprints = (self.backend, self.budget, *self.fingerprints, self.host_budget)
-        key = scan_key(spec.knobs, lo, hi, *fingerprints)
-        stored = self.recorder.finished(key)
-        if stored is not None:
-            return _stored_scan(self, stored, lo, hi, fingerprints), True
-        structure = {k: v for k, v in spec.knobs.items() if k != "batch_size"}
-        claim = self.recorder.claim(key, structure, SCAN_CLAIM_TIMEOUT * self.timeout_s)
-        if claim is None:
+        answers: list[tuple[ScanResult, bool] | None] = []
+        todo: list[tuple[int, ProbeSpec, int, Claim]] = []
+        for knobs, lo in structures:
+            spec = make_spec(
+                self.preset, self.gpu, {**knobs, "batch_size": lo}, self.backend, self.margin,
+                self.timeout_s, self.host_budget,
+            )  # fmt: skip
+            key = scan_key(spec.knobs, lo, hi, *fingerprints)
             stored = self.recorder.finished(key)
-            assert stored is not None
-            return _stored_scan(self, stored, lo, hi, fingerprints), True
+            claim = None
+            if stored is None:
+                structure = {k: v for k, v in spec.knobs.items() if k != "batch_size"}
+                timeout_s = SCAN_CLAIM_TIMEOUT * len(structures) * self.timeout_s
+                try:
+                    claim = self.recorder.claim(key, structure, timeout_s)
+                except Busy:
+                    answers.append(None)
+                    continue
+                if claim is None:
+                    stored = self.recorder.finished(key)
+            if stored is not None:
+                answers.append((_stored_scan(self, stored, lo, hi, fingerprints), True))
+                continue
+            assert claim is not None
+            todo.append((len(answers), spec, lo, claim))
+            answers.append(None)
+        if not todo:
+            return answers
         try:
-            answer = run_scan(spec, lo, hi, launcher=self.launcher)
+            scanned = run_scans([(spec, lo) for _, spec, lo, _ in todo], hi, self.launcher)
         except BaseException:
-            claim.release()
+            for *_, claim in todo:
+                claim.release()
             raise
+        for (place, _, _, claim), answer in zip(todo, scanned, strict=True):
+            answers[place] = (self._record(answer, claim, fingerprints), False)
+        return answers
+
+    def _record(
+        self, answer: ScanResult, claim: Claim, fingerprints: tuple[Any, ...]
+    ) -> ScanResult:
         if not answer.affine and not _failed(answer):
             # No curve: the traced points are probes like any; the caller probes batch by batch.
             claim.release()
@@ -103,15 +137,15 @@ class Prober:
                 point = probe_key(result.config, *fingerprints)
                 if self.recorder.finished(point) is None:
                     self.recorder.record_probe(point, result)
-            return answer, False
+            return answer
         first, *others = answer.results
         for result in others:
             self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
         claim.record(first)
-        return answer, False
+        return answer
 
 
-SCAN_CLAIM_TIMEOUT = 4  # a scan traces up to four batches: runner.SCAN_TRACES
+SCAN_CLAIM_TIMEOUT = SCAN_TRACES  # a claim on a scan lasts as long as its scans may
 
 
 def _failed(answer: ScanResult) -> bool:

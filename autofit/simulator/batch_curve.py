@@ -109,6 +109,7 @@ def record(
         tuple(log.host_event_phases),
         roofline.cost.ops,
         exchanges,
+        tuple(k.at for k in kernels),
     )
     runs = {
         "raw_sizes": log.raw_sizes,
@@ -156,6 +157,7 @@ _STRUCTURE_NAMES = (
     "host event phases",
     "dispatched ops",
     "block swap exchanges",
+    "kernels' places among the allocations",
 )
 
 
@@ -192,15 +194,66 @@ class BatchCurve:
                 )
         return cls(first, slope, traced)
 
+    def shared_with(self, member: StepRecord) -> BatchCurve:
+        """The curve of another structure that runs the same forward and backward (it differs
+        in the optimizer, say), from one record of it at this curve's first batch.
+
+        Where this curve grows with the batch, the member must do exactly what this structure
+        does at that batch: each phase in which an allocation grows (a forward, a backward) the
+        same allocations and frees in the same order, sizes and categories; the kernels that
+        grow the same kernels; the same traffic if it grows. The member's figures there then
+        grow as this curve's do. Everywhere else this curve does not grow, and neither does the
+        member: an optimizer sees weights and gradients, never the batch. NotAffine says where
+        the member differs."""
+        mine, theirs = self._first, member
+        if theirs.batch != mine.batch:
+            raise NotAffine(f"the member was traced at {theirs.batch}, not at {mine.batch}")
+        own, other = _split(mine.numbers, mine.parts), _split(theirs.numbers, theirs.parts)
+        slopes = self._parts(self._slope)
+        shared: dict[str, np.ndarray] = {
+            name: np.zeros(length, dtype=np.int64) for name, length in theirs.parts
+        }
+        # allocations, phase by phase
+        for kind, (events_at, phases_at) in {
+            "raw_sizes": (1, None), "host_raw_sizes": (4, 5),
+        }.items():  # fmt: skip
+            mapping = _aligned(
+                mine, theirs, events_at, phases_at, own[kind], other[kind], slopes[kind], kind
+            )
+            for theirs_id, mine_id in mapping.items():
+                shared[kind][theirs_id] = slopes[kind][mine_id]
+        # kernels: the growing ones come first (forward, backward), the optimizer's last
+        growing = np.flatnonzero((slopes["kernel_bytes"] != 0) | (slopes["kernel_flops"] != 0))
+        if growing.size:
+            reach = int(growing[-1]) + 1
+            same = (
+                len(theirs.rates) >= reach
+                and theirs.rates[:reach] == mine.rates[:reach]
+                and np.array_equal(other["kernel_bytes"][:reach], own["kernel_bytes"][:reach])
+                and np.array_equal(other["kernel_flops"][:reach], own["kernel_flops"][:reach])
+            )
+            if not same:
+                raise NotAffine("the member's kernels differ where the kernels grow")
+            for kind in ("kernel_bytes", "kernel_flops"):
+                shared[kind][:reach] = slopes[kind][:reach]
+        for kind in ("traffic", "exchange_bytes"):
+            if np.any(slopes[kind]):
+                if (
+                    not np.array_equal(other[kind], own[kind])
+                    or mine.structure[7] != theirs.structure[7]
+                ):
+                    raise NotAffine(f"the member's {kind.replace('_', ' ')} differ where they grow")
+                shared[kind] = slopes[kind].copy()
+        slope = np.concatenate([shared[name] for name, _ in theirs.parts])
+        return BatchCurve(theirs, slope, (theirs.batch,))
+
+    def _parts(self, values: np.ndarray) -> dict[str, np.ndarray]:
+        return _split(values, self._first.parts)
+
     # -- the step at a batch -------------------------------------------------------------------
 
     def _numbers(self, batch: int) -> dict[str, np.ndarray]:
-        values = self._first.numbers + self._slope * (batch - self._first.batch)
-        found, start = {}, 0
-        for name, length in self._first.parts:
-            found[name] = values[start : start + length]
-            start += length
-        return found
+        return self._parts(self._first.numbers + self._slope * (batch - self._first.batch))
 
     def log_at(self, batch: int) -> StepLog:
         """The allocation log a trace at `batch` would have recorded."""
@@ -283,6 +336,75 @@ def gpu_fits(log: StepLog, persistent: Sequence[int], limit: int, allocator: str
     if replay(log.events, log.sizes, persistent, allocator=allocator).peak_reserved_bytes <= limit:
         return True
     return replay(log.events, log.sizes, persistent, limit, allocator).oom_event is None
+
+
+def _split(values: np.ndarray, parts: tuple[tuple[str, int], ...]) -> dict[str, np.ndarray]:
+    """`values` cut into a record's parts, by name."""
+    found, start = {}, 0
+    for name, length in parts:
+        found[name] = values[start : start + length]
+        start += length
+    return found
+
+
+def _segments(
+    events: Sequence[int], phases: Sequence[str] | Sequence[tuple[int, str]] | None, host: bool
+) -> list[tuple[str, int, int]]:
+    """The runs of events of one phase: (phase, start, end). GPU events take their phases from
+    the log's phase changes (first event index, phase), host events each carry theirs."""
+    if host:
+        labels = list(phases)  # type: ignore[arg-type]
+    else:
+        labels, changes, phase, next_change = [], list(phases), "setup", 0  # type: ignore[arg-type]
+        for index in range(len(events)):
+            while next_change < len(changes) and changes[next_change][0] <= index:
+                phase = changes[next_change][1]
+                next_change += 1
+            labels.append(phase)
+    runs: list[tuple[str, int, int]] = []
+    for index, label in enumerate(labels):
+        if runs and runs[-1][0] == label:
+            runs[-1] = (label, runs[-1][1], index + 1)
+        else:
+            runs.append((label, index, index + 1))
+    return runs
+
+
+def _aligned(
+    mine: StepRecord, theirs: StepRecord, events_at: int, phases_at: int | None,
+    my_sizes: np.ndarray, their_sizes: np.ndarray, slopes: np.ndarray, kind: str,
+) -> dict[int, int]:  # fmt: skip
+    """Their allocation ids mapped to mine, in every run of one phase where one of mine grows
+    with the batch; NotAffine where such a run differs (order, sizes or categories)."""
+    if not np.any(slopes):
+        return {}  # nothing of this kind grows: the member's stays as traced
+    host = phases_at is not None
+    my_events, their_events = mine.structure[events_at], theirs.structure[events_at]
+    my_runs = _segments(my_events, mine.structure[phases_at if host else 2], host)  # type: ignore[arg-type, index]
+    their_runs = _segments(their_events, theirs.structure[phases_at if host else 2], host)  # type: ignore[arg-type, index]
+    if [r[0] for r in my_runs] != [r[0] for r in their_runs]:
+        raise NotAffine(f"the member's phases differ ({kind.replace('_', ' ')})")
+    categories = (mine.structure[0], theirs.structure[0])
+    mapping: dict[int, int] = {}
+    for (phase, a, b), (_, c, d) in zip(my_runs, their_runs, strict=True):
+        mine_run, theirs_run = my_events[a:b], their_events[c:d]  # type: ignore[index]
+        if not any(e >= 0 and slopes[e] for e in mine_run):
+            continue
+        if len(mine_run) != len(theirs_run):
+            raise NotAffine(f"the member's {phase} differs in its allocations")
+        for m, t in zip(mine_run, theirs_run, strict=True):
+            if (m >= 0) != (t >= 0):
+                raise NotAffine(f"the member's {phase} differs in its allocations")
+            if m >= 0:
+                same = my_sizes[m] == their_sizes[t] and (
+                    mine.structure[3][m] == theirs.structure[3][t]  # type: ignore[index]
+                    if host
+                    else categories[0][m] == categories[1][t]
+                )
+                if not same:
+                    raise NotAffine(f"the member's {phase} differs in its allocations")
+                mapping[t] = m
+    return mapping
 
 
 def _same_structure(first: StepRecord, other: StepRecord) -> None:

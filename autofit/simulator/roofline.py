@@ -22,7 +22,7 @@ HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -209,6 +209,7 @@ class Kernel:
     nbytes: int
     flops: int
     rate: float
+    at: int = 0  # where it ran: how many allocation events the step's log held then
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ class RooflineCounter(TorchDispatchMode):
         self._bandwidth = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
         self.kernels: list[Kernel] | None = [] if keep_kernels else None
         self.traffic: Traffic | None = None
+        self.where: Callable[[], int] = lambda: 0  # a kept kernel's `at`
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -277,7 +279,7 @@ class RooflineCounter(TorchDispatchMode):
         nbytes = _io_bytes(args) + _io_bytes(list(kwargs.values())) + _io_bytes(out)
         rate = self._math_rate(packet, _first_dtype(args)) if flops else 0.0
         if self.kernels is not None:
-            self.kernels.append(Kernel(nbytes, flops, rate))
+            self.kernels.append(Kernel(nbytes, flops, rate, self.where()))
         self.cost.flops += flops
         self.cost.bytes += nbytes
         self.cost.kernels += 1
