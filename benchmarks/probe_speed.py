@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,11 @@ def _code_of(tree: Path) -> Path:
     return Path(done.stdout.strip()).resolve()
 
 
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 # Fields a result may differ in between two runs of the same probe: how long it took.
 TIMING_FIELDS = ("wall_s",)
 
@@ -109,23 +115,35 @@ def against(base: Path, repeat: int, only: list[str] | None, out_dir: Path) -> N
         if only and model not in only:
             continue
         times: dict[str, list[float]] = {"base": [], "here": []}
+        # CPU seconds of the command and every process it waited for (its workers, its fork
+        # server and the server's children): less swayed than wall time by other load.
+        cpus: dict[str, list[float]] = {"base": [], "here": []}
         answers: dict[str, list[dict]] = {"base": [], "here": []}
         for _ in range(repeat):
             for name, tree in (("base", base), ("here", here)):
                 out = out_dir / f"probe_speed_{name}.json"
+                cpu_before = _children_cpu_s()
                 times[name].append(time_cli(model, gpu, knobs, out, tree))
+                cpus[name].append(_children_cpu_s() - cpu_before)
                 answers[name].append(_answer(out))
         runs = answers["base"] + answers["here"]
         differ = sorted({k for run in runs for k in run if run.get(k) != runs[0].get(k)})
         base_s, here_s = statistics.median(times["base"]), statistics.median(times["here"])
+        base_cpu, here_cpu = statistics.median(cpus["base"]), statistics.median(cpus["here"])
+        # Each run against the base run just before it: load that drifts during the benchmark
+        # moves both.
+        paired = statistics.median(h / b for b, h in zip(times["base"], times["here"], strict=True))
         rows.append({
             "model": model, "gpu": gpu, "knobs": knobs, "base": str(base), "here": str(here),
             "base_s": times["base"], "here_s": times["here"], "ratio": here_s / base_s,
+            "paired_ratio": paired, "base_cpu_s": cpus["base"], "here_cpu_s": cpus["here"],
             "differing_fields": differ,
         })  # fmt: skip
         print(
             f"{model:<12} {gpu:<8} autofit probe: base {base_s:6.2f} s, this tree {here_s:6.2f} s "
-            f"(medians of {repeat}, alternating); ratio {here_s / base_s:.2f}; "
+            f"(medians of {repeat}, alternating); ratio {here_s / base_s:.2f} (median of pairs "
+            f"{paired:.2f}); CPU time {base_cpu:.2f} s and {here_cpu:.2f} s, ratio "
+            f"{here_cpu / base_cpu:.2f}; "
             + (f"answers DIFFER in {', '.join(differ)}" if differ else "answers identical")
         )
     (out_dir / "probe_speed_against.json").write_text(json.dumps({"cases": rows}, indent=2))
