@@ -1,6 +1,6 @@
-"""`RealLayoutFakeMode`, the one mode that replaces FakeTensorMode under RealKernelOutputs,
-allocates what the real CPU kernels allocate for the ops whose meta functions differ
-(autofit/simulator/kernel_outputs.py), byte for byte, and nothing more."""
+"""`RealLayoutFakeMode`, the fake mode of simulated steps, allocates what the real CPU kernels
+allocate for the ops whose meta functions differ (autofit/simulator/kernel_outputs.py), byte for
+byte, and nothing more."""
 
 from __future__ import annotations
 

@@ -20,11 +20,9 @@ Throughput is a roofline estimate over the ops of one steady-state step (simulat
 from __future__ import annotations
 
 import dataclasses
-import gc
 from contextlib import nullcontext
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.backends.base import (
     TRACKED_STEPS,
@@ -36,7 +34,7 @@ from autofit.backends.base import (
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
-from autofit.simulator.kernel_outputs import RealKernelOutputs
+from autofit.simulator.kernel_outputs import RealLayoutFakeMode
 from autofit.simulator.roofline import RooflineCounter, StepCost
 from autofit.simulator.step_log import StepLog
 from autofit.simulator.tracker import MemoryTracker
@@ -48,18 +46,12 @@ def trace(
 ) -> tuple[TrainingRun, MemoryTracker]:
     """Build and step the run on fake tensors under a tracker; price the last step if asked."""
     cuda_autocast.install()
-    # Cyclic garbage holding a storage is freed when the collector runs, which it does after so
-    # many object allocations: collecting first starts every trace from the same count, so the
-    # same program frees at the same points whatever ran in this process before (batch_curve.py
-    # compares traces event by event).
-    gc.collect()
     tracker = MemoryTracker(device_type="meta")  # a fake tensor's storage is on the meta device
     # Created outside fake mode: it imports the model library, whose constants must stay real.
     run = TrainingRun(spec, torch.device("cpu"), tracker, fake=True)
     # Constants some models build from numpy are real tensors; fake mode may take them as inputs.
     with (
-        FakeTensorMode(allow_non_fake_inputs=True),
-        RealKernelOutputs(),
+        RealLayoutFakeMode(allow_non_fake_inputs=True),
         module_moves_are_noops(),
         tracker,
     ):

@@ -172,16 +172,7 @@ def run_config(cfg: Any) -> int:
             return refusal(chosen, preset, knobs)
 
     else:
-        from autofit.knobs import registry
-
-        searched = {name: registry()[name] for name in space.knobs}
-
-        def left_out(knobs: dict[str, Any]) -> str | None:
-            for name, knob in searched.items():
-                reason = knob.needless_without_trainer(knobs[name], space.knobs[name])
-                if reason:
-                    return reason
-            return None
+        left_out = needless_without_trainer(space)
 
     default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
     # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
@@ -266,3 +257,20 @@ def run_config(cfg: Any) -> int:
         )
     print("\n" + display.best_block(result.best, knob_names))
     return 0
+
+
+def needless_without_trainer(space: Any) -> Any:
+    """What a search without `trainer=` leaves out: values of the space's knobs that only a
+    trainer needs (bf16 under autocast holds what pure bf16 holds, at its speed)."""
+    from autofit.knobs import registry
+
+    searched = {name: registry()[name] for name in space.knobs}
+
+    def left_out(knobs: dict[str, Any]) -> str | None:
+        for name, knob in searched.items():
+            reason = knob.needless_without_trainer(knobs[name], space.knobs[name])
+            if reason:
+                return reason
+        return None
+
+    return left_out

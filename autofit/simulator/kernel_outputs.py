@@ -12,10 +12,10 @@ ATen code (aten/src/ATen/native/Loss.cpp), so a GPU allocates as the CPU does:
   meta functions copy the input's strides. A non-contiguous gradient for a non-contiguous input
   changes what autograd allocates next (a strided copy to match the layout it must accumulate).
 
-`RealLayoutFakeMode` is a FakeTensorMode that makes these fixes itself. It replaces the pair
-(FakeTensorMode, RealKernelOutputs) with one mode: every op of a traced step, the tens of
-thousands of `prim.device` queries a fake tensor answers in Python included, then crosses one
-Python dispatch-mode layer fewer (about 5 us per op and layer).
+`RealLayoutFakeMode` is a FakeTensorMode that makes these fixes itself, rather than a second
+dispatch mode above the fake one: every op of a traced step, the tens of thousands of
+`prim.device` queries a fake tensor answers in Python included, crosses one Python dispatch-mode
+layer fewer (about 5 us per op and layer).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -51,24 +50,13 @@ _FIXES = {
 }
 
 
-class RealKernelOutputs(TorchDispatchMode):
-    """Between a FakeTensorMode and the tracker: replaces the outputs of the ops above with
-    tensors laid out as the real kernels lay them out."""
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        fix = _FIXES.get(func)
-        return fix(out, args, kwargs) if fix is not None else out
-
-
 class RealLayoutFakeMode(FakeTensorMode):
     """A FakeTensorMode whose outputs of the ops above are laid out as the real kernels lay them
-    out: what FakeTensorMode under RealKernelOutputs gives, in one mode.
+    out.
 
-    The fixes apply to the ops dispatched to the mode from outside only, as RealKernelOutputs,
-    which sits above the fake mode, sees them: not to the ops a decomposition running inside the
-    fake mode dispatches back to it. The fix's own ops run fake, under this mode."""
+    The fixes apply to the ops dispatched to the mode from outside only (what a mode above the
+    fake one would see): not to the ops a decomposition running inside the fake mode dispatches
+    back to it. The fix's own ops run fake, under this mode."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
