@@ -11,7 +11,14 @@ import pytest
 from helpers import spec as make
 
 from autofit.models import ModelPreset, load_preset
-from autofit.probe.scan import TracedPoint, at_batch, curve_batches, replayed_point, scan
+from autofit.probe.scan import (
+    TracedPoint,
+    at_batch,
+    curve_batches,
+    replayed_point,
+    scan,
+    scan_group,
+)
 from autofit.probe.spec import Outcome, ProbeSpec
 from autofit.probe.worker import execute
 from autofit.simulator.batch_curve import BatchCurve, NotAffine, canonical_frees
@@ -167,13 +174,17 @@ def test_a_step_that_is_not_affine_is_caught() -> None:
         from autofit.gpus import load_gpu
         from autofit.probe.build import make_spec
 
-        probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
-        answer = scan(probe, 1, 30)
+        knobs = {"batch_size": 2, "resolution": 64}
+        probe = make_spec(preset, load_gpu("l4"), knobs, "simulate")
+        other = make_spec(preset, load_gpu("l4"), {**knobs, "optimizer": "lion"}, "simulate")
+        answer, member = scan_group([(probe, 1), (other, 1)], 30)
     finally:
         sys.path.remove(str(TESTS))
     assert not answer.affine and answer.best_batch is None
     assert "not on the line" in answer.reason and "raw sizes" in answer.reason
     assert sorted(r.config["batch_size"] for r in answer.results) == [2, 3, 30]
+    # the rest of its group is not traced for a curve that cannot hold: probed batch by batch
+    assert not member.affine and member.traced == [] and member.results == []
 
 
 def test_largest_fitting_is_exact_where_memory_is_not_monotonic() -> None:

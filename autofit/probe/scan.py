@@ -1,12 +1,14 @@
 """The child side of a scan: `python -m autofit.probe.scan REQUEST.json RESULT.json`.
 
-A scan answers one structure (every knob but the batch size) of a simulated search for every
-batch in `lo`..`hi` at once: it traces the structure at three batches (the two smallest and the
-largest), fits a batch curve through them (autofit/simulator/batch_curve.py), finds the largest
-batch that fits, and reports that batch and the one above it with the figures a probe of each
-would give. Where the traces do not lie on one line it says so and reports the traced points:
-the parent then probes batch by batch. A crash is reported as a probe's would be: a `crash`
-result with its traceback, at the batch being traced.
+A scan answers structures (every knob but the batch size) of a simulated search for every batch
+in their ranges `lo`..`hi` at once. The first structure is traced at three batches (2, 3 and the
+largest) and a batch curve fitted through them (autofit/simulator/batch_curve.py); the others,
+which differ only in knobs that add nothing per sample, are traced once and take the first's
+growth where their steps agree. Each scan finds the largest batch that fits and reports that
+batch and the one above it with the figures a probe of each would give. Where the traces do not
+lie on one line it says so and reports the traced points: the parent then probes batch by batch.
+A crash is reported as a probe's would be: a `crash` result with its traceback, for the
+structure being scanned.
 """
 
 from __future__ import annotations
@@ -192,7 +194,14 @@ def scan_group(items: list[tuple[ProbeSpec, int]], hi: int) -> list[ScanResult]:
     start = max(min(lo for _, lo in items), FIRST_CURVE_BATCH)
     answers: list[ScanResult] = []
     donor: BatchCurve | None = None
-    for spec, lo in items:
+    for index, (spec, lo) in enumerate(items):
+        if index and donor is None and not answers[0].affine and answers[0].traced:
+            # The first structure's step is not affine in the batch: its group runs the same
+            # forward and backward, so theirs is not either; they are probed batch by batch
+            # without tracing a curve that cannot hold.
+            reason = f"{answers[0].reason} (the first structure of its group)"
+            answers.append(ScanResult(lo, hi, None, [], [], False, reason))
+            continue
         one = _Scan(spec, lo, hi, found)
         try:
             early = one.fit(start, donor)
