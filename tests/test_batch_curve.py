@@ -117,8 +117,10 @@ def test_a_member_whose_backward_differs_is_refused() -> None:
         ("sana_600m", {"resolution": 512}),
         ("sd35_medium", {"resolution": 512, "checkpointing": True}),
         ("sdxl", {"resolution": 512}),
-        ("flux_dev", {"resolution": 512, "train_mode": "lora", "swap_blocks": 8}),
-        ("llama3_2_1b", {"resolution": 1024, "train_mode": "qlora"}),
+        # full fine-tuning: peft creates LoRA adapters in an order that can change from one
+        # trace to the next, so LoRA structures of these presets are probed batch by batch
+        ("flux_dev", {"resolution": 512, "train_mode": "full", "swap_blocks": 8}),
+        ("llama3_2_1b", {"resolution": 1024, "train_mode": "full"}),
     ],
     ids=lambda v: str(v)[:30],
 )
