@@ -24,6 +24,7 @@ from autofit.knobs import invalid_reason
 from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
+from autofit.probe.scan import at_batch
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def run_scans(
             tail = _tail(log_file)
             answers = [
                 ScanResult(lo, hi, None, [ProbeResult.failed(
-                    dataclasses.replace(spec, knobs={**spec.knobs, "batch_size": lo}),
+                    at_batch(spec, lo),
                     outcome, reason, tail,
                 )], [], False, reason)
                 for spec, lo in items

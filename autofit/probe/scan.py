@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autofit.paths import write_atomically
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 
 if TYPE_CHECKING:
@@ -253,10 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         answers = scan_group(items, hi)
     except Exception as exc:  # before any structure's scan began: each has crashed
         answers = [_crashed(spec, lo, hi, exc) for spec, lo in items]
-    text = json.dumps([json.loads(answer.to_json()) for answer in answers])
-    tmp = result_path.with_name(result_path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(result_path)
+    write_atomically(result_path, json.dumps([answer.to_dict() for answer in answers]))
     return 0
 
 

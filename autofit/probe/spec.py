@@ -165,14 +165,8 @@ class ScanResult:
     reason: str = ""
     shared: bool = False  # its curve grew as another structure's (batch_curve.shared_with)
 
-    def to_json(self) -> str:
-        data = asdict(self)
-        data["results"] = [r.to_dict() for r in self.results]
-        return json.dumps(data, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> ScanResult:
-        return cls.from_dict(json.loads(text))
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "results": [r.to_dict() for r in self.results]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScanResult:

@@ -114,6 +114,8 @@ class Search:
         self.left_out = left_out or (lambda knobs: None)
         self.preset, self.gpu, self.budget = prober.preset, prober.gpu, prober.budget
         self.jobs = max(1, jobs)
+        # whether the prober answers structures for every batch at once (Prober.scans)
+        self.scans = bool(getattr(prober, "scans", False))
         self.listener = listener or SearchListener()
         self._lock = threading.Lock()
         self._results: list[ProbeResult] = []
@@ -339,7 +341,7 @@ class Search:
         )
 
     def _run_wave(self, wave: list[Combination]) -> None:
-        if getattr(self.prober, "scans", False):
+        if self.scans:
             # Combinations that share what a sample adds are scanned together, one curve lent.
             groups: dict[tuple[Any, ...], list[Combination]] = defaultdict(list)
             for combination in wave:
@@ -377,7 +379,7 @@ class Search:
         every one left is busy elsewhere."""
         while (group := queue.next()) is not None:
             try:
-                if getattr(self.prober, "scans", False):
+                if self.scans:
                     busy = self._search_group(group)
                 else:
                     self._search(group[0])

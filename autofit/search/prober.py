@@ -101,7 +101,7 @@ class Prober:
             claim = None
             if stored is None:
                 structure = {k: v for k, v in spec.knobs.items() if k != "batch_size"}
-                timeout_s = SCAN_CLAIM_TIMEOUT * len(structures) * self.timeout_s
+                timeout_s = SCAN_TRACES * len(structures) * self.timeout_s  # as run_scans allows
                 try:
                     claim = self.recorder.claim(key, structure, timeout_s)
                 except Busy:
@@ -143,9 +143,6 @@ class Prober:
             self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
         claim.record(first)
         return answer
-
-
-SCAN_CLAIM_TIMEOUT = SCAN_TRACES  # a claim on a scan lasts as long as its scans may
 
 
 def _failed(answer: ScanResult) -> bool:

@@ -95,22 +95,12 @@ def probe_key(
     return json.dumps(key, sort_keys=True)
 
 
-def scan_key(
-    knobs: dict[str, Any],
-    lo: int,
-    hi: int,
-    backend: str,
-    budget_bytes: int,
-    model: str,
-    gpu: str,
-    host_budget_bytes: int | None = None,
-) -> str:
+def scan_key(knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any) -> str:
     """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
-    probe key of the structure, its batch size replaced by the range."""
-    key = json.loads(probe_key(
-        {k: v for k, v in knobs.items() if k != "batch_size"}, backend, budget_bytes, model, gpu,
-        host_budget_bytes,
-    ))  # fmt: skip
+    probe key of the structure (`fingerprints` as `probe_key` takes them), its batch size
+    replaced by the range."""
+    structure = {k: v for k, v in knobs.items() if k != "batch_size"}
+    key = json.loads(probe_key(structure, *fingerprints))
     key["scan"] = [lo, hi]
     return json.dumps(key, sort_keys=True)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from autofit.simulator.roofline import (
     StepCost,
     Traffic,
     _kernel_seconds,
+    memory_bandwidth,
     price,
 )
 from autofit.simulator.step_log import StepLog
@@ -58,13 +60,41 @@ class NotAffine(Exception):
     what differed."""
 
 
+class Structure(NamedTuple):
+    """What must be the same at every batch of one structure's traces."""
+
+    categories: tuple[int, ...]  # allocation id -> index into CATEGORIES
+    events: tuple[int, ...]  # runs of frees in one order (canonical_frees)
+    phase_changes: tuple[tuple[int, str], ...]
+    host_pinned: tuple[bool, ...]
+    host_events: tuple[int, ...]
+    host_event_phases: tuple[str, ...]
+    ops: int  # dispatched ops of the priced step
+    exchanges: tuple[tuple[int, int], ...]  # block swap: (ready, needed) as kernel positions
+    kernel_at: tuple[int, ...]  # each kernel's place among the allocations
+
+
+# How a message names each part of a Structure.
+_SAID = {
+    "categories": "allocation categories",
+    "events": "allocation events",
+    "phase_changes": "phases",
+    "host_pinned": "host allocations (pinned or not)",
+    "host_events": "host events",
+    "host_event_phases": "host event phases",
+    "ops": "dispatched ops",
+    "exchanges": "block swap exchanges",
+    "kernel_at": "kernels' places among the allocations",
+}
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What a traced run at `batch` holds for the answer: `structure` must be the same at every
     batch, `numbers` (int64, in `parts` order) affine in the batch."""
 
     batch: int
-    structure: tuple[object, ...]
+    structure: Structure
     numbers: np.ndarray
     parts: tuple[tuple[str, int], ...]  # (name, length) of each run of `numbers`
     rates: tuple[float, ...]  # each kernel's math rate (part of the structure too)
@@ -96,20 +126,20 @@ def record(
     kernels and traffic (RooflineCounter(keep_kernels=True))."""
     kernels, traffic = roofline.kernels, roofline.traffic
     assert kernels is not None and traffic is not None, "the roofline must keep its kernels"
-    clock = _clock(kernels, roofline._bandwidth)
+    clock = _clock(kernels, memory_bandwidth(roofline.gpu))
     exchanges = tuple(
         (_position(clock, e.ready_at), _position(clock, e.needed_at)) for e in traffic.exchanges
     )
-    structure = (
-        tuple(log.categories),
-        canonical_frees(log.events),
-        tuple(log.phase_changes),
-        tuple(log.host_pinned),
-        canonical_frees(log.host_events, log.host_event_phases),
-        tuple(log.host_event_phases),
-        roofline.cost.ops,
-        exchanges,
-        tuple(k.at for k in kernels),
+    structure = Structure(
+        categories=tuple(log.categories),
+        events=canonical_frees(log.events),
+        phase_changes=tuple(log.phase_changes),
+        host_pinned=tuple(log.host_pinned),
+        host_events=canonical_frees(log.host_events, log.host_event_phases),
+        host_event_phases=tuple(log.host_event_phases),
+        ops=roofline.cost.ops,
+        exchanges=exchanges,
+        kernel_at=tuple(k.at for k in kernels),
     )
     runs = {
         "raw_sizes": log.raw_sizes,
@@ -146,19 +176,6 @@ def canonical_frees(events: Sequence[int], phases: Sequence[str] | None = None) 
             run.append(event)
     found.extend(sorted(run))
     return tuple(found)
-
-
-_STRUCTURE_NAMES = (
-    "allocation categories",
-    "allocation events",
-    "phases",
-    "host allocations (pinned or not)",
-    "host events",
-    "host event phases",
-    "dispatched ops",
-    "block swap exchanges",
-    "kernels' places among the allocations",
-)
 
 
 class BatchCurve:
@@ -214,12 +231,23 @@ class BatchCurve:
             name: np.zeros(length, dtype=np.int64) for name, length in theirs.parts
         }
         # allocations, phase by phase
-        for kind, (events_at, phases_at) in {
-            "raw_sizes": (1, None), "host_raw_sizes": (4, 5),
-        }.items():  # fmt: skip
-            mapping = _aligned(
-                mine, theirs, events_at, phases_at, own[kind], other[kind], slopes[kind], kind
-            )
+        mine_s, theirs_s = mine.structure, theirs.structure
+        gpu = _aligned(
+            (mine_s.events, theirs_s.events),
+            (_labels(mine_s.events, mine_s.phase_changes),
+             _labels(theirs_s.events, theirs_s.phase_changes)),
+            (own["raw_sizes"], other["raw_sizes"]),
+            (mine_s.categories, theirs_s.categories),
+            slopes["raw_sizes"],
+        )  # fmt: skip
+        host = _aligned(
+            (mine_s.host_events, theirs_s.host_events),
+            (mine_s.host_event_phases, theirs_s.host_event_phases),
+            (own["host_raw_sizes"], other["host_raw_sizes"]),
+            (mine_s.host_pinned, theirs_s.host_pinned),
+            slopes["host_raw_sizes"],
+        )
+        for kind, mapping in (("raw_sizes", gpu), ("host_raw_sizes", host)):
             for theirs_id, mine_id in mapping.items():
                 shared[kind][theirs_id] = slopes[kind][mine_id]
         # kernels: the growing ones come first (forward, backward), the optimizer's last
@@ -240,7 +268,7 @@ class BatchCurve:
             if np.any(slopes[kind]):
                 if (
                     not np.array_equal(other[kind], own[kind])
-                    or mine.structure[7] != theirs.structure[7]
+                    or mine.structure.exchanges != theirs.structure.exchanges
                 ):
                     raise NotAffine(f"the member's {kind.replace('_', ' ')} differ where they grow")
                 shared[kind] = slopes[kind].copy()
@@ -261,10 +289,11 @@ class BatchCurve:
         sizes = numbers["raw_sizes"]
         if np.any(sizes <= 0) or np.any(numbers["host_raw_sizes"] <= 0):
             raise NotAffine(f"an allocation's size reaches zero at batch {batch}")
-        categories, events, phases, pinned, host_events, host_phases, *_ = self._first.structure
+        kept = self._first.structure
         return StepLog.counted(
-            sizes.tolist(), categories, events, phases,  # type: ignore[arg-type]
-            numbers["host_raw_sizes"].tolist(), pinned, host_events, host_phases,  # type: ignore[arg-type]
+            sizes.tolist(), kept.categories, kept.events, kept.phase_changes,
+            numbers["host_raw_sizes"].tolist(), kept.host_pinned, kept.host_events,
+            kept.host_event_phases,
         )  # fmt: skip
 
     def cost_at(self, batch: int, gpu: GpuSpec) -> StepCost:
@@ -277,8 +306,8 @@ class BatchCurve:
             )
         ]
         traffic = dict(zip(_TRAFFIC, (int(v) for v in numbers["traffic"]), strict=True))
-        ops, positions = self._first.structure[6], self._first.structure[7]
-        clock = _clock(kernels, RooflineCounter(gpu)._bandwidth)
+        ops, positions = self._first.structure.ops, self._first.structure.exchanges
+        clock = _clock(kernels, memory_bandwidth(gpu))
         exchanges = tuple(
             Exchange(clock[ready], clock[needed], int(link))
             for (ready, needed), link in zip(positions, numbers["exchange_bytes"], strict=True)  # type: ignore[call-overload]
@@ -298,8 +327,7 @@ class BatchCurve:
     def requested_bound(self, limit: int, lo: int, hi: int) -> int:
         """The largest batch in [lo - 1, hi] whose requested bytes stay within `limit` at every
         event (lo - 1: none): no larger batch can fit under `limit`."""
-        categories, events, *_ = self._first.structure
-        ids = np.asarray(events, dtype=np.int64)
+        ids = np.asarray(self._first.structure.events, dtype=np.int64)
         allocated = ids >= 0
         which = np.where(allocated, ids, ~ids)
         sign = np.where(allocated, 1, -1)
@@ -347,20 +375,19 @@ def _split(values: np.ndarray, parts: tuple[tuple[str, int], ...]) -> dict[str, 
     return found
 
 
-def _segments(
-    events: Sequence[int], phases: Sequence[str] | Sequence[tuple[int, str]] | None, host: bool
-) -> list[tuple[str, int, int]]:
-    """The runs of events of one phase: (phase, start, end). GPU events take their phases from
-    the log's phase changes (first event index, phase), host events each carry theirs."""
-    if host:
-        labels = list(phases)  # type: ignore[arg-type]
-    else:
-        labels, changes, phase, next_change = [], list(phases), "setup", 0  # type: ignore[arg-type]
-        for index in range(len(events)):
-            while next_change < len(changes) and changes[next_change][0] <= index:
-                phase = changes[next_change][1]
-                next_change += 1
-            labels.append(phase)
+def _labels(events: Sequence[int], phase_changes: Sequence[tuple[int, str]]) -> list[str]:
+    """The phase of each event, from the log's phase changes (first event index, phase)."""
+    labels, phase, next_change = [], "setup", 0
+    for index in range(len(events)):
+        while next_change < len(phase_changes) and phase_changes[next_change][0] <= index:
+            phase = phase_changes[next_change][1]
+            next_change += 1
+        labels.append(phase)
+    return labels
+
+
+def _runs(labels: Sequence[str]) -> list[tuple[str, int, int]]:
+    """The runs of events of one phase: (phase, start, end)."""
     runs: list[tuple[str, int, int]] = []
     for index, label in enumerate(labels):
         if runs and runs[-1][0] == label:
@@ -370,47 +397,44 @@ def _segments(
     return runs
 
 
+Pair = tuple[Sequence[Any], Sequence[Any]]  # (mine, theirs)
+
+
 def _aligned(
-    mine: StepRecord, theirs: StepRecord, events_at: int, phases_at: int | None,
-    my_sizes: np.ndarray, their_sizes: np.ndarray, slopes: np.ndarray, kind: str,
-) -> dict[int, int]:  # fmt: skip
+    events: Pair, labels: Pair, sizes: Pair, tags: Pair, slopes: np.ndarray
+) -> dict[int, int]:
     """Their allocation ids mapped to mine, in every run of one phase where one of mine grows
-    with the batch; NotAffine where such a run differs (order, sizes or categories)."""
+    with the batch; NotAffine where such a run differs (order, sizes, or `tags`: categories, or
+    pinned or not)."""
     if not np.any(slopes):
         return {}  # nothing of this kind grows: the member's stays as traced
-    host = phases_at is not None
-    my_events, their_events = mine.structure[events_at], theirs.structure[events_at]
-    my_runs = _segments(my_events, mine.structure[phases_at if host else 2], host)  # type: ignore[arg-type, index]
-    their_runs = _segments(their_events, theirs.structure[phases_at if host else 2], host)  # type: ignore[arg-type, index]
+    my_runs, their_runs = _runs(labels[0]), _runs(labels[1])
     if [r[0] for r in my_runs] != [r[0] for r in their_runs]:
-        raise NotAffine(f"the member's phases differ ({kind.replace('_', ' ')})")
-    categories = (mine.structure[0], theirs.structure[0])
+        raise NotAffine("the member's phases differ")
     mapping: dict[int, int] = {}
     for (phase, a, b), (_, c, d) in zip(my_runs, their_runs, strict=True):
-        mine_run, theirs_run = my_events[a:b], their_events[c:d]  # type: ignore[index]
+        mine_run, theirs_run = events[0][a:b], events[1][c:d]
         if not any(e >= 0 and slopes[e] for e in mine_run):
             continue
-        if len(mine_run) != len(theirs_run):
+        same = len(mine_run) == len(theirs_run) and all(
+            (m >= 0) == (t >= 0)
+            and (m < 0 or (sizes[0][m] == sizes[1][t] and tags[0][m] == tags[1][t]))
+            for m, t in zip(mine_run, theirs_run, strict=True)
+        )
+        if not same:
             raise NotAffine(f"the member's {phase} differs in its allocations")
-        for m, t in zip(mine_run, theirs_run, strict=True):
-            if (m >= 0) != (t >= 0):
-                raise NotAffine(f"the member's {phase} differs in its allocations")
-            if m >= 0:
-                same = my_sizes[m] == their_sizes[t] and (
-                    mine.structure[3][m] == theirs.structure[3][t]  # type: ignore[index]
-                    if host
-                    else categories[0][m] == categories[1][t]
-                )
-                if not same:
-                    raise NotAffine(f"the member's {phase} differs in its allocations")
-                mapping[t] = m
+        mapping.update((t, m) for m, t in zip(mine_run, theirs_run, strict=True) if m >= 0)
     return mapping
 
 
 def _same_structure(first: StepRecord, other: StepRecord) -> None:
-    for name, mine, theirs in zip(_STRUCTURE_NAMES, first.structure, other.structure, strict=True):
+    for field, mine, theirs in zip(
+        Structure._fields, first.structure, other.structure, strict=True
+    ):
         if mine != theirs:
-            raise NotAffine(f"the {name} differ between batches {first.batch} and {other.batch}")
+            raise NotAffine(
+                f"the {_SAID[field]} differ between batches {first.batch} and {other.batch}"
+            )
     if first.parts != other.parts:
         raise NotAffine(f"the kernels differ between batches {first.batch} and {other.batch}")
     if first.rates != other.rates:

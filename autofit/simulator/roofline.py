@@ -224,6 +224,11 @@ class Traffic:
     nvme_step_bytes: int
 
 
+def memory_bandwidth(gpu: GpuSpec) -> float:
+    """The bytes per second element-wise kernels reach on `gpu`."""
+    return gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
+
+
 def _kernel_seconds(nbytes: int, flops: int, rate: float, bandwidth: float) -> float:
     """A kernel's device time: the longer of its memory time and its math time, at least the
     floor."""
@@ -237,7 +242,7 @@ def price(gpu: GpuSpec, kernels: Sequence[Kernel], ops: int, traffic: Traffic) -
     """The cost a RooflineCounter on `gpu` would have counted for a step of these kernels,
     `ops` dispatched ops and this traffic: the same sums in the same order, so the same floats."""
     counter = RooflineCounter(gpu)
-    cost, bandwidth = counter.cost, counter._bandwidth
+    cost, bandwidth = counter.cost, memory_bandwidth(gpu)
     cost.ops = ops
     for kernel in kernels:
         cost.flops += kernel.flops
@@ -260,7 +265,7 @@ class RooflineCounter(TorchDispatchMode):
         super().__init__()
         self.gpu = gpu
         self.cost = StepCost()
-        self._bandwidth = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
+        self._bandwidth = memory_bandwidth(gpu)
         self.kernels: list[Kernel] | None = [] if keep_kernels else None
         self.traffic: Traffic | None = None
         self.where: Callable[[], int] = lambda: 0  # a kept kernel's `at`
