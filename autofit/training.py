@@ -9,6 +9,7 @@ knob owns (autofit/run_state.py).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,9 @@ class TrainingRun(RunState):
         preset = ModelPreset.from_dict(spec.model)
         super().__init__(spec, workload_for(preset), device, tracker, fake, owners=owners())
         self._order = application_order()
+        for knob in self._order:
+            for library in knob.libraries(self.knobs[knob.name]):
+                importlib.import_module(library)
         self._forward_makers = [self._maker(knob) for knob in self._order]
         self._stepper: Any = None
 

@@ -165,6 +165,13 @@ class Knob:
             )
         return value
 
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        """The modules this knob's hooks import for `value`. A run imports them before it is built
+        (TrainingRun), because a simulated build runs under fake mode: a tensor a module makes
+        as it is imported there would be counted as a GPU allocation of the first trace in a
+        process only, and would stay a fake tensor in that module for the rest of it."""
+        return ()
+
     def describe(self) -> str:
         if self.choices is not None:
             return " | ".join(text(c) for c in self.choices)

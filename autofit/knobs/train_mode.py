@@ -117,6 +117,10 @@ class TrainMode(Knob):
     reads = ("dtypes",)
     after = ("base_precision",)  # its adapters wrap the base's layers as that knob stores them
 
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        # peft imports bitsandbytes, whose lookup tables are module-level tensors
+        return () if value in ("full", "freeze") else ("peft",)
+
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # Freeze tuning trains part of what a full fine-tune trains, in less memory (and no
         # slower): worth searching only at batches the full fine-tune cannot fit.

@@ -1,9 +1,10 @@
 """The child side of a scan: `python -m autofit.probe.scan REQUEST.json RESULT.json`.
 
 A scan answers structures (every knob but the batch size) of a simulated search for every batch
-in their ranges `lo`..`hi` at once. The first structure is traced at three batches (2, 3 and the
-largest) and a batch curve fitted through them (autofit/simulator/batch_curve.py); the others,
-which differ only in knobs that add nothing per sample, are traced once and take the first's
+in their ranges `lo`..`hi` at once. Each structure is traced at the largest batch first: when
+that fits, it is the answer. Otherwise a batch curve (autofit/simulator/batch_curve.py) answers
+every batch: the first structure of a group fits its own through three traces (2, 3 and the
+largest); the others, which differ only in knobs that add nothing per sample, take the first's
 growth where their steps agree. Each scan finds the largest batch that fits and reports that
 batch and the one above it with the figures a probe of each would give. Where the traces do not
 lie on one line it says so and reports the traced points: the parent then probes batch by batch.
@@ -105,6 +106,7 @@ class _Scan:
         self.traced: dict[int, TracedPoint] = {}
         self.curve: BatchCurve | None = None
         self.shared = False  # the curve's growth came from another structure's
+        self.reason = ""  # why the traces do not lie on one line, once they did not
         gpu = spec.gpu_spec
         self.workspace = [gpu.cublas_workspace_bytes]
         self.limit = spec.budget_bytes - gpu.cuda_context_bytes  # the allocator's
@@ -128,34 +130,50 @@ class _Scan:
             model_host_memory(log, at_batch(self.spec, batch)).peak_bytes <= host_budget
         )
 
-    def fit(self, start: int, donor: BatchCurve | None = None) -> ScanResult | None:
-        """Trace the curve's batches from `start` (only `start` where `donor`, a structure with
-        the same forward and backward, lends its growth) and fit the curve. Returns the answer
-        itself when no curve is needed or possible (a range of three or fewer batches, or traces
-        that do not lie on one line); None when the curve is ready."""
-        from autofit.simulator.batch_curve import BatchCurve, NotAffine
+    def run(self, start: int, lender: _Scan | None) -> ScanResult:
+        """The answer over `lo`..`hi`, with the traces it needs from `start`: the top of the
+        range first (when it fits, no batch above it is there to find); then a curve, lent by
+        `lender` (a structure with the same forward and backward, which fits its own curve
+        when first asked) where their steps agree, or fitted through three traces of its own.
+        Traces that do not lie on one line are reported as they are, batch by batch."""
+        from autofit.simulator.batch_curve import NotAffine
 
         batches = curve_batches(start, self.hi)
         if len(batches) < 3:  # the range is too short for a curve: trace every batch
             fitting = [b for b in range(self.hi, self.lo - 1, -1) if self._fits_traced(b)]
             best = max(fitting, default=None)
             return _reported(self.lo, self.hi, best, lambda b: self.traced_at(b).result(), [])
-        if donor is not None:
-            first = self.traced_at(batches[0])
+        if self._fits_traced(self.hi):
+            return _reported(self.lo, self.hi, self.hi, lambda b: self.traced_at(b).result(), [])
+        if lender is not None:
+            lent = lender.own_curve(start)
+            if lent is None:  # the same forward and backward do not lie on one line here either
+                return self._not_affine(f"{lender.reason} (the first structure of its group)")
             try:
-                self.curve, self.shared = donor.shared_with(first.record), True
-                return None
+                self.curve, self.shared = lent.shared_with(self.traced[self.hi].record), True
             except NotAffine as exc:
                 log.info("%s: tracing %s itself", exc, self.spec.knobs)
-        for batch in batches:
-            self.traced_at(batch)
-        try:
-            self.curve = BatchCurve.fit([self.traced[b].record for b in batches])
-        except NotAffine as exc:
-            log.warning("%s: traced %s, answering batch by batch instead", exc, batches)
-            traced = [point.result() for point in self.traced.values()]
-            return ScanResult(self.lo, self.hi, None, traced, sorted(self.traced), False, str(exc))
-        return None
+        if self.curve is None and self.own_curve(start) is None:
+            return self._not_affine(self.reason)
+        return self.answer()
+
+    def own_curve(self, start: int) -> BatchCurve | None:
+        """This structure's curve through its traces at `curve_batches(start, hi)`, fitted the
+        first time it is asked; None when they do not lie on one line (`reason` says why)."""
+        from autofit.simulator.batch_curve import BatchCurve, NotAffine
+
+        if self.curve is None and not self.reason:
+            batches = curve_batches(start, self.hi)
+            try:
+                self.curve = BatchCurve.fit([self.traced_at(b).record for b in batches])
+            except NotAffine as exc:
+                log.warning("%s: traced %s, answering batch by batch instead", exc, batches)
+                self.reason = str(exc)
+        return self.curve
+
+    def _not_affine(self, reason: str) -> ScanResult:
+        traced = [point.result() for point in self.traced.values()]
+        return ScanResult(self.lo, self.hi, None, traced, sorted(self.traced), False, reason)
 
     def _fits_traced(self, batch: int) -> bool:
         return self.fits(batch, self.traced_at(batch).log)
@@ -186,35 +204,28 @@ def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
 
 def scan_group(items: list[tuple[ProbeSpec, int]], hi: int) -> list[ScanResult]:
     """Scans of structures that differ only in knobs that do not change what a sample adds (the
-    optimizer, say), each over its `lo`..`hi`: the first is traced at the curve's three
-    batches, each other once at the curve's first batch, lending the first's growth where
-    their steps agree (BatchCurve.shared_with), or traced three times itself where not."""
+    optimizer, say), each over its `lo`..`hi`. Each is traced at `hi` first; one that needs a
+    curve borrows the first structure's growth where their steps agree
+    (BatchCurve.shared_with), the first tracing its curve's three batches once, on the first
+    need; where they do not agree, it traces its own three."""
     from autofit.probe.worker import versions
 
     found = versions()
     start = max(min(lo for _, lo in items), FIRST_CURVE_BATCH)
-    answers: list[ScanResult] = []
-    donor: BatchCurve | None = None
-    for index, (spec, lo) in enumerate(items):
-        if index and donor is None and not answers[0].affine and answers[0].traced:
-            # The first structure's step is not affine in the batch: its group runs the same
-            # forward and backward, so theirs is not either; they are probed batch by batch
-            # without tracing a curve that cannot hold.
-            reason = f"{answers[0].reason} (the first structure of its group)"
-            answers.append(ScanResult(lo, hi, None, [], [], False, reason))
-            continue
+    scans: list[tuple[_Scan, ScanResult]] = []
+    lender: _Scan | None = None
+    for spec, lo in items:
         one = _Scan(spec, lo, hi, found)
         try:
-            early = one.fit(start, donor)
-            answer = early if early is not None else one.answer()
+            answer = one.run(start, lender)
         except Exception as exc:  # a crash is this structure's answer, as a probe's would be
             answer = _crashed(spec, lo, hi, exc)
-        answer.traced = sorted(one.traced)
-        answer.shared = one.shared
-        answers.append(answer)
-        if donor is None and one.curve is not None:
-            donor = one.curve
-    return answers
+        else:
+            lender = lender or one
+        scans.append((one, answer))
+    for one, answer in scans:  # the lender's curve may have been traced after its answer
+        answer.traced, answer.shared = sorted(one.traced), one.shared
+    return [answer for _, answer in scans]
 
 
 def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:

@@ -213,7 +213,7 @@ class BatchCurve:
 
     def shared_with(self, member: StepRecord) -> BatchCurve:
         """The curve of another structure that runs the same forward and backward (it differs
-        in the optimizer, say), from one record of it at this curve's first batch.
+        in the optimizer, say), from one record of it at any batch this curve answers.
 
         Where this curve grows with the batch, the member must do exactly what this structure
         does at that batch: each phase in which an allocation grows (a forward, a backward) the
@@ -223,9 +223,7 @@ class BatchCurve:
         member: an optimizer sees weights and gradients, never the batch. NotAffine says where
         the member differs."""
         mine, theirs = self._first, member
-        if theirs.batch != mine.batch:
-            raise NotAffine(f"the member was traced at {theirs.batch}, not at {mine.batch}")
-        own, other = _split(mine.numbers, mine.parts), _split(theirs.numbers, theirs.parts)
+        own, other = self._numbers(theirs.batch), _split(theirs.numbers, theirs.parts)
         slopes = self._parts(self._slope)
         shared: dict[str, np.ndarray] = {
             name: np.zeros(length, dtype=np.int64) for name, length in theirs.parts
