@@ -4,6 +4,9 @@ probe at batch 1 and its native size; and a user's own model through model=custo
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,19 +103,47 @@ def test_a_bad_entry_is_one_line(tmp_path: Path, entry: str, words: str) -> None
     assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr
 
 
-def test_an_entry_that_returns_something_else_is_a_clear_crash(tmp_path: Path) -> None:
-    done = autofit(
-        "probe",
-        "model=custom",
-        "model.entry=custom_models.tiny:not_a_model",
-        "out=r.json",
-        cwd=tmp_path,
-        pythonpath=TESTS,
+def test_an_entry_that_returns_something_else_is_one_line_before_any_probe(
+    tmp_path: Path,
+) -> None:
+    done = in_process(
+        "probe", "model=custom", "model.entry=custom_models.tiny:not_a_model", "out=r.json",
+        cwd=tmp_path, pythonpath=TESTS,
+    )  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "returned str, not a CustomModel" in done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_error_inside_the_users_module_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "broken_models.py").write_text("import no_such_library\n")
+    done = in_process("probe", "model=custom", "model.entry=broken_models:build", cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        "importing 'broken_models' failed: ModuleNotFoundError: No module named "
+        "'no_such_library'" in done.stderr
     )
-    result = json.loads((tmp_path / "r.json").read_text())
-    assert result["outcome"] == "crash"
-    assert "not a CustomModel" in result["error"]["message"]
-    assert done.returncode == 1
+
+
+def test_the_readme_custom_model_works_as_printed(tmp_path: Path) -> None:
+    """The README's module, saved where it says, and its probe command as printed, run by the
+    installed `autofit` script in that folder (whose own directory, not the working one, is what
+    Python puts on the path)."""
+    readme = (TESTS.parent / "README.md").read_text()
+    code = re.search(r"```python\n# my_models/tiny.py\n(.*?)```", readme, re.S)
+    assert code is not None
+    (tmp_path / "my_models").mkdir()
+    (tmp_path / "my_models" / "tiny.py").write_text(code.group(1))
+    command = re.search(r"^autofit probe model=custom model\.entry=my_models\S* .*$", readme, re.M)
+    assert command is not None
+    script = Path(sys.executable).parent / "autofit"
+    done = subprocess.run(
+        [str(script), *command.group(0).split()[1:]], cwd=tmp_path, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (result,) = (tmp_path / "results" / "probes").glob("custom-*.json")
+    assert json.loads(result.read_text())["outcome"] == "ok"
 
 
 @pytest.mark.slow  # a 3 B model at 1024 px, twice (test_techniques holds the mechanism on small ones)

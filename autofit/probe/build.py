@@ -61,9 +61,9 @@ def make_spec(
         )
     gpu.budget_bytes(margin)  # a reservation that leaves nothing fails here, not in the worker
     if preset.family == "custom":
-        from autofit.workloads.custom import load_entry
+        from autofit.workloads.custom import check_built
 
-        load_entry(preset.entry)
+        check_built(preset.entry)
     knobs = parse_all(knob_values)
     if knobs["resolution"] is None:
         knobs["resolution"] = preset.resolution

@@ -17,8 +17,11 @@ batch, and the loss. This is the only place where a configuration names code to 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,28 +44,70 @@ class CustomModel:
 
 
 def load_entry(entry: Any) -> Callable[[], Any]:
-    """The user's function named by `package.module:function`, or a one-line ConfigError."""
+    """The user's function named by `package.module:function`, or a one-line ConfigError (an
+    error raised while the module is imported included)."""
     module, function = check_entry(entry)
     try:
-        return getattr(importlib.import_module(module), function)
-    except AttributeError:
-        raise ConfigError(f"model.entry={entry}: module '{module}' has no '{function}'") from None
+        imported = importlib.import_module(module)
+    except Exception as exc:  # the user's code: whatever it raises is named, in one line
+        raise ConfigError(
+            f"model.entry={entry}: importing '{module}' failed: {_said(exc)}"
+        ) from None
+    found = getattr(imported, function, None)
+    if found is None:
+        raise ConfigError(f"model.entry={entry}: module '{module}' has no '{function}'")
+    if not callable(found):
+        raise ConfigError(
+            f"model.entry={entry}: '{function}' is a {type(found).__name__}, not a function"
+        )
+    return found
+
+
+@functools.cache
+def check_built(entry: str) -> None:
+    """Call the user's function once on the meta device (no memory, no math) and check that it
+    returns a CustomModel: its mistakes are one-line errors before any probe, not a crash in
+    each. Once per entry and process."""
+    function = load_entry(entry)
+    try:
+        with torch.device("meta"):
+            built = function()
+    except Exception as exc:
+        raise ConfigError(
+            f"model.entry={entry}: {function.__name__}() failed: {_said(exc)}"
+        ) from None
+    _check_model(entry, built)
+
+
+def _check_model(entry: str, built: Any) -> None:
+    if not isinstance(built, CustomModel):
+        raise ConfigError(f"model.entry={entry} returned {type(built).__name__}, not a CustomModel")
+
+
+def _said(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
 
 
 def check_entry(entry: Any) -> tuple[str, str]:
-    """`package.module:function`, split, with the module findable (not imported yet)."""
+    """`package.module:function`, split, with the module findable (not imported yet): from the
+    working directory too, as `python -m` finds it (the `autofit` script's own directory is
+    what Python puts first otherwise)."""
     if not isinstance(entry, str) or entry.count(":") != 1 or not all(entry.split(":")):
         raise ConfigError(
             f"model.entry={entry!r} is not valid; write model.entry=package.module:function"
         )
     module, function = entry.split(":")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         found = None
     if found is None:
         raise ConfigError(
-            f"model.entry={entry}: no module '{module}' is importable from here (check PYTHONPATH)"
+            f"model.entry={entry}: no module '{module}' is importable from {here} or PYTHONPATH"
         )
     return module, function
 
@@ -80,10 +125,7 @@ class CustomWorkload(Workload):
 
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         built = self.entry()
-        if not isinstance(built, CustomModel):
-            raise ConfigError(
-                f"model.entry={self.preset.entry} returned {type(built).__name__}, not a CustomModel"
-            )
+        _check_model(self.preset.entry, built)
         self.custom = built
         return built.model
 
