@@ -140,6 +140,10 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
             "batch_size: {min: 1, max: 4}\nresolution: [1000]\n",
             "resolution[0]",
         ),
+        "min_batch_above.yaml": (
+            "batch_size: {min: 1, max: 4}\ntarget: {min_batch: 8}\n",
+            "target.min_batch=8 is above batch_size.max=4",
+        ),
     }
     for name, (text, key) in cases.items():
         (tmp_path / name).write_text(text)
@@ -148,6 +152,12 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
         line = done.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and key in line, line
     assert not (tmp_path / "results").exists()  # nothing ran, nothing written
+    above = in_process("search", "model=sana_1600m", "target.min_batch=65", cwd=tmp_path)
+    assert above.returncode == 2 and above.stderr.strip() == (
+        "autofit: error: target.min_batch=65 is above space default's largest batch, 64; "
+        "valid: 1 to 64"
+    )
+    assert not (tmp_path / "results").exists()
     unknown = in_process("search", "space=quik", cwd=tmp_path)
     assert (
         unknown.returncode == 2

@@ -145,6 +145,11 @@ def run_config(cfg: Any) -> int:
                 f"target.min_batch={target['min_batch']!r} is not valid; expected an integer >= 1"
             )
         space = dataclasses.replace(space, target_min_batch=target["min_batch"])
+    if space.target_min_batch > space.max_batch:  # no run could be the best: say so, probe nothing
+        raise ConfigError(
+            f"target.min_batch={space.target_min_batch} is above space {space.name}'s largest "
+            f"batch, {space.max_batch}; valid: 1 to {space.max_batch}"
+        )
     jobs = data.get("jobs")
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")

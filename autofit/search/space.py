@@ -146,6 +146,10 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     target_min_batch = _int(
         {"min_batch": target.get("min_batch", 1)}, "min_batch", f"{path}: target"
     )
+    if target_min_batch > max_batch:
+        raise ConfigError(
+            f"{path}: target.min_batch={target_min_batch} is above batch_size.max={max_batch}"
+        )
     return SearchSpace(
         name=file.stem,
         min_batch=min_batch,
