@@ -33,15 +33,26 @@ def _parse(overrides: list[str]) -> list[Any]:
 
     parser = OverridesParser.create()
     parsed = []
-    for text in overrides:
+    for index, text in enumerate(overrides):
         try:
             parsed.append(parser.parse_override(text))
         except HydraException as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be parsed"
-            raise ConfigError(
-                f"malformed override '{text}': {detail}; write key=value, e.g. batch_size=4"
-            ) from None
+            raise ConfigError(_malformed(text, overrides[index + 1 : index + 2], detail)) from None
     return parsed
+
+
+def _malformed(text: str, following: list[str], detail: str) -> str:
+    """What to write instead of an override Hydra cannot parse: the forms other tools take
+    (`--model=x`, `--model x`, `model x`) as autofit's `model=x`."""
+    key, has_value, value = text.lstrip("-").partition("=")
+    if not has_value and following and "=" not in following[0]:
+        return f"malformed override '{text} {following[0]}'; write {key}={following[0]}"
+    if text.startswith("-") and key:
+        return f"malformed override '{text}'; write {key}={value or '<value>'} (no dashes)"
+    if not has_value:
+        return f"malformed override '{text}'; write {text}=<value>"
+    return f"malformed override '{text}': {detail}; write key=value, e.g. batch_size=4"
 
 
 def _values(override: Any) -> list[Any]:
@@ -184,16 +195,22 @@ def _check_hydra(command: str, override: Any) -> None:
     )
 
 
-def validate_overrides(command: str, overrides: list[str]) -> list[str]:
+def validate_overrides(command: str, overrides: list[str], sweep: bool = False) -> list[str]:
     """Check every override's key and every group choice (each value of a sweep) before Hydra
     sees them; knob values are checked once composed. Returns the overrides Hydra is to compose:
-    the given ones, with a GPU file read, checked and stored under a name of its own."""
+    the given ones, with a GPU file read, checked and stored under a name of its own. Several
+    values for one key need `sweep` (the command's `-m`)."""
     from omegaconf import OmegaConf
 
     _register_knob_defaults()
     parsed = _parse(overrides)
     groups = command_groups(command)
     for override in parsed:
+        if not sweep and override.is_sweep_override():
+            raise ConfigError(
+                f"{override.input_line} lists several values; to run each, add -m: "
+                f"autofit {command} -m {' '.join(overrides)}"
+            )
         _check_hydra(command, override)
         key = override.key_or_group
         if key in GROUPS and key not in groups:

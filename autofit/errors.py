@@ -43,3 +43,12 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum  # the shell's convention for a process ended by a signal
+
+
+def yaml_error(source: object, exc: Exception) -> ConfigError:
+    """A YAML file that does not parse, in one line: where (line and column, as editors count)
+    and what the parser found."""
+    where = getattr(exc, "problem_mark", None)
+    at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    return ConfigError(f"{source}: not valid YAML{at}: {problem}")

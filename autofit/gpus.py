@@ -8,7 +8,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError, suggest
+from autofit.errors import ConfigError, suggest, yaml_error
 
 MIB = 1 << 20
 MATH_MODES = ("fp32", "tf32", "fp16", "bf16")
@@ -232,8 +232,5 @@ def load_gpu_file(path: Path, source: str | None = None) -> GpuSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+        raise yaml_error(source, exc) from None
     return GpuSpec.from_dict(data, source)

@@ -77,10 +77,60 @@ def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.parametrize("override", ["model", "batch_size=[", "model=tiny_mlp gpu=a40"])
-def test_a_malformed_override(tmp_path: Path, override: str) -> None:
-    line = only_line(in_process("probe", override, cwd=tmp_path), 2)
-    assert f"malformed override '{override}'" in line and "key=value" in line
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (["batch_size=["], "malformed override 'batch_size=[': no viable alternative"),
+        (["model=tiny_mlp gpu=a40"], "malformed override 'model=tiny_mlp gpu=a40': "),
+        (["model"], "malformed override 'model'; write model=<value>"),
+        # the forms other tools take
+        (["--model=tiny_mlp"], "malformed override '--model=tiny_mlp'; write model=tiny_mlp"),
+        (["--model", "tiny_mlp"], "malformed override '--model tiny_mlp'; write model=tiny_mlp"),
+        (["model", "tiny_mlp"], "malformed override 'model tiny_mlp'; write model=tiny_mlp"),
+    ],
+)
+def test_a_malformed_override_says_what_to_write(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    line = only_line(in_process("probe", *args, cwd=tmp_path), 2)
+    assert line.startswith(f"autofit: error: {said}")
+
+
+def test_several_values_without_m_say_to_add_it(tmp_path: Path) -> None:
+    line = only_line(in_process("search", "model=tiny_mlp,sana_600m", "gpu=l4", cwd=tmp_path), 2)
+    assert line == (
+        "autofit: error: model=tiny_mlp,sana_600m lists several values; to run each, add -m: "
+        "autofit search -m model=tiny_mlp,sana_600m gpu=l4"
+    )
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    "storage,said",
+    [
+        ("studies.db", "storage=studies.db names no scheme; write storage=sqlite:///studies.db"),
+        ("postgres://me@db/autofit", "write storage=postgresql://me@db/autofit"),
+    ],
+)
+def test_a_storage_slip_says_what_to_write(tmp_path: Path, storage: str, said: str) -> None:
+    line = only_line(
+        in_process("search", "model=tiny_mlp", "gpu=l4", f"storage={storage}", cwd=tmp_path), 2
+    )
+    assert said in line
+    assert not list(tmp_path.iterdir())  # no database file, no results folder
+
+
+def test_a_yaml_slip_is_named_by_line_and_column(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text(
+        "batch_size: {min: 1, max: 4\nknobs:\n  optimizer: [adamw]\n"
+    )
+    line = only_line(
+        in_process("search", "model=tiny_mlp", "gpu=l4", "space=mine.yaml", cwd=tmp_path), 2
+    )
+    assert line == (
+        "autofit: error: mine.yaml: not valid YAML at line 2, column 6: expected ',' or '}', "
+        "but got ':'"
+    )
 
 
 def test_an_unknown_setting_or_command(tmp_path: Path) -> None:

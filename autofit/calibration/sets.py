@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, yaml_error
 from autofit.paths import conf_dir, named_yaml
 
 CASE_KEYS = ("model", "target", "knobs", "vary")
@@ -49,7 +49,7 @@ def load_set(name: str) -> list[CalibrationCase]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise yaml_error(path, exc) from None
     raw_cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(raw_cases, list) or not raw_cases:
         raise ConfigError(f"{path}: expected a non-empty list under 'cases'")

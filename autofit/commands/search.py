@@ -122,6 +122,7 @@ def run_config(cfg: Any) -> int:
     from autofit.search.prober import Prober
     from autofit.search.recorder import StudyRecorder, default_storage
     from autofit.search.space import load_space
+    from autofit.search.storage import check_url
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
@@ -185,8 +186,9 @@ def run_config(cfg: Any) -> int:
     named = data.get("study")
     study_name = check_study_name(str(named)) if named is not None else default_name
     out = Path(data["out"]) if data.get("out") else study_folder(study_name)
-    ensure_writable(out / "summary.json")
     storage = data.get("storage") or default_storage(Path("results"))
+    check_url(storage)  # before any folder is made
+    ensure_writable(out / "summary.json")
     if storage.startswith("sqlite:///"):
         ensure_writable(Path(storage.removeprefix("sqlite:///")))
 

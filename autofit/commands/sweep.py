@@ -176,7 +176,7 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = validate_overrides(command, overrides)  # a GPU file becomes its stored name
+    overrides = validate_overrides(command, overrides, sweep=True)  # a GPU file: its stored name
     hydra_overrides = [
         *overrides,
         "hydra.sweep.dir=results/multirun/${now:%Y-%m-%d_%H-%M-%S}",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, yaml_error
 from autofit.knobs import Knob, registry
 from autofit.models import ModelPreset
 from autofit.paths import named_yaml, search_spaces_dir
@@ -90,7 +90,7 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise yaml_error(path, exc) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_LEVEL)}")
     for key in data:

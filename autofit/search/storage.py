@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autofit.errors import AutofitError
+from autofit.errors import AutofitError, ConfigError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,6 +120,22 @@ def _backend(url: str) -> Any:
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
+def check_url(url: str) -> None:
+    """A storage URL's common slips, named with what to write: a bare path (no scheme) and
+    `postgres://` (SQLAlchemy knows PostgreSQL only as `postgresql://`)."""
+    scheme = url.split("://", 1)[0] if "://" in url else None
+    if scheme is None and not url.startswith("journal:"):
+        raise ConfigError(
+            f"storage={url} names no scheme; write storage=sqlite:///{url} (an SQLite file), "
+            "storage=postgresql://user@host/db or storage=journal:PATH (a journal file)"
+        )
+    if scheme is not None and scheme.split("+", 1)[0] == "postgres":
+        fixed = "postgresql" + url[len("postgres") :]
+        raise ConfigError(
+            f"storage={url}: SQLAlchemy names PostgreSQL 'postgresql'; write storage={fixed}"
+        )
+
+
 def _missing_driver(url: str, exc: BaseException) -> str:
     scheme = url.split(":", 1)[0]
     if scheme.split("+", 1)[0] == "postgresql":
@@ -147,6 +163,7 @@ def open_study(
                 study.set_user_attr(key, value)
             return study
 
+    check_url(url)
     try:
         return retrying(attempt, f"the study storage {url}")
     except ImportError as exc:
