@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from autofit import __version__
-from autofit.errors import AutofitError, ConfigError, Interrupted
+from autofit.errors import AutofitError, ConfigError, Interrupted, suggest
 
 COMMANDS = {
     "search": "find the largest and fastest run that fits a GPU (every probe in an Optuna study)",
@@ -57,11 +57,23 @@ def _command_help(command: str) -> str:
     from autofit.paths import conf_dir, group_options, search_spaces_dir, yaml_names
 
     text = (conf_dir() / f"{command}.yaml").read_text()
-    lines = [f"usage: autofit {command} [key=value ...]", "", COMMANDS[command], "", "settings:"]
-    for match in re.finditer(r"^(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?$", text, re.MULTILINE):
-        key, default, comment = match.groups()
-        if key != "defaults":
-            lines.append(f"  {key:<18} {default or '':<10} {comment or ''}".rstrip())
+    lines = [
+        f"usage: autofit {command} [key=value ...]",
+        f"       autofit {command} -m key=a,b ...   (a sweep: one run per combination of values)",
+        "", COMMANDS[command], "", "settings:",
+    ]  # fmt: skip
+    parent = ""
+    setting = r"^( {0,2})(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?$"
+    for match in re.finditer(setting, text, re.MULTILINE):
+        indent, key, default, comment = match.groups()
+        if not indent:
+            parent = key if not default else ""
+        if key == "defaults" or (not indent and not default and not comment):
+            continue  # the defaults list, or a section whose keys follow (target.resolution)
+        if indent and not parent:
+            continue
+        name = f"{parent}.{key}" if indent else key
+        lines.append(f"  {name:<18} {default or '':<10} {comment or ''}".rstrip())
     for group in command_groups(command):
         own = " | path/to/card.yaml (docs/gpus.md)" if group == "gpu" else ""
         lines.append(f"  {group:<18} {' | '.join(group_options(group))}{own}")
@@ -157,7 +169,10 @@ def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="autofit: %(message)s")
     try:
         if command not in COMMANDS:
-            raise ConfigError(f"unknown command '{command}'; valid commands: {', '.join(COMMANDS)}")
+            raise ConfigError(
+                f"unknown command '{command}'{suggest(command, list(COMMANDS))}; valid commands: "
+                f"{', '.join(COMMANDS)}"
+            )
         if any(a in ("-h", "--help") for a in rest):
             print(_command_help(command))
             return 0

@@ -209,7 +209,8 @@ def load_gpu(name: str) -> GpuSpec:
 
     path = conf_dir() / "gpu" / f"{name}.yaml"
     if not path.exists():
-        raise ConfigError(f"unknown gpu '{name}'; valid: {', '.join(group_options('gpu'))}")
+        valid = group_options("gpu")
+        raise ConfigError(f"unknown gpu '{name}'{suggest(name, valid)}; valid: {', '.join(valid)}")
     return load_gpu_file(path, source=f"gpu {name}")
 
 

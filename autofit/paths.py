@@ -48,7 +48,7 @@ def yaml_names(folder: Path) -> list[str]:
 
 def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
     """`<setting>=<name>` is `<folder>/<name>.yaml`; a path to a YAML file is taken as is."""
-    from autofit.errors import ConfigError
+    from autofit.errors import ConfigError, suggest
 
     candidate = Path(name)
     if candidate.suffix in (".yaml", ".yml"):
@@ -59,7 +59,8 @@ def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
     if not path.exists():
         valid = yaml_names(folder)
         raise ConfigError(
-            f"unknown {kind} '{name}'; valid: {', '.join(valid)} (or a path to a .yaml file)"
+            f"unknown {kind} '{name}'{suggest(name, list(valid))}; valid: {', '.join(valid)} "
+            "(or a path to a .yaml file)"
         )
     return path
 

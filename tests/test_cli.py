@@ -136,3 +136,13 @@ def test_help_lists_commands_and_knobs(tmp_path: Path) -> None:
         "a40",
     ):
         assert name in knobs
+
+
+def test_search_help_shows_the_target_settings_and_sweeps(tmp_path: Path) -> None:
+    text = in_process("search", "--help", cwd=tmp_path).stdout
+    lines = text.splitlines()
+    assert lines[1].split() == ["autofit", "search", "-m", "key=a,b", "...", "(a", "sweep:", "one",
+                                "run", "per", "combination", "of", "values)"]  # fmt: skip
+    named = {line.split()[0] for line in lines if line.startswith("  ")}
+    assert {"target.resolution", "target.min_batch", "margin", "space"} <= named
+    assert "target" not in named and "defaults" not in named

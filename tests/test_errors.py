@@ -139,7 +139,7 @@ def test_an_unknown_setting_or_command(tmp_path: Path) -> None:
     line = only_line(in_process("report", "threshhold=0.2", cwd=tmp_path), 2)
     assert "unknown setting 'threshhold'" in line and "did you mean 'threshold'" in line
     line = only_line(in_process("serch", cwd=tmp_path), 2)
-    assert "unknown command 'serch'" in line and "search" in line and "report" in line
+    assert "unknown command 'serch' (did you mean 'search'?)" in line and "report" in line
 
 
 def test_a_knob_value_it_cannot_take(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
     unknown = in_process("search", "space=quik", cwd=tmp_path)
     assert (
         unknown.returncode == 2
-        and "unknown space 'quik'" in unknown.stderr
+        and "unknown space 'quik' (did you mean 'quick'?)" in unknown.stderr
         and "quick" in unknown.stderr
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, suggest
 from autofit.gpus import GpuSpec
 from autofit.knobs.allocator import Allocator
 from autofit.knobs.attention import Attention
@@ -120,7 +120,10 @@ def parse_all(values: Mapping[str, Any], knobs: Sequence[Knob] | None = None) ->
     table = {k.name: k for k in knobs} if knobs is not None else REGISTRY
     unknown = sorted(set(values) - set(table))
     if unknown:
-        raise ConfigError(f"unknown knob '{unknown[0]}'; valid knobs: {', '.join(table)}")
+        raise ConfigError(
+            f"unknown knob '{unknown[0]}'{suggest(unknown[0], list(table))}; valid knobs: "
+            f"{', '.join(table)}"
+        )
     return {name: knob.parse(values.get(name, knob.default)) for name, knob in table.items()}
 
 
