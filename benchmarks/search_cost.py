@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.backends import resolve
-from autofit.commands.search import needless_without_trainer
+from autofit.commands.search import left_out_by
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.launcher import launcher_for
@@ -75,8 +75,9 @@ def search(
     with launcher_for(backend, preset.family) as launcher:
         prober = Prober(preset, gpu, backend, MARGIN, 900, recorder, launcher, scan=scan)
         started = time.perf_counter()
-        # what `autofit search` leaves out without trainer= (bf16 under autocast)
-        found = Search(space, prober, jobs=jobs, left_out=needless_without_trainer(space)).run()
+        # what `autofit search` leaves out without trainer= (bf16 under autocast, fp16 on a card
+        # with bf16)
+        found = Search(space, prober, jobs=jobs, left_out=left_out_by(space, gpu)).run()
     recorder.close()
     return found, time.perf_counter() - started
 

@@ -182,6 +182,34 @@ def test_when_nothing_fits_it_says_so_and_exits_non_zero(tmp_path: Path) -> None
     )
 
 
+def test_a_card_without_bf16_searches_fp16_and_one_with_it_leaves_fp16_out(
+    tmp_path: Path,
+) -> None:
+    """The shipped spaces list fp16 for the T4, the V100 and the RTX 20xx cards; where the card
+    has bf16, fp16 holds what bf16 holds, and is left out with the reason."""
+    done = autofit("search", "model=tiny_mlp", "gpu=t4", "space=quick", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "results" / "tiny_mlp-t4-quick" / "summary.json").read_text())
+    assert summary["best"]["config"]["precision"] == "fp16"
+    by_precision: dict[str, set[str]] = {}
+    for combination in summary["combinations"]:
+        by_precision.setdefault(combination["knobs"]["precision"], set()).add(combination["status"])
+    assert "exact" in by_precision["fp16"] and by_precision["bf16"] == {"invalid"}
+
+    from autofit.commands.search import left_out_by
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.search.space import load_space
+
+    space = load_space("default", load_preset("sana_600m"))
+    knobs = {name: values[0] for name, values in space.knobs.items()}
+    assert left_out_by(space, load_gpu("a40"))({**knobs, "precision": "fp16"}) == (
+        "precision=fp16 holds what bf16 holds, at its speed, with loss scaling: searched only on "
+        "GPUs without bf16 (NVIDIA A40 has it)"
+    )
+    assert left_out_by(space, load_gpu("v100_32"))({**knobs, "precision": "fp16"}) is None
+
+
 def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
     done = autofit("search", "-m", "model=tiny_mlp", "gpu=a40,l4", "space=quick", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -161,10 +161,9 @@ def run_config(cfg: Any) -> int:
         raise ConfigError(f"claim_grace_s={grace!r} is not valid; expected seconds > 0")
 
     trainer = data.get("trainer")
-    left_out: Any
+    chosen = None
     if trainer is not None:
         from autofit.export import target
-        from autofit.export import unlaunchable as refusal
 
         chosen = target(trainer, setting="trainer")
         if chosen.families is not None and preset.family not in chosen.families:
@@ -173,12 +172,7 @@ def run_config(cfg: Any) -> int:
                 f"trainer={trainer} cannot train {preset.name} ({preset.display}, family "
                 f"{preset.family}): {trainer} supports the families {supported}"
             )
-
-        def left_out(knobs: dict[str, Any]) -> str | None:
-            return refusal(chosen, preset, knobs)
-
-    else:
-        left_out = needless_without_trainer(space)
+    left_out = left_out_by(space, gpu, chosen, preset)
 
     default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
     # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
@@ -266,16 +260,27 @@ def run_config(cfg: Any) -> int:
     return 0
 
 
-def needless_without_trainer(space: Any) -> Any:
-    """What a search without `trainer=` leaves out: values of the space's knobs that only a
-    trainer needs (bf16 under autocast holds what pure bf16 holds, at its speed)."""
+def left_out_by(space: Any, gpu: Any, trainer: Any = None, preset: Any = None) -> Any:
+    """What a search leaves out, and why: with `trainer`, the runs that trainer cannot launch as
+    measured; without, values of the space's knobs that only a trainer needs (bf16 under
+    autocast holds what pure bf16 holds, at its speed); and on `gpu`, values another does as
+    well there (fp16 where the card has bf16)."""
     from autofit.knobs import registry
 
     searched = {name: registry()[name] for name in space.knobs}
 
     def left_out(knobs: dict[str, Any]) -> str | None:
+        if trainer is not None:
+            from autofit.export import unlaunchable
+
+            reason = unlaunchable(trainer, preset, knobs)
+            if reason:
+                return reason
         for name, knob in searched.items():
-            reason = knob.needless_without_trainer(knobs[name], space.knobs[name])
+            reason = knob.needless_on(knobs[name], space.knobs[name], gpu) or (
+                None if trainer is not None
+                else knob.needless_without_trainer(knobs[name], space.knobs[name])
+            )  # fmt: skip
             if reason:
                 return reason
         return None

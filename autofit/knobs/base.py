@@ -209,6 +209,11 @@ class Knob:
         the values in `searched` (another does the same in less memory, no slower), or None."""
         return None
 
+    def needless_on(self, value: Any, searched: tuple[Any, ...], gpu: GpuSpec) -> str | None:
+        """Why a search for `gpu` leaves `value` out when it also tries the values in `searched`
+        (another does the same there, at no cost the user would choose), or None."""
+        return None
+
     # -- how it is applied -----------------------------------------------------------------------
 
     def prepare(self, run: RunState, value: Any) -> None:

@@ -26,6 +26,7 @@ from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.zero_stage import sixteen_bit_block
 
 if TYPE_CHECKING:
+    from autofit.gpus import GpuSpec
     from autofit.run_state import DtypePolicy, RunState
 
 BF16_WEIGHTS = ("bf16_pure", "bf16_autocast")  # the values whose weights themselves are bf16
@@ -181,6 +182,16 @@ class Precision(Knob):
             return (
                 "precision=bf16_autocast holds at least what bf16_pure holds at the same speed: "
                 "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya)"
+            )
+        return None
+
+    def needless_on(self, value: Any, searched: tuple[Any, ...], gpu: GpuSpec) -> str | None:
+        # fp16 holds what bf16 holds, at its speed, and needs loss scaling (its gradients
+        # underflow): the spaces list it for the cards without bf16 (T4, V100, RTX 20xx).
+        if value == "fp16" and gpu.bf16 and "bf16" in searched:
+            return (
+                f"precision=fp16 holds what bf16 holds, at its speed, with loss scaling: searched "
+                f"only on GPUs without bf16 ({gpu.display} has it)"
             )
         return None
 
