@@ -148,6 +148,17 @@ def command_groups(command: str) -> list[str]:
     return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
 
 
+def mandatory_groups(command: str) -> list[str]:
+    """The groups conf/<command>.yaml gives no default (`- model: ???`): the user names them."""
+    import re
+
+    text = (conf_dir() / f"{command}.yaml").read_text()
+    return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:\s*\?\?\?", text, re.MULTILINE)]
+
+
+EXAMPLES = {"model": "sana_1600m", "gpu": "a40"}  # what a message offers as an example
+
+
 # The Hydra settings a command takes: which launcher runs a sweep and that launcher's own settings
 # (partition, timeout_min, cpus_per_task, n_jobs, ...), and where runs and sweeps write. Anything
 # else under hydra is refused like any unknown setting: hydra.job.env_set / env_copy change the
@@ -214,7 +225,8 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
         _check_hydra(command, override)
         key = override.key_or_group
         if key in GROUPS and key not in groups:
-            settings = [k for k in _compose(command, []) if k not in groups]
+            examples = [f"{g}={EXAMPLES[g]}" for g in mandatory_groups(command)]
+            settings = [k for k in _compose(command, examples) if k not in groups]
             raise ConfigError(
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
@@ -226,7 +238,10 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
     group_overrides = [
         f"{o.key_or_group}={_values(o)[0]}" for o in parsed if o.key_or_group in groups
     ]
-    base = _compose(command, group_overrides)
+    given = {o.key_or_group: _values(o)[0] for o in parsed if o.key_or_group in groups}
+    missing = [group for group in mandatory_groups(command) if group not in given]
+    # keys are checked first (a misspelt one is the likelier slip), against an example's groups
+    base = _compose(command, group_overrides + [f"{g}={EXAMPLES[g]}" for g in missing])
     settings = [k for k in base if k not in groups]
     for override in parsed:
         key = override.key_or_group
@@ -241,6 +256,15 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
                 f"unknown setting '{key}' for 'autofit {command}'{suggest(key, settings)}; "
                 f"valid settings: {', '.join(settings)}"
             )
+    if missing:
+        example = " ".join(
+            f"{group}={given.get(group, EXAMPLES[group])}" for group in mandatory_groups(command)
+        )
+        raise ConfigError(
+            f"autofit {command} needs {' and '.join(f'{group}=' for group in missing)}, e.g. "
+            f"autofit {command} {example}; `autofit models` lists the models, `autofit "
+            f"{command} --help` the GPUs"
+        )
     return overrides
 
 

@@ -89,7 +89,7 @@ def test_default_output_goes_under_results(tmp_path: Path) -> None:
         (["resolution=1000"], ["1000", "multiple of 32"]),
         (["backend=gpu"], ["gpu", "simulate", "cuda"]),
         (["optimzer=adamw"], ["optimzer", "optimizer"]),
-        (["batch_size"], ["batch_size", "key=value"]),
+        (["batch_size"], ["batch_size", "write batch_size=<value>"]),
         (["margin=1.5"], ["1.5", "fraction"]),
     ],
 )
@@ -111,7 +111,7 @@ def test_unknown_command(tmp_path: Path) -> None:
     done = in_process("prob", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        f"autofit: error: unknown command 'prob'; valid commands: {', '.join(COMMANDS)}"
+        f"autofit: error: unknown command 'prob' (did you mean 'probe'?); valid commands: {', '.join(COMMANDS)}"
     )
 
 

@@ -181,13 +181,17 @@ def test_a_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
     line = only_line(in_process("report", "out=a_file/report", cwd=tmp_path), 1)
     assert "cannot write the report to a_file/report" in line
     line = only_line(
-        in_process("search", "model=tiny_mlp", "space=quick", "out=a_file/sub", cwd=tmp_path), 1
+        in_process(
+            "search", "model=tiny_mlp", "gpu=a40", "space=quick", "out=a_file/sub", cwd=tmp_path
+        ),
+        1,
     )
     assert "a_file/sub" in line and "cannot write" in line
     line = only_line(
         in_process(
             "search",
             "model=tiny_mlp",
+            "gpu=a40",
             "space=quick",
             "storage=sqlite:///a_file/studies.db",
             cwd=tmp_path,

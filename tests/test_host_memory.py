@@ -356,8 +356,9 @@ def test_results_and_keys_from_before_host_memory_still_read() -> None:
 def test_a_bad_host_memory_gib_is_a_one_line_error(bad: str, tmp_path: Path) -> None:
     for command in ("probe", "search"):
         done = in_process(
-            command, "model=tiny_mlp", "backend=simulate", f"host_memory_gib={bad}", cwd=tmp_path
-        )
+            command, "model=tiny_mlp", "gpu=a40", "backend=simulate", f"host_memory_gib={bad}",
+            cwd=tmp_path,
+        )  # fmt: skip
         assert done.returncode != 0
         lines = done.stderr.strip().splitlines()
         shown = lines[0].replace("'", "").lower()

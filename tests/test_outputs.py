@@ -293,7 +293,7 @@ BAD_NAMES = {
 def test_a_study_that_is_not_a_name_is_refused_in_one_line(
     tmp_path: Path, name: str, command: str
 ) -> None:
-    args = ["model=tiny_mlp", "backend=simulate"] if command == "search" else []
+    args = ["model=tiny_mlp", "gpu=a40", "backend=simulate"] if command == "search" else []
     line = one_line(in_process(command, f"study='{name}'", *args, cwd=tmp_path), 2)
     assert line == (
         f"autofit: error: study={name!r} is not a study name: {BAD_NAMES[name]}; a name is one "
@@ -367,8 +367,8 @@ def test_hydra_settings_that_change_the_environment_or_import_code_are_refused(
 
 @pytest.mark.parametrize("override", ALLOWED)
 def test_the_hydra_settings_a_sweep_needs_pass(override: str) -> None:
-    assert validate_overrides("search", ["model=tiny_mlp", override]) == [
-        "model=tiny_mlp", override,
+    assert validate_overrides("search", ["model=tiny_mlp", "gpu=a40", override]) == [
+        "model=tiny_mlp", "gpu=a40", override,
     ]  # fmt: skip
 
 

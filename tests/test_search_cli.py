@@ -90,6 +90,7 @@ def test_a_search_killed_with_sigkill_loses_no_finished_probe(tmp_path: Path) ->
         "autofit",
         "search",
         "model=tiny_sana",
+        "gpu=a40",
         "space=wide.yaml",
         "jobs=1",
     ]
@@ -109,7 +110,7 @@ def test_a_search_killed_with_sigkill_loses_no_finished_probe(tmp_path: Path) ->
     recorded = _finished_probes(db)
     assert recorded >= 3
 
-    done = autofit("search", "model=tiny_sana", "space=wide.yaml", cwd=tmp_path)
+    done = autofit("search", "model=tiny_sana", "gpu=a40", "space=wide.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "results" / "tiny_sana-a40-wide" / "summary.json").read_text())
     assert summary["reused_probes"] >= recorded  # every probe that finished before the kill
@@ -147,18 +148,18 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
     }
     for name, (text, key) in cases.items():
         (tmp_path / name).write_text(text)
-        done = in_process("search", "model=sana_1600m", f"space={name}", cwd=tmp_path)
+        done = in_process("search", "model=sana_1600m", "gpu=a40", f"space={name}", cwd=tmp_path)
         assert done.returncode == 2, (name, done.stderr)
         line = done.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and key in line, line
     assert not (tmp_path / "results").exists()  # nothing ran, nothing written
-    above = in_process("search", "model=sana_1600m", "target.min_batch=65", cwd=tmp_path)
+    above = in_process("search", "model=sana_1600m", "gpu=a40", "target.min_batch=65", cwd=tmp_path)
     assert above.returncode == 2 and above.stderr.strip() == (
         "autofit: error: target.min_batch=65 is above space default's largest batch, 64; "
         "valid: 1 to 64"
     )
     assert not (tmp_path / "results").exists()
-    unknown = in_process("search", "space=quik", cwd=tmp_path)
+    unknown = in_process("search", "model=tiny_mlp", "gpu=a40", "space=quik", cwd=tmp_path)
     assert (
         unknown.returncode == 2
         and "unknown space 'quik' (did you mean 'quick'?)" in unknown.stderr
@@ -218,11 +219,11 @@ def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
 
 
 def test_a_changed_preset_is_measured_again_not_reused(tmp_path: Path) -> None:
-    first = autofit("search", "model=tiny_sana", "space=quick", "study=s", cwd=tmp_path)
+    first = autofit("search", "model=tiny_sana", "gpu=a40", "space=quick", "study=s", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     changed = autofit(
-        "search", "model=tiny_sana", "space=quick", "study=s", "model.architecture.num_layers=3",
-        cwd=tmp_path,
+        "search", "model=tiny_sana", "gpu=a40", "space=quick", "study=s",
+        "model.architecture.num_layers=3", cwd=tmp_path,
     )  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     summary = json.loads((tmp_path / "results" / "s" / "summary.json").read_text())

@@ -24,10 +24,10 @@ knobs:
 
 # The second job's space is a file that is not there: the override passes the sweep's checks
 # (a space is read when its search starts) and the job fails at run time with exit 2.
-FAILING_SWEEP = ["model=tiny_mlp", "backend=simulate", "space=tiny.yaml,missing.yaml"]
+FAILING_SWEEP = ["model=tiny_mlp", "gpu=a40", "backend=simulate", "space=tiny.yaml,missing.yaml"]
 SUMMARY = (
     "autofit: 1 of 2 jobs of the sweep failed: "
-    "model=tiny_mlp backend=simulate space=missing.yaml (exit 2)"
+    "model=tiny_mlp gpu=a40 backend=simulate space=missing.yaml (exit 2)"
 )
 
 
