@@ -33,11 +33,11 @@ FOUR = """
 batch_size: {min: 1, max: 1}
 resolution: [x1]
 knobs:
-  precision: [bf16, fp16]
+  precision: [bf16, bf16_pure]
   optimizer: [adamw, sgd]
   checkpointing: [false]
 """
-ONE = FOUR.replace("[bf16, fp16]", "[bf16]").replace("[adamw, sgd]", "[adamw]")
+ONE = FOUR.replace("[bf16, bf16_pure]", "[bf16]").replace("[adamw, sgd]", "[adamw]")
 
 
 def _worker(
