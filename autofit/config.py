@@ -46,6 +46,8 @@ def _malformed(text: str, following: list[str], detail: str) -> str:
     """What to write instead of an override Hydra cannot parse: the forms other tools take
     (`--model=x`, `--model x`, `model x`) as autofit's `model=x`."""
     key, has_value, value = text.lstrip("-").partition("=")
+    if text in ("-m", "--multirun"):
+        return f"{text} comes first, right after the command: autofit <command> -m key=a,b ..."
     if not has_value and following and "=" not in following[0]:
         return f"malformed override '{text} {following[0]}'; write {key}={following[0]}"
     if text.startswith("-") and key:

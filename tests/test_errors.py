@@ -87,6 +87,7 @@ def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
         (["--model=tiny_mlp"], "malformed override '--model=tiny_mlp'; write model=tiny_mlp"),
         (["--model", "tiny_mlp"], "malformed override '--model tiny_mlp'; write model=tiny_mlp"),
         (["model", "tiny_mlp"], "malformed override 'model tiny_mlp'; write model=tiny_mlp"),
+        (["model=tiny_mlp", "-m"], "-m comes first, right after the command"),
     ],
 )
 def test_a_malformed_override_says_what_to_write(
