@@ -196,6 +196,14 @@ def test_a_card_without_bf16_searches_fp16_and_one_with_it_leaves_fp16_out(
     for combination in summary["combinations"]:
         by_precision.setdefault(combination["knobs"]["precision"], set()).add(combination["status"])
     assert "exact" in by_precision["fp16"] and by_precision["bf16"] == {"invalid"}
+    # without a terminal, the log gives one line per reason, before the first probe
+    log = done.stderr.splitlines()
+    invalid = [i for i, line in enumerate(log) if "] invalid: " in line]
+    assert (
+        len(invalid) == 1
+        and "invalid: 2 combinations: precision=bf16 needs bf16" in (log[invalid[0]])
+    )
+    assert invalid[0] < min(i for i, line in enumerate(log) if "] probe 1:" in line)
 
     from autofit.commands.search import left_out_by
     from autofit.gpus import load_gpu

@@ -38,6 +38,7 @@ class Progress(SearchListener):
         self.started = time.perf_counter()
         self.done = self.reused = 0
         self.best: ProbeResult | None = None
+        self._invalid: dict[str, int] = {}  # reason -> combinations, logged as one line each
         self._lock = threading.Lock()
 
     def _elapsed(self) -> str:
@@ -74,6 +75,7 @@ class Progress(SearchListener):
                 )
                 self.stream.write(line[:160].ljust(160))
             else:
+                self._log_invalid()
                 knobs = config_words(result, self.knob_names)
                 peak = size(result.peak_bytes) if result.peak_bytes else "-"
                 if result.host_peak_bytes is not None:
@@ -87,16 +89,30 @@ class Progress(SearchListener):
             self.stream.flush()
 
     def on_combination(self, combination: Combination) -> None:
-        if combination.status in (Status.PRUNED, Status.INVALID) and not self.live:
-            with self._lock:
+        if self.live:
+            return
+        with self._lock:
+            if combination.status is Status.INVALID:
+                # the search finds them all before its first probe: one line per reason
+                self._invalid[combination.reason] = self._invalid.get(combination.reason, 0) + 1
+            elif combination.status is Status.PRUNED:
+                self._log_invalid()
                 self.stream.write(
                     f"[{self._elapsed()}] {combination.status.value}: {combination.label()}: {combination.reason}\n"
                 )
                 self.stream.flush()
 
+    def _log_invalid(self) -> None:
+        for reason, count in self._invalid.items():
+            self.stream.write(f"[{self._elapsed()}] invalid: {count} combinations: {reason}\n")
+        self._invalid.clear()
+
     def close(self) -> None:
-        if self.live:
-            self.stream.write("\n")
+        with self._lock:
+            if self.live:
+                self.stream.write("\n")
+            else:
+                self._log_invalid()
             self.stream.flush()
 
 
