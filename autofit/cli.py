@@ -73,21 +73,21 @@ def _command_help(command: str) -> str:
         if indent and not parent:
             continue
         name = f"{parent}.{key}" if indent else key
-        lines.append(f"  {name:<18} {default or '':<10} {comment or ''}".rstrip())
+        lines.append(f"  {name:<22} {default or '':<10} {comment or ''}".rstrip())
     for group in command_groups(command):
         own = " | path/to/card.yaml (docs/gpus.md)" if group == "gpu" else ""
-        lines.append(f"  {group:<18} {' | '.join(group_options(group))}{own}")
+        lines.append(f"  {group:<22} {' | '.join(group_options(group))}{own}")
     if command == "probe":
         from autofit.knobs import registry
 
         lines += ["", "knobs:"]
         for knob in registry().values():
             default = "model's native" if knob.default is None else str(knob.default).lower()
-            lines.append(f"  {knob.name:<18} {knob.describe()} (default {default}): {knob.help}")
+            lines.append(f"  {knob.name:<22} {knob.describe()} (default {default}): {knob.help}")
     if command == "export":
         from autofit.export import TARGETS
 
-        lines += ["", "targets:"] + [f"  {n:<18} {t.summary}" for n, t in TARGETS.items()]
+        lines += ["", "targets:"] + [f"  {n:<22} {t.summary}" for n, t in TARGETS.items()]
     if command == "search":
         from autofit.export import TARGETS
 

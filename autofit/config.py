@@ -208,6 +208,22 @@ def _check_hydra(command: str, override: Any) -> None:
     )
 
 
+def _setting_names(base: Any, groups: Any) -> list[str]:
+    """The settings a command takes, nested ones dotted (`target.min_batch`), groups left out."""
+    from omegaconf import DictConfig
+
+    names = []
+    for key in base:
+        if key in groups:
+            continue
+        value = base[key]
+        if isinstance(value, DictConfig):
+            names += [f"{key}.{inner}" for inner in value]
+        else:
+            names.append(key)
+    return names
+
+
 def validate_overrides(command: str, overrides: list[str], sweep: bool = False) -> list[str]:
     """Check every override's key and every group choice (each value of a sweep) before Hydra
     sees them; knob values are checked once composed. Returns the overrides Hydra is to compose:
@@ -228,7 +244,7 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
         key = override.key_or_group
         if key in GROUPS and key not in groups:
             examples = [f"{g}={EXAMPLES[g]}" for g in mandatory_groups(command)]
-            settings = [k for k in _compose(command, examples) if k not in groups]
+            settings = _setting_names(_compose(command, examples), groups)
             raise ConfigError(
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
@@ -244,7 +260,7 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
     missing = [group for group in mandatory_groups(command) if group not in given]
     # keys are checked first (a misspelt one is the likelier slip), against an example's groups
     base = _compose(command, group_overrides + [f"{g}={EXAMPLES[g]}" for g in missing])
-    settings = [k for k in base if k not in groups]
+    settings = _setting_names(base, groups)
     for override in parsed:
         key = override.key_or_group
         if key in groups or key.startswith(("hydra.", "hydra/")):

@@ -141,7 +141,7 @@ def grid(
         label for label, f in fits.items()
         if any(not f[b] and f.get(b + 1) for b in f)
     ]  # fmt: skip
-    winner = best_config(results, space.target_resolution, space.target_min_batch)
+    winner = best_config(results, space.target_resolution, space.target_min_batch, space.best_rule)
     timing = json.loads(timing_file.read_text())
     return largest, None if winner is None else winner.config, timing, not_monotonic
 

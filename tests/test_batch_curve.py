@@ -165,6 +165,27 @@ def test_the_scan_finds_the_largest_batch_a_grid_finds() -> None:
         assert _same(result.to_dict(), direct) == {}
 
 
+def test_the_scan_reports_the_largest_batch_that_leaves_more_room() -> None:
+    """With spare bytes asked for, the scan also reports the largest batch whose peak is at
+    least that much under the best's (the best rule's lighter candidate), as a direct probe of
+    it says, and the batch above it is not that light."""
+    from autofit.probe.scan import scan_group
+
+    probe = make("tiny_sana", "a40", resolution=512)  # about 28 MiB more per sample
+    grid = {b: execute(at_batch(probe, b)) for b in (6, 10, 11)}
+    budget = (grid[10].peak_bytes + grid[11].peak_bytes) // 2
+    tight = dataclasses.replace(probe, margin=1 - budget / probe.gpu_spec.memory_bytes)
+    spare = grid[10].peak_bytes - grid[6].peak_bytes - 1  # what batch 6 frees, all but a byte
+    (answer,) = scan_group([(tight, 2)], 12, spare)
+    best, above, lighter = answer.results
+    assert (best.config["batch_size"], above.config["batch_size"]) == (10, 11)
+    batch = lighter.config["batch_size"]
+    assert batch == 6 and lighter.source == "replayed"
+    assert _same(lighter.to_dict(), execute(at_batch(tight, batch)).to_dict()) == {}
+    assert lighter.peak_bytes <= best.peak_bytes - spare
+    assert execute(at_batch(tight, batch + 1)).peak_bytes > best.peak_bytes - spare
+
+
 def test_a_step_that_is_not_affine_is_caught() -> None:
     import sys
 
@@ -261,8 +282,9 @@ def test_runs_of_frees_compare_in_one_order() -> None:
 
 def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: Path) -> None:
     """Two structures that differ in the optimizer, over batches 1 to 400,000: each scan is
-    kept as two trials (b*, which fits, and b* + 1, which does not), marked replayed; the
-    answer is what probes of those batches say; the same command again reuses the scans."""
+    kept as three trials (b*, which fits, b* + 1, which does not, and the lighter point the
+    best rule weighs), marked replayed; the answer is what probes of those batches say; the
+    same command again reuses the scans, the lighter points with them."""
     import json
 
     import optuna
@@ -281,11 +303,12 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     )
     trials = sorted(study.trials, key=lambda t: (t.params["optimizer"], t.params["batch_size"]))
     assert [(t.params["optimizer"], t.state.name, t.user_attrs["source"]) for t in trials] == [
-        ("adamw", "COMPLETE", "replayed"), ("adamw", "FAIL", "replayed"),
+        ("adamw", "COMPLETE", "replayed"), ("adamw", "COMPLETE", "replayed"),
+        ("adamw", "FAIL", "replayed"), ("lion", "COMPLETE", "replayed"),
         ("lion", "COMPLETE", "replayed"), ("lion", "FAIL", "replayed"),
     ]  # fmt: skip
-    best, above = trials[0].params["batch_size"], trials[1].params["batch_size"]
-    assert above == best + 1 and 1000 < best < 400000
+    lighter, best, above = (trials[i].params["batch_size"] for i in range(3))
+    assert above == best + 1 and 1000 < best < 400000 and lighter < best
     probe = make("tiny_mlp", "l4", precision="bf16_pure", optimizer="adamw")
     assert execute(at_batch(probe, best)).outcome is Outcome.OK
     assert execute(at_batch(probe, best + 1)).outcome is Outcome.OOM
@@ -293,8 +316,8 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     again = in_process(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     summary = json.loads((tmp_path / "results" / "wide" / "summary.json").read_text())
-    assert summary["new_probes"] == 0 and summary["reused_probes"] == 4
-    assert len(optuna.load_study(study_name="wide", storage=study._storage).trials) == 4
+    assert summary["new_probes"] == 0 and summary["reused_probes"] == 6
+    assert len(optuna.load_study(study_name="wide", storage=study._storage).trials) == 6
 
 
 _FIRST_AND_NEXT = """

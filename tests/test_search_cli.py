@@ -145,6 +145,14 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
             "batch_size: {min: 1, max: 4}\ntarget: {min_batch: 8}\n",
             "target.min_batch=8 is above batch_size.max=4",
         ),
+        "bad_rule.yaml": (
+            "batch_size: {min: 1, max: 4}\ntarget: {memory_gain: 1.5}\n",
+            "target.memory_gain=1.5 is not valid; expected a share from 0 to 1",
+        ),
+        "unknown_target.yaml": (
+            "batch_size: {min: 1, max: 4}\ntarget: {speed: 0.1}\n",
+            "target.speed: unknown setting; valid: resolution, min_batch, speed_tolerance",
+        ),
     }
     for name, (text, key) in cases.items():
         (tmp_path / name).write_text(text)
@@ -159,6 +167,15 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
         "valid: 1 to 64"
     )
     assert not (tmp_path / "results").exists()
+    for setting, says in {
+        "target.speed_tolerance=-0.5": "target.speed_tolerance=-0.5 is not valid; expected a "
+        "share from 0 to 1",
+        "target.speed_tolrance=0.1": "unknown setting 'target.speed_tolrance' for 'autofit "
+        "search' (did you mean 'target.speed_tolerance'?)",
+    }.items():
+        done = in_process("search", "model=sana_1600m", "gpu=a40", setting, cwd=tmp_path)
+        line = done.stderr.strip()
+        assert done.returncode == 2 and len(line.splitlines()) == 1 and says in line, line
     unknown = in_process("search", "model=tiny_mlp", "gpu=a40", "space=quik", cwd=tmp_path)
     assert (
         unknown.returncode == 2

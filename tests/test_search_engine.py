@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
+
+from autofit.errors import ConfigError
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.spec import Outcome, ProbeResult
-from autofit.search.display import losers
+from autofit.search.display import best_block, losers
 from autofit.search.engine import Search
-from autofit.search.pareto import best_config, pareto_front
+from autofit.search.pareto import BestRule, best_config, fastest_and_best, pareto_front
 from autofit.search.space import SearchSpace
 
 GIB = 1 << 30
@@ -169,6 +172,46 @@ def test_best_config_honours_min_batch_and_breaks_ties_on_memory() -> None:
     assert best_config(results, 1024, 2).config["batch_size"] == 6  # tie on speed: less memory
     assert best_config(results, 1024, 7) is None
     assert best_config(results, 512, 1) is None
+
+
+def test_the_best_rule_prefers_a_nearly_as_fast_run_with_clearly_more_headroom() -> None:
+    """Of the runs within speed_tolerance of the fastest, one that leaves at least memory_gain
+    of the budget more free wins, the one leaving most free first; less than that, or slower
+    than that, and the fastest stays the best."""
+    edge = BUDGET - BUDGET // 100  # the fastest run: 99% of the budget
+    fastest = make(8, 1024, 10.0, edge)
+    lighter = make(7, 1024, 9.8, edge - BUDGET // 10)  # 2% slower, frees 10% of the budget
+    lightest = make(6, 1024, 9.75, edge - BUDGET // 5)  # 2.5% slower, frees 20%
+    slow = make(2, 1024, 5.0, BUDGET // 10)  # frees most, far slower
+    almost = make(7, 1024, 9.9, edge - BUDGET // 50)  # frees only 2%
+    rule = BestRule()  # 3%, 5%
+    assert fastest_and_best([fastest, slow, almost], 1024, 1, rule) == (fastest, fastest)
+    assert fastest_and_best([fastest, lighter, slow], 1024, 1, rule) == (fastest, lighter)
+    assert fastest_and_best([fastest, lighter, lightest], 1024, 1, rule)[1] is lightest
+    assert best_config([fastest, lightest], 1024, 1, BestRule(0.02, 0.05)) is fastest  # too slow
+    assert best_config([fastest, lighter], 1024, 1, BestRule(0.03, 1.0)) is fastest  # off
+    assert BestRule(0.03, 1.0).spare_bytes(BUDGET) == 0
+
+
+def test_the_best_line_shows_headroom_provenance_and_the_run_it_was_preferred_to() -> None:
+    edge = BUDGET - BUDGET // 100
+    fastest, lighter = make(8, 1024, 10.0, edge), make(7, 1024, 9.8, edge - BUDGET // 10)
+    alone = best_block(fastest, [])
+    assert "headroom (1% of the budget); simulated" in alone and "preferred" not in alone
+    preferred = best_block(lighter, [], fastest, BestRule())
+    assert "headroom (11% of the budget); simulated" in preferred
+    assert "preferred to the fastest, batch_size=8 resolution=1024: 2.0% faster but " in preferred
+    assert "(target.speed_tolerance=0.03 target.memory_gain=0.05)" in preferred
+    cuda = dataclasses.replace(fastest, backend="cuda")
+    assert "; measured (cuda)" in best_block(cuda, [])
+
+
+def test_best_rule_settings_are_shares() -> None:
+    rule = BestRule().replaced({"speed_tolerance": 0.1, "memory_gain": None}, "target.")
+    assert rule == BestRule(0.1, 0.05)
+    for bad in (1.5, -0.1, "x", True):
+        with pytest.raises(ConfigError, match=rf"^target.memory_gain={bad!r} is not valid; "):
+            BestRule().replaced({"memory_gain": bad}, "target.")
 
 
 def test_nothing_fits() -> None:

@@ -162,6 +162,7 @@ def run_config(cfg: Any) -> int:
                 f"target.min_batch={target['min_batch']!r} is not valid; expected an integer >= 1"
             )
         space = dataclasses.replace(space, target_min_batch=target["min_batch"])
+    space = dataclasses.replace(space, best_rule=space.best_rule.replaced(target, "target."))
     if space.target_min_batch > space.max_batch:  # no run could be the best: say so, probe nothing
         raise ConfigError(
             f"target.min_batch={space.target_min_batch} is above space {space.name}'s largest "
@@ -246,8 +247,9 @@ def run_config(cfg: Any) -> int:
               "wall_s": round(result.wall_s, 2)}  # fmt: skip
     front = [r for runs in result.pareto.values() for r in runs]
     summary = write_results(
-        out, meta, result.results, result.combinations, front, result.best, counts, knob_names
-    )
+        out, meta, result.results, result.combinations, front, result.best, counts, knob_names,
+        result.fastest, space.best_rule,
+    )  # fmt: skip
     # The same table `autofit report` prints, from the files just written.
     print("\n" + pareto_table(load_study(out)).text())
     lost = display.losers(result.combinations)
@@ -272,7 +274,7 @@ def run_config(cfg: Any) -> int:
             f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
             f"the smallest peak found is {size(smallest)} against a budget of {size(budget)}"
         )
-    print("\n" + display.best_block(result.best, knob_names))
+    print("\n" + display.best_block(result.best, knob_names, result.fastest, space.best_rule))
     return 0
 
 

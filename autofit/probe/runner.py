@@ -101,10 +101,13 @@ def run_probe(
 
 
 def run_scans(
-    items: list[tuple[ProbeSpec, int]], hi: int, launcher: Launcher | None = None
+    items: list[tuple[ProbeSpec, int]],
+    hi: int,
+    launcher: Launcher | None = None,
+    spare_bytes: int = 0,
 ) -> list[ScanResult]:
     """Scan structures (each a spec and the smallest batch `lo` of its range `lo`..`hi`) in one
-    subprocess (autofit/probe/scan.py `scan_group`). Each structure traces at most four
+    subprocess (autofit/probe/scan.py `scan_group`; `spare_bytes`: its lighter points). Each structure traces at most four
     batches, so the scans may take four times a probe's `timeout_s` each; scans that run past
     that, or whose worker dies, come back with no curve and one result saying so, at their
     `lo`. Raises ProbeNotFinished as `run_probe` does."""
@@ -115,7 +118,9 @@ def run_scans(
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         log_file = Path(tmp) / "worker.log"
         structures = [{"spec": dataclasses.asdict(spec), "lo": lo} for spec, lo in items]
-        request_path.write_text(json.dumps({"structures": structures, "hi": hi}))
+        request_path.write_text(
+            json.dumps({"structures": structures, "hi": hi, "spare_bytes": spare_bytes})
+        )
         returncode, waited = _run_retried(
             first, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s
         )

@@ -15,6 +15,7 @@ structure being scanned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -101,8 +102,11 @@ def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) ->
 class _Scan:
     """One structure's scan: its traced points, its curve, its answer over `lo`..`hi`."""
 
-    def __init__(self, spec: ProbeSpec, lo: int, hi: int, found: dict[str, str]) -> None:
+    def __init__(
+        self, spec: ProbeSpec, lo: int, hi: int, found: dict[str, str], spare_bytes: int = 0
+    ) -> None:
         self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
+        self.spare = spare_bytes  # the lighter point leaves this much more free than the best
         self.traced: dict[int, TracedPoint] = {}
         self.curve: BatchCurve | None = None
         self.shared = False  # the curve's growth came from another structure's
@@ -116,14 +120,15 @@ class _Scan:
             self.traced[batch] = TracedPoint(at_batch(self.spec, batch), self.found)
         return self.traced[batch]
 
-    def fits(self, batch: int, log: StepLog) -> bool:
+    def fits(self, batch: int, log: StepLog, spare: int = 0) -> bool:
         """Whether `batch`, whose step is `log`, comes out `ok`: what the outcome of its result
-        says (GPU budget, then host budget), without the search for its least limit."""
+        says (GPU budget, then host budget), without the search for its least limit; with
+        `spare`, whether it does so leaving that many bytes of the GPU budget free."""
         from autofit.backends.base import model_host_memory
         from autofit.simulator.batch_curve import gpu_fits
 
         allocator = self.spec.knobs.get("allocator", "default")
-        if not gpu_fits(log, self.workspace, self.limit, allocator):
+        if not gpu_fits(log, self.workspace, self.limit - spare, allocator):
             return False
         host_budget = self.spec.host_memory_bytes
         return host_budget is None or (
@@ -183,18 +188,29 @@ class _Scan:
         curve, spec = self.curve, self.spec
         assert curve is not None
 
-        def fits(batch: int) -> bool:
+        def fits(batch: int, spare: int = 0) -> bool:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
-                return self._fits_traced(batch)
-            return self.fits(batch, curve.log_at(batch))
+                return self.fits(batch, self.traced_at(batch).log, spare)
+            return self.fits(batch, curve.log_at(batch), spare)
 
+        @functools.cache
         def result_at(batch: int) -> ProbeResult:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
                 return self.traced_at(batch).result()
             return replayed_point(curve, at_batch(spec, batch), self.found)
 
-        best = curve.largest_fitting(self.lo, self.hi, self.limit - sum(self.workspace), fits)
-        return _reported(self.lo, self.hi, best, result_at, [])
+        room = self.limit - sum(self.workspace)
+        best = curve.largest_fitting(self.lo, self.hi, room, fits)
+        lighter = None
+        if best is not None and self.spare > 0:
+            # what the best leaves free, and `spare` more
+            spare = self.spare + self.spec.budget_bytes - (result_at(best).peak_bytes or 0)
+            # not batch 1 for it alone: that is a trace of its own
+            lowest = self.lo if self.lo in self.traced else max(self.lo, FIRST_CURVE_BATCH)
+            lighter = curve.largest_fitting(
+                lowest, best - 1, room - spare, lambda b: fits(b, spare)
+            )
+        return _reported(self.lo, self.hi, best, result_at, [], lighter)
 
 
 def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
@@ -202,12 +218,15 @@ def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
     return scan_group([(spec, lo)], hi)[0]
 
 
-def scan_group(items: list[tuple[ProbeSpec, int]], hi: int) -> list[ScanResult]:
+def scan_group(
+    items: list[tuple[ProbeSpec, int]], hi: int, spare_bytes: int = 0
+) -> list[ScanResult]:
     """Scans of structures that differ only in knobs that do not change what a sample adds (the
     optimizer, say), each over its `lo`..`hi`. Each is traced at `hi` first; one that needs a
     curve borrows the first structure's growth where their steps agree
     (BatchCurve.shared_with), the first tracing its curve's three batches once, on the first
-    need; where they do not agree, it traces its own three."""
+    need; where they do not agree, it traces its own three. With `spare_bytes`, each answered
+    from a curve also reports its lighter point (`_reported`)."""
     from autofit.probe.worker import versions
 
     found = versions()
@@ -215,7 +234,7 @@ def scan_group(items: list[tuple[ProbeSpec, int]], hi: int) -> list[ScanResult]:
     scans: list[tuple[_Scan, ScanResult]] = []
     lender: _Scan | None = None
     for spec, lo in items:
-        one = _Scan(spec, lo, hi, found)
+        one = _Scan(spec, lo, hi, found, spare_bytes)
         try:
             answer = one.run(start, lender)
         except Exception as exc:  # a crash is this structure's answer, as a probe's would be
@@ -237,11 +256,18 @@ def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:
 
 
 def _reported(
-    lo: int, hi: int, best: int | None, result_at: Callable[[int], ProbeResult], traced: list[int]
+    lo: int,
+    hi: int,
+    best: int | None,
+    result_at: Callable[[int], ProbeResult],
+    traced: list[int],
+    lighter: int | None = None,
 ) -> ScanResult:  # `traced` is filled in by the caller
     """The scan's answer with the points it reports: the best batch and the one above it, or
-    `lo` when none fits."""
+    `lo` when none fits; and `lighter`, the largest batch that leaves the spare bytes more free
+    than the best, for the search's best rule (autofit/search/pareto.py BestRule) to weigh against the best."""
     points = [lo] if best is None else [best] + ([best + 1] if best < hi else [])
+    points += [lighter] if lighter is not None else []
     return ScanResult(lo, hi, best, [result_at(b) for b in points], traced)
 
 
@@ -262,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     items = [(ProbeSpec(**item["spec"]), item["lo"]) for item in request["structures"]]
     hi = request["hi"]
     try:
-        answers = scan_group(items, hi)
+        answers = scan_group(items, hi, request.get("spare_bytes", 0))
     except Exception as exc:  # before any structure's scan began: each has crashed
         answers = [_crashed(spec, lo, hi, exc) for spec, lo in items]
     write_atomically(result_path, json.dumps([answer.to_dict() for answer in answers]))

@@ -151,7 +151,8 @@ class ScanResult:
     """What a scan of one structure over batches `lo`..`hi` found (autofit/probe/scan.py).
 
     `best_batch`: the largest batch that fits (None: none does). `results`: the points the search
-    reports: the best batch and the one above it (or `lo` when none fits), each with its figures
+    reports: the best batch and the one above it (or `lo` when none fits), and with spare bytes
+    asked for, the largest batch that leaves them free (the lighter point), each with its figures
     and `source`; with `affine` false (the traces did not lie on one line, `reason` says why),
     the traced points instead, and `best_batch` is not known: the caller probes batch by batch.
     `traced`: the batches traced."""

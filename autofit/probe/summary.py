@@ -9,6 +9,17 @@ from autofit.units import count, flops, seconds, size, value
 LOG_LINES = 8
 
 
+def headroom(peak_bytes: int, budget_bytes: int) -> str:
+    """What a run leaves free of its budget, as the best line, report and export show it."""
+    free = budget_bytes - peak_bytes
+    return f"{size(free)} headroom ({free / budget_bytes:.0%} of the budget)"
+
+
+def provenance(backend: str) -> str:
+    """Whether a result's figures are simulated or measured, in words."""
+    return "simulated" if backend == "simulate" else f"measured ({backend})"
+
+
 def summarize(result: ProbeResult) -> str:
     config = " ".join(f"{k}={value(v)}" for k, v in result.config.items())
     lines = [

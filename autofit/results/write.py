@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from autofit.errors import AutofitError
 from autofit.host import budget_words
 from autofit.paths import search_spaces_dir, write_together
 from autofit.probe.spec import ProbeResult
+from autofit.probe.summary import headroom, provenance
 from autofit.results.layout import (
     BEST,
     GIB,
@@ -24,7 +26,7 @@ from autofit.results.layout import (
     Status,
     study_folder,
 )
-from autofit.search.pareto import run_size
+from autofit.search.pareto import BestRule, run_size
 from autofit.units import size
 from autofit.units import value as show
 
@@ -52,11 +54,13 @@ def write_results(
     best: ProbeResult | None,
     counts: dict[str, Any],
     knob_names: list[str],
+    fastest: ProbeResult | None = None,
+    rule: BestRule | None = None,
 ) -> dict[str, Any]:
     """Write the four files of a search into `out`, together or not at all (summary.json, the
     folder's commit marker, last: autofit/paths.py write_together); return the summary.
     `combinations` are the search's (each with knobs, resolution, status, best_batch, probes and
-    reason)."""
+    reason). `rule` chose `best`; `fastest`: the fastest run, where the rule preferred another."""
     budget = int(counts["budget_bytes"])
     trials, trial_rows = _trials_text(results, combinations, budget, knob_names)
     pareto_csv = _pareto_text(pareto, knob_names)
@@ -64,6 +68,8 @@ def write_results(
         **meta,
         **counts,
         "best": point(best) if best else None,
+        "best_rule": asdict(rule) if rule else None,
+        "fastest": point(fastest) if fastest else None,
         "pareto": [point(r) for r in pareto],
         "combinations": [c.to_dict() for c in combinations],
         # What the tables beside it hold, so a reader can tell a complete file from a cut one.
@@ -76,7 +82,7 @@ def write_results(
     files = {
         TRIALS: trials,
         PARETO: pareto_csv,
-        BEST: _best_text(best, meta),
+        BEST: _best_text(best, meta, fastest is not None),
         SUMMARY: json.dumps(summary, indent=2),
     }
     try:
@@ -188,7 +194,7 @@ def _pareto_text(pareto: list[ProbeResult], knob_names: list[str]) -> str:
     return _csv_text(columns, rows)
 
 
-def _best_text(best: ProbeResult | None, meta: dict[str, Any]) -> str:
+def _best_text(best: ProbeResult | None, meta: dict[str, Any], preferred: bool) -> str:
     import yaml
 
     if best is None:
@@ -201,10 +207,12 @@ def _best_text(best: ProbeResult | None, meta: dict[str, Any]) -> str:
     )
     probe = ["autofit", "probe", f"model={meta['model']}", f"gpu={meta['gpu']}"]
     probe += [f"{k}={show(v)}" for k, v in best.config.items()]
+    which = "nearly fastest, with more headroom," if preferred else "fastest"
     header = (
-        f"# The fastest configuration of {meta['model']} that fits {meta['gpu']}: peak "
-        f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget, "
-        f"{best.samples_per_s:.3f} samples/s ({best.backend}, {how}){host}.\n"
+        f"# The {which} configuration of {meta['model']} that fits {meta['gpu']}: peak "
+        f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget "
+        f"({headroom(best.peak_bytes or 0, best.budget_bytes)}), "
+        f"{best.samples_per_s:.3f} samples/s ({provenance(best.backend)}, {how}){host}.\n"
         f"# Re-measure it with: {' '.join(shlex.quote(w) for w in probe)}\n"
     )
     body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}

@@ -32,7 +32,7 @@ from autofit.knobs import REGISTRY, invalid_reason
 from autofit.probe.spec import Outcome, ProbeResult, ScanResult
 from autofit.results import Status
 from autofit.search.claims import POLL_S, Busy
-from autofit.search.pareto import best_config, pareto_front
+from autofit.search.pareto import fastest_and_best, pareto_front
 from autofit.search.planner import LargestBatch, Observation, largest_fitting_batch
 from autofit.search.prober import Prober
 from autofit.search.space import SearchSpace
@@ -78,7 +78,8 @@ class SearchResult:
     wall_s: float
     budget_bytes: int
     pareto: dict[int, list[ProbeResult]] = field(default_factory=dict)
-    best: ProbeResult | None = None
+    best: ProbeResult | None = None  # by the space's BestRule
+    fastest: ProbeResult | None = None  # the fastest fitting run, when the rule preferred another
 
 
 def _savings(knobs: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
@@ -208,6 +209,7 @@ class Search:
         answers = self.prober.scan(
             [({**c.knobs, "resolution": c.resolution}, found[0] + 1) for c, found in todo],
             self.space.max_batch,
+            self.space.best_rule.spare_bytes(self.budget),
         )
         busy = []
         for (combination, found), answer in zip(todo, answers, strict=True):
@@ -329,6 +331,10 @@ class Search:
         for size in sorted(waves):
             self._run_wave(waves[size])
         results = list(self._results)
+        space = self.space
+        fastest, best = fastest_and_best(
+            results, space.target_resolution, space.target_min_batch, space.best_rule
+        )
         return SearchResult(
             results=results,
             combinations=combinations,
@@ -337,7 +343,8 @@ class Search:
             wall_s=time.perf_counter() - started,
             budget_bytes=self.budget,
             pareto=pareto_front(results),
-            best=best_config(results, self.space.target_resolution, self.space.target_min_batch),
+            fastest=fastest if fastest is not best else None,
+            best=best,
         )
 
     def _run_wave(self, wave: list[Combination]) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from autofit.errors import ConfigError
 from autofit.probe.spec import Outcome, ProbeResult
 
 
@@ -36,8 +39,49 @@ def pareto_front(results: list[ProbeResult]) -> dict[int, list[ProbeResult]]:
     return fronts
 
 
-def best_config(results: list[ProbeResult], resolution: int, min_batch: int) -> ProbeResult | None:
-    """The fastest fitting run at `resolution` with at least `min_batch`; ties to less memory."""
+@dataclass(frozen=True)
+class BestRule:
+    """How the best configuration is chosen: the fastest fitting run, unless a run at most
+    `speed_tolerance` slower (a share of the fastest's samples/s) leaves at least `memory_gain`
+    of the budget more free; then, of those, the one that leaves the most free. The fastest run
+    at the largest batch that fits sits at the memory edge by construction, where a real run's
+    few percent of noise decides whether it fits: a run one batch smaller, or with a lighter
+    optimizer, is as fast and safe. `memory_gain=1` turns the preference off."""
+
+    speed_tolerance: float = 0.03
+    memory_gain: float = 0.05
+
+    def replaced(self, values: dict[str, Any], where: str) -> BestRule:
+        """This rule with the settings `values` gives (None: keep), each checked: a share of 0
+        to 1, or a one-line error naming `where` and the value."""
+        shares = {}
+        for name in (f.name for f in fields(self)):
+            value = values.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ConfigError(
+                    f"{where}{name}={value!r} is not valid; expected a share from 0 to 1"
+                )
+            shares[name] = float(value)
+        return replace(self, **shares)
+
+    def spare_bytes(self, budget: int) -> int:
+        """What a run must leave free, beyond the fastest's, to be preferred (0: never)."""
+        return int(self.memory_gain * budget) if self.memory_gain < 1 else 0
+
+    def describe(self) -> str:
+        return (
+            f"target.speed_tolerance={self.speed_tolerance:g} "
+            f"target.memory_gain={self.memory_gain:g}"
+        )
+
+
+def fastest_and_best(
+    results: list[ProbeResult], resolution: int, min_batch: int, rule: BestRule = BestRule()
+) -> tuple[ProbeResult | None, ProbeResult | None]:
+    """The fastest fitting run at `resolution` with at least `min_batch` (ties to less memory),
+    and the best by `rule`: the same run, or one nearly as fast with clearly more headroom."""
     candidates = [
         r
         for r in results
@@ -45,4 +89,24 @@ def best_config(results: list[ProbeResult], resolution: int, min_batch: int) -> 
         and int(r.config["resolution"]) == resolution
         and int(r.config["batch_size"]) >= min_batch
     ]
-    return min(candidates, key=_rank) if candidates else None
+    if not candidates:
+        return None, None
+    fastest = min(candidates, key=_rank)
+    floor = (fastest.samples_per_s or 0.0) * (1 - rule.speed_tolerance)
+    freed = rule.memory_gain * fastest.budget_bytes
+    lighter = [
+        r
+        for r in candidates
+        if (r.samples_per_s or 0.0) >= floor
+        and (fastest.peak_bytes or 0) - (r.peak_bytes or 0) >= freed
+    ]
+    # most headroom first; of equal peaks, the faster
+    best = min(lighter, key=lambda r: (r.peak_bytes or 0, *_rank(r))) if lighter else fastest
+    return fastest, best
+
+
+def best_config(
+    results: list[ProbeResult], resolution: int, min_batch: int, rule: BestRule = BestRule()
+) -> ProbeResult | None:
+    """The best run by `rule` (fastest_and_best)."""
+    return fastest_and_best(results, resolution, min_batch, rule)[1]

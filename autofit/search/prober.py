@@ -77,7 +77,7 @@ class Prober:
         return self._scan and self.backend == "simulate"
 
     def scan(
-        self, structures: list[tuple[dict[str, Any], int]], hi: int
+        self, structures: list[tuple[dict[str, Any], int]], hi: int, spare_bytes: int = 0
     ) -> list[tuple[ScanResult, bool] | None]:
         """For each structure (its knobs, batch size aside, and the smallest batch `lo` of its
         range): the largest batch in `lo`..`hi` that fits, and whether it came from the study;
@@ -85,9 +85,12 @@ class Prober:
         scanned together in one subprocess, which lends the first one's curve to the others
         where their steps agree (autofit/probe/scan.py).
 
+        `spare_bytes`: each also reports the largest batch that leaves that much of the budget
+        free, for the best rule (autofit/search/pareto.py BestRule).
+
         The study keeps a scan as the trial of its first reported point (the best batch, or `lo`
-        failing) under the scan's key; the other point (the batch above the best) is a trial of
-        its own under its probe key."""
+        failing) under the scan's key, with the batches of the others; each other point (the
+        batch above the best, the lighter one) is a trial of its own under its probe key."""
         fingerprints = (self.backend, self.budget, *self.fingerprints, self.host_budget)
         answers: list[tuple[ScanResult, bool] | None] = []
         todo: list[tuple[int, ProbeSpec, int, Claim]] = []
@@ -96,7 +99,7 @@ class Prober:
                 self.preset, self.gpu, {**knobs, "batch_size": lo}, self.backend, self.margin,
                 self.timeout_s, self.host_budget,
             )  # fmt: skip
-            key = scan_key(spec.knobs, lo, hi, *fingerprints)
+            key = scan_key(spec.knobs, lo, hi, *fingerprints, spare_bytes=spare_bytes)
             stored = self.recorder.finished(key)
             claim = None
             if stored is None:
@@ -110,7 +113,8 @@ class Prober:
                 if claim is None:
                     stored = self.recorder.finished(key)
             if stored is not None:
-                answers.append((_stored_scan(self, stored, lo, hi, fingerprints), True))
+                reported = self.recorder.reported(key)
+                answers.append((_stored_scan(self, stored, lo, hi, fingerprints, reported), True))
                 continue
             assert claim is not None
             todo.append((len(answers), spec, lo, claim))
@@ -118,7 +122,9 @@ class Prober:
         if not todo:
             return answers
         try:
-            scanned = run_scans([(spec, lo) for _, spec, lo, _ in todo], hi, self.launcher)
+            scanned = run_scans(
+                [(spec, lo) for _, spec, lo, _ in todo], hi, self.launcher, spare_bytes
+            )
         except BaseException:
             for *_, claim in todo:
                 claim.release()
@@ -141,7 +147,7 @@ class Prober:
         first, *others = answer.results
         for result in others:
             self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
-        claim.record(first)
+        claim.record(first, reported=[r.config["batch_size"] for r in others])
         return answer
 
 
@@ -150,17 +156,25 @@ def _failed(answer: ScanResult) -> bool:
 
 
 def _stored_scan(
-    prober: Prober, first: ProbeResult, lo: int, hi: int, fingerprints: tuple[Any, ...]
+    prober: Prober,
+    first: ProbeResult,
+    lo: int,
+    hi: int,
+    fingerprints: tuple[Any, ...],
+    reported: list[int] | None,
 ) -> ScanResult:
-    """A scan a study holds, from its first reported point (and the point above, if stored)."""
+    """A scan a study holds, from its first reported point and the others it names (`reported`;
+    None, for a scan stored before it named them: the point above the best), where stored."""
     results = [first]
     best = first.config["batch_size"] if first.outcome is Outcome.OK else None
     if first.outcome in (Outcome.CRASH, Outcome.TIMEOUT):
         return ScanResult(lo, hi, None, results, [], False, "the stored scan failed")
-    if best is not None and best < hi:
-        above = prober.recorder.finished(
-            probe_key({**first.config, "batch_size": best + 1}, *fingerprints)
+    if reported is None:
+        reported = [best + 1] if best is not None and best < hi else []
+    for batch in reported:
+        point = prober.recorder.finished(
+            probe_key({**first.config, "batch_size": batch}, *fingerprints)
         )
-        if above is not None:
-            results.append(above)
+        if point is not None:
+            results.append(point)
     return ScanResult(lo, hi, best, results, [])

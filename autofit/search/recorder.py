@@ -58,6 +58,7 @@ DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
 _INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
 # Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
 # died or the machine was busy: a rerun probes them again unless told to keep them.
+REPORTED_ATTR = "reported"  # a scan's trial: the batches of its other reported points
 RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
 
 
@@ -95,13 +96,18 @@ def probe_key(
     return json.dumps(key, sort_keys=True)
 
 
-def scan_key(knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any) -> str:
+def scan_key(
+    knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any, spare_bytes: int = 0
+) -> str:
     """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
     probe key of the structure (`fingerprints` as `probe_key` takes them), its batch size
-    replaced by the range."""
+    replaced by the range, and the spare bytes its lighter point leaves (autofit/probe/scan.py;
+    none: the key a scan had before it reported one)."""
     structure = {k: v for k, v in knobs.items() if k != "batch_size"}
     key = json.loads(probe_key(structure, *fingerprints))
     key["scan"] = [lo, hi]
+    if spare_bytes:
+        key["spare"] = spare_bytes
     return json.dumps(key, sort_keys=True)
 
 
@@ -262,6 +268,14 @@ class StudyRecorder:
             result = self._usable(key)
         return result
 
+    def reported(self, key: str) -> list[int] | None:
+        """The batches of a stored scan's other reported points (None: stored before scans named
+        them)."""
+        with self._lock:
+            trial = self._probes.get(key)
+        found = None if trial is None else trial.user_attrs.get(REPORTED_ATTR)
+        return [int(b) for b in found] if isinstance(found, list) else None
+
     # -- claims --------------------------------------------------------------------------------
 
     def claim(self, key: str, knobs: dict[str, Any], timeout_s: float) -> Claim | None:
@@ -314,13 +328,22 @@ class StudyRecorder:
         retrying(lambda: self._storage.set_trial_system_attr(trial_id, CLAIM_ATTR, why))
         retrying(lambda: self._storage.set_trial_state_values(trial_id, TrialState.PRUNED))
 
-    def _finish(self, trial_id: int, key: str, result: ProbeResult, claimed: set[str]) -> None:
+    def _finish(
+        self,
+        trial_id: int,
+        key: str,
+        result: ProbeResult,
+        claimed: set[str],
+        reported: list[int] | None = None,
+    ) -> None:
         """Writes the probe's result into its claim: the trial `record_probe` would add."""
         from optuna.exceptions import UpdateFinishedTrialError
 
         if self._closed:  # the search stopped while this probe ran: its claim is given back
             return
         frozen = self._trial_of(key, result)
+        if reported is not None:
+            frozen.user_attrs[REPORTED_ATTR] = list(reported)
         self.heartbeat.drop(trial_id)
         storage = self._storage
         try:
@@ -447,8 +470,10 @@ class Claim:
         self.recorder, self.trial_id, self.key = recorder, trial_id, key
         self.params = params  # the params the claim's trial was created with
 
-    def record(self, result: ProbeResult) -> None:
-        self.recorder._finish(self.trial_id, self.key, result, self.params)
+    def record(self, result: ProbeResult, reported: list[int] | None = None) -> None:
+        """Writes `result`; `reported`: for a scan, the batches of its other reported points
+        (StudyRecorder.reported)."""
+        self.recorder._finish(self.trial_id, self.key, result, self.params, reported)
 
     def release(self) -> None:
         """Gives the probe back unanswered (autofit is stopping): another worker, or the next

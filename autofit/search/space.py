@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ from autofit.errors import ConfigError, yaml_error
 from autofit.knobs import Knob, registry
 from autofit.models import ModelPreset
 from autofit.paths import named_yaml, search_spaces_dir
+from autofit.search.pareto import BestRule
 
 TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target")
+TARGET = ("resolution", "min_batch", *(f.name for f in fields(BestRule)))
 SEARCHED_ELSEWHERE = ("batch_size", "resolution")  # not structural knobs: the planner varies them
 
 
@@ -33,6 +35,7 @@ class SearchSpace:
     knobs: dict[str, tuple[Any, ...]]  # knob -> values to try, in the file's order
     target_resolution: int
     target_min_batch: int
+    best_rule: BestRule = BestRule()
 
     def combinations(self) -> Iterator[dict[str, Any]]:
         """Every structural combination: one value per searched knob."""
@@ -134,7 +137,12 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
 
     target = data.get("target") or {}
     if not isinstance(target, dict):
-        raise ConfigError(f"{path}: target: expected resolution and min_batch")
+        raise ConfigError(f"{path}: target: expected {', '.join(TARGET)}")
+    unknown = sorted(set(target) - set(TARGET))
+    if unknown:
+        raise ConfigError(
+            f"{path}: target.{unknown[0]}: unknown setting; valid: {', '.join(TARGET)}"
+        )
     target_resolution = _resolution(
         target.get("resolution", "x1"), preset, f"{path}: target.resolution"
     )
@@ -158,6 +166,7 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
         knobs=knobs,
         target_resolution=target_resolution,
         target_min_batch=target_min_batch,
+        best_rule=BestRule().replaced(target, f"{path}: target."),
     )
 
 
