@@ -3,6 +3,7 @@ errors."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -267,3 +268,56 @@ def test_a_custom_model_gets_a_study_of_its_own(tmp_path: Path) -> None:
         ).read_text()
     )
     assert summary["best"]["peak_bytes"] <= summary["budget_bytes"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_shows_combinations_left_time_left_and_the_best_against_the_budget() -> None:
+    """On a terminal: combinations done of those to search, an estimate of the time left once
+    one is done, probes, the best so far with its peak against the budget; at any width every
+    number stays whole and only the best's knob words are cut. Without one: the same count on
+    each probe's log line."""
+    from autofit.commands.search import Progress
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.spec import Outcome, ProbeResult
+    from autofit.results import Status
+    from autofit.search.display import config_words
+    from autofit.search.engine import Combination
+    from autofit.search.space import load_space
+
+    space = load_space("default", load_preset("sana_1600m"))
+    budget = load_gpu("a40").budget_bytes(0.05)
+    knobs = {name: values[-1] for name, values in space.knobs.items()}
+    fits = ProbeResult(
+        outcome=Outcome.OK, backend="simulate", gpu="a40", model="sana_1600m",
+        config={**knobs, "batch_size": 8, "resolution": 1024}, budget_bytes=budget,
+        peak_bytes=budget - 2 * 2**30, samples_per_s=7.25,
+    )  # fmt: skip
+    done = Combination(knobs, 1024)
+    done.status = Status.EXACT
+    for width in (60, 160, 400):
+        terminal = _Terminal()
+        progress = Progress(terminal, space, list(space.knobs), width=width)
+        assert progress.status().startswith("checking combinations | 0 probes")
+        progress.on_start(47)
+        progress.on_probe(fits, reused=False)
+        progress.on_combination(done)
+        line = progress.status()
+        numbers = (
+            "1/47 combinations done, about ", " left | 1 probes (0 reused) | ",
+            "best at 1024px: b=8 7.25 samples/s, 40.74 GiB of 42.74 GiB",
+        )  # fmt: skip
+        assert all(part in line for part in numbers), line
+        words = config_words(fits, list(space.knobs))
+        assert len(line) <= max(width - 1, line.index("GiB", line.index(" of ")) + 3)
+        assert (words in line) == (width == 400) and (line.endswith("...") == (width == 160))
+        assert terminal.getvalue().startswith("\r")
+    log = io.StringIO()
+    progress = Progress(log, space, list(space.knobs))
+    progress.on_start(47)
+    progress.on_probe(fits, reused=True)
+    assert log.getvalue().rstrip().endswith("(reused); 0/47 combinations done")

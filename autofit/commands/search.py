@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 import threading
 import time
@@ -18,6 +19,8 @@ from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
 from autofit.search.display import config_words
 from autofit.search.engine import Combination, SearchListener
+from autofit.search.pareto import fastest_and_best
+from autofit.search.space import SearchSpace
 from autofit.units import size
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
@@ -25,55 +28,80 @@ MAX_DEFAULT_JOBS = 4
 
 
 class Progress(SearchListener):
-    """Probes done, the current best and the time so far: one line kept up to date on a
-    terminal, a plain log line per probe otherwise."""
+    """Combinations left with an estimate of the time left, probes done, the current best with
+    its peak against the budget: one line kept up to date on a terminal (numbers first; only
+    the best's knob words are cut to the terminal's width), a plain log line per probe
+    otherwise."""
 
     def __init__(
-        self, stream: TextIO, target_resolution: int, min_batch: int, knob_names: list[str]
+        self, stream: TextIO, space: SearchSpace, knob_names: list[str], width: int | None = None
     ) -> None:
         self.stream = stream
         self.live = stream.isatty()
-        self.target_resolution, self.min_batch = target_resolution, min_batch
-        self.knob_names = knob_names
+        self.space, self.knob_names = space, knob_names
+        self.width = width or shutil.get_terminal_size((160, 24)).columns
         self.started = time.perf_counter()
         self.done = self.reused = 0
+        self.runnable: int | None = None  # combinations to search, once the invalid are known
+        self.concluded = 0  # of those, answered (or pruned)
+        self._fitting: list[ProbeResult] = []  # at the target, for the best so far
         self.best: ProbeResult | None = None
         self._invalid: dict[str, int] = {}  # reason -> combinations, logged as one line each
         self._lock = threading.Lock()
 
     def _elapsed(self) -> str:
-        seconds = int(time.perf_counter() - self.started)
-        return f"{seconds // 60:02d}:{seconds % 60:02d}"
+        return _clock(time.perf_counter() - self.started)
 
-    def _best_words(self) -> str:
-        if self.best is None:
+    def _left(self) -> str:
+        """Combinations left, and the time they would take at the pace so far."""
+        if self.runnable is None:
+            return "checking combinations"
+        left = self.runnable - self.concluded
+        words = f"{self.concluded}/{self.runnable} combinations done"
+        if self.concluded and left:
+            seconds = (time.perf_counter() - self.started) / self.concluded * left
+            words += f", about {_clock(seconds)} left"
+        return words
+
+    def _best_figures(self) -> str:
+        best = self.best
+        if best is None:
             return "none yet"
         return (
-            f"b={self.best.config['batch_size']} {config_words(self.best, self.knob_names)} "
-            f"{self.best.samples_per_s:.2f} samples/s"
+            f"b={best.config['batch_size']} {best.samples_per_s:.2f} samples/s, "
+            f"{size(best.peak_bytes)} of {size(best.budget_bytes)}"
         )
+
+    def status(self) -> str:
+        """The live line: every number whole; the best's knobs fill what the width leaves."""
+        numbers = (
+            f"{self._left()} | {self.done} probes ({self.reused} reused) | {self._elapsed()} | "
+            f"best at {self.space.target_resolution}px: {self._best_figures()}"
+        )
+        words = config_words(self.best, self.knob_names) if self.best else ""
+        room = self.width - 1 - len(numbers) - 1
+        if words and room > 3:
+            numbers += " " + (words if len(words) <= room else words[: room - 3] + "...")
+        return numbers
+
+    def on_start(self, runnable: int) -> None:
+        with self._lock:
+            self.runnable = runnable
 
     def on_probe(self, result: ProbeResult, reused: bool) -> None:
         with self._lock:
             self.done += 1
             self.reused += reused
             config = result.config
-            if (
-                result.outcome is Outcome.OK
-                and config["resolution"] == self.target_resolution
-                and config["batch_size"] >= self.min_batch
-                and (
-                    self.best is None
-                    or (result.samples_per_s or 0) > (self.best.samples_per_s or 0)
-                )
-            ):
-                self.best = result
+            if result.outcome is Outcome.OK:
+                self._fitting.append(result)
+                space = self.space
+                self.best = fastest_and_best(
+                    self._fitting, space.target_resolution, space.target_min_batch,
+                    space.best_rule,
+                )[1]  # fmt: skip
             if self.live:
-                line = (
-                    f"\r{self.done} probes ({self.reused} reused) | {self._elapsed()} | "
-                    f"best at {self.target_resolution}px: {self._best_words()}"
-                )
-                self.stream.write(line[:160].ljust(160))
+                self._show()
             else:
                 self._log_invalid()
                 knobs = config_words(result, self.knob_names)
@@ -84,14 +112,22 @@ class Progress(SearchListener):
                 source = "reused" if reused else f"{result.wall_s or 0:.1f} s"
                 self.stream.write(
                     f"[{self._elapsed()}] probe {self.done}: {knobs} batch={config['batch_size']} "
-                    f"res={config['resolution']} -> {result.outcome.value} {peak} {speed} ({source})\n"
+                    f"res={config['resolution']} -> {result.outcome.value} {peak} {speed} ({source}); "
+                    f"{self._left()}\n"
                 )
             self.stream.flush()
 
+    def _show(self) -> None:
+        self.stream.write("\r" + self.status().ljust(self.width - 1))
+        self.stream.flush()
+
     def on_combination(self, combination: Combination) -> None:
-        if self.live:
-            return
         with self._lock:
+            if combination.status is not Status.INVALID:
+                self.concluded += 1
+            if self.live:
+                self._show()
+                return
             if combination.status is Status.INVALID:
                 # the search finds them all before its first probe: one line per reason
                 self._invalid[combination.reason] = self._invalid.get(combination.reason, 0) + 1
@@ -114,6 +150,15 @@ class Progress(SearchListener):
             else:
                 self._log_invalid()
             self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    """mm:ss, or h:mm:ss past an hour."""
+    seconds = int(seconds)
+    hours, minutes = divmod(seconds // 60, 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{seconds % 60:02d}"
+    return f"{minutes:02d}:{seconds % 60:02d}"
 
 
 def _default_jobs(backend: str) -> int:
@@ -214,7 +259,7 @@ def run_config(cfg: Any) -> int:
         storage, study_name, {k: v for k, v in meta.items() if k != "storage"},
         retry_failed=retry_failed, claim_grace_s=float(grace),
     )  # fmt: skip
-    progress = Progress(sys.stderr, space.target_resolution, space.target_min_batch, knob_names)
+    progress = Progress(sys.stderr, space, knob_names)
     print(
         f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
         f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "

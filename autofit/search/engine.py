@@ -68,6 +68,9 @@ class SearchListener:
     def on_combination(self, combination: Combination) -> None:
         pass
 
+    def on_start(self, runnable: int) -> None:
+        """The invalid combinations are known (each heard of); `runnable` are left to search."""
+
 
 @dataclass
 class SearchResult:
@@ -325,6 +328,7 @@ class Search:
                 runnable.append(combination)
         if not runnable:
             raise AutofitError(_nothing_to_search(combinations, self.space.name))
+        self.listener.on_start(len(runnable))
         waves: dict[int, list[Combination]] = defaultdict(list)
         for combination in runnable:
             waves[len(_savings(combination.knobs, self.space))].append(combination)
