@@ -91,3 +91,34 @@ def in_process(
             else:
                 os.environ["PYTHONPATH"] = env
     return subprocess.CompletedProcess(["autofit", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Any:
+    """`folder` (made, empty) where nothing can be written: a folder without write permission,
+    or for root, whom permissions do not stop, a read-only tmpfs mounted there; where root may
+    not mount either, a file in its place (writing under it fails as well, with ENOTDIR)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode == 0:
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", str(folder)], check=True)
+        return
+    folder.rmdir()
+    folder.write_text("")
+    try:
+        yield
+    finally:
+        folder.unlink()
+        folder.mkdir()

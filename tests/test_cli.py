@@ -146,3 +146,16 @@ def test_search_help_shows_the_target_settings_and_sweeps(tmp_path: Path) -> Non
     named = {line.split()[0] for line in lines if line.startswith("  ")}
     assert {"target.resolution", "target.min_batch", "margin", "space"} <= named
     assert "target" not in named and "defaults" not in named
+
+
+def test_models_in_a_read_only_folder_prints_its_table_and_warns(tmp_path: Path) -> None:
+    from helpers import read_only
+
+    with read_only(tmp_path / "results"):
+        done = autofit("models", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "sana_1600m" in done.stdout and "written to" not in done.stdout
+    warning = done.stderr.strip()
+    assert len(warning.splitlines()) == 1, warning
+    assert warning.startswith("autofit: warning: the table is not written to results/models.json (")
+    assert warning.endswith("add out=PATH to write it somewhere else")

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
+from autofit.paths import write_atomically
 
 
 def count_parameters() -> list[dict[str, Any]]:
@@ -80,7 +82,14 @@ def run_config(cfg: Any) -> int:
         "\nmodel=custom model.entry=package.module:function trains your own model (see README.md)"
     )
     out = Path(cfg.out) if cfg.out else Path("results") / "models.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    try:
+        write_atomically(out, json.dumps(rows, indent=2))
+    except OSError as exc:  # a read-only checkout: the table above is the answer; say so
+        print(
+            f"autofit: warning: the table is not written to {out} ({exc.strerror or exc}); "
+            "add out=PATH to write it somewhere else",
+            file=sys.stderr,
+        )
+        return 0
     print(f"written to {out}")
     return 0
