@@ -321,3 +321,25 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     progress.on_start(47)
     progress.on_probe(fits, reused=True)
     assert log.getvalue().rstrip().endswith("(reused); 0/47 combinations done")
+
+
+def test_a_storage_folder_outside_the_working_folder_is_made_with_a_note(tmp_path: Path) -> None:
+    """`sqlite:////x/y.db` (four slashes) is an absolute path: the folder it makes outside the
+    working folder is named on stderr; one inside it is made without a word."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "one.yaml").write_text(
+        "batch_size: {min: 1, max: 2}\nresolution: [x1]\nknobs: {precision: [bf16]}\n"
+    )
+    elsewhere = tmp_path / "elsewhere" / "db"
+    args = ("search", "model=tiny_mlp", "gpu=a40", "space=one.yaml")
+    done = in_process(*args, f"storage=sqlite:///{elsewhere}/studies.db", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"autofit: note: making {elsewhere} for storage=sqlite:///{elsewhere}/studies.db: it is "
+        "outside this folder" in done.stderr
+    )
+    assert (elsewhere / "studies.db").is_file()
+    inside = in_process(*args, "storage=sqlite:///mine/studies.db", cwd=work)
+    assert inside.returncode == 0 and "note: making" not in inside.stderr
+    assert (work / "mine" / "studies.db").is_file()

@@ -152,6 +152,10 @@ class Progress(SearchListener):
             self.stream.flush()
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def _clock(seconds: float) -> str:
     """mm:ss, or h:mm:ss past an hour."""
     seconds = int(seconds)
@@ -183,7 +187,7 @@ def run_config(cfg: Any) -> int:
     from autofit.search.prober import Prober
     from autofit.search.recorder import StudyRecorder, default_storage
     from autofit.search.space import load_space
-    from autofit.search.storage import check_url
+    from autofit.search.storage import check_url, storage_file
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
@@ -245,8 +249,16 @@ def run_config(cfg: Any) -> int:
     storage = data.get("storage") or default_storage(Path("results"))
     check_url(storage)  # before any folder is made
     ensure_writable(out / "summary.json")
-    if storage.startswith("sqlite:///"):
-        ensure_writable(Path(storage.removeprefix("sqlite:///")))
+    file = storage_file(storage)
+    if file is not None:
+        if not file.parent.exists() and not _inside(file.parent, Path.cwd()):
+            # `sqlite:////results/x.db` (four slashes: an absolute path) makes /results: say so
+            print(
+                f"autofit: note: making {file.parent.resolve()} for storage={storage}: it is "
+                "outside this folder (sqlite:///PATH is relative, sqlite:////PATH absolute)",
+                file=sys.stderr,
+            )
+        ensure_writable(file, "study storage")
 
     backend = resolve(data["backend"], gpu, budget)
     host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)

@@ -136,6 +136,15 @@ def check_url(url: str) -> None:
         )
 
 
+def storage_file(url: str) -> Path | None:
+    """The file a storage URL keeps its studies in (an SQLite database, a journal), if any."""
+    if url.startswith("journal:"):
+        return Path(url.removeprefix("journal:"))
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
 def _missing_driver(url: str, exc: BaseException) -> str:
     scheme = url.split(":", 1)[0]
     if scheme.split("+", 1)[0] == "postgresql":
