@@ -26,7 +26,11 @@ from autofit.cli import main
 from autofit.errors import AutofitError, ConfigError
 from autofit.export import TARGETS, load_point, write_export
 from autofit.export.base import Refused
+from autofit.export.defaults import MARK, Row, mode_of, table
+from autofit.knobs import REGISTRY, Refuse, Subject
+from autofit.knobs import defaults as knob_defaults
 from autofit.models import ModelPreset, load_preset
+from autofit.paths import group_options
 from autofit.trainers import kohya_max_blocks_to_swap
 
 if sys.version_info >= (3, 11):
@@ -366,6 +370,9 @@ def test_sana_overlay_is_in_sanas_config_layout(workdir: Path) -> None:
     assert overlay["train"]["optimizer"]["type"] in fields["optimizer_types"]
     assert overlay["train"]["train_batch_size"] == point.micro_batch
     assert overlay["train"]["gradient_accumulation_steps"] == point.accumulation == 2
+    # The shipped config's training hyperparameters, written out and marked for review.
+    assert overlay["train"]["optimizer"]["lr"] == 1e-4 and overlay["train"]["num_epochs"] == 100
+    assert f"# {MARK}: " in text
     # The launch command carries the same values as pyrallis flags.
     command = json.loads((out / "export.json").read_text())["command"]
     flags = dict(
@@ -422,6 +429,169 @@ def test_hydra_overrides_compose_for_autofit_probe(workdir: Path) -> None:
         checked += 1
     if not checked:
         pytest.skip("autofit probe here lacks the fixture's presets or knobs")
+
+
+# --- training hyperparameters memory does not decide: the trainers' documented values ----------
+
+
+def _flux(point: int | None, **config: Any) -> Any:
+    loaded = load_point(Path("results") / FLUX / "summary.json", point)
+    return dataclasses.replace(loaded, config={**loaded.config, **config})
+
+
+def test_a_kohya_flux_lora_trains_at_the_documented_rate_with_flux_flags(workdir: Path) -> None:
+    out = export(workdir, "kohya", FLUX, None, 4, "flux_lora")
+    text = (out / "train.toml").read_text()
+    train = tomllib.loads(text)
+    # sd-scripts' own default is 2e-6; its FLUX.1 LoRA guide trains at 1e-4, for 10 epochs.
+    assert train["learning_rate"] == 1e-4
+    assert train["max_train_epochs"] == 10 and train["lr_scheduler"] == "constant"
+    # FLUX.1 [dev]'s flags: guidance 1.0 (its default 3.5 fights dev's distilled guidance).
+    assert train["guidance_scale"] == 1.0
+    assert train["timestep_sampling"] == "flux_shift"
+    assert train["model_prediction_type"] == "raw"
+    for key in ("learning_rate", "max_train_epochs", "guidance_scale", "timestep_sampling"):
+        (line,) = [line for line in text.splitlines() if line.startswith(f"{key} = ")]
+        assert line.endswith(f"# {MARK}"), line
+    # What memory decided is as measured.
+    assert train["optimizer_type"] == "AdamW8bit" and train["network_dim"] == 16
+    assert train["gradient_accumulation_steps"] == 4
+    readme = (out / "README.txt").read_text()
+    assert (
+        "checked against: kohya-ss/sd-scripts at 48d368fa557731ad0488c07304dfeba8c07910eb" in readme
+    )
+    assert (
+        "sd-scripts/blob/48d368fa557731ad0488c07304dfeba8c07910eb/docs/flux_train_network.md"
+        in readme
+    )
+
+
+def test_a_kohya_flux_full_fine_tune_takes_the_full_fine_tune_defaults(workdir: Path) -> None:
+    out = export(workdir, "kohya", FLUX, 3, None, "flux_full_swap")
+    train = tomllib.loads((out / "train.toml").read_text())
+    assert train["learning_rate"] == 1e-5  # sd-scripts' fine-tuning guide for flux_train.py
+    assert train["max_train_steps"] == 10000 and "max_train_epochs" not in train
+    assert train["guidance_scale"] == 1.0 and train["timestep_sampling"] == "flux_shift"
+    assert train["optimizer_type"] == "Adafactor" and train["blocks_to_swap"] == 24
+
+
+def test_simpletuner_flux_gets_its_rate_and_guidance_or_says_none_is_documented(
+    workdir: Path,
+) -> None:
+    parser = _simpletuner_parser(
+        json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
+    )
+    lora = TARGETS["simpletuner"].run(_flux(None, precision="bf16_autocast"), workdir / "lora")
+    config = json.loads(lora.files["config.json"])
+    parser.parse_args(_simpletuner_cli(config))
+    assert config["learning_rate"] == 1e-4  # SimpleTuner's own default is 4e-7
+    assert config["flux_guidance_mode"] == "constant" and config["flux_guidance_value"] == 1.0
+    assert config["max_train_steps"] == 10000 and config["base_model_precision"] == "no_change"
+    (note,) = [n for n in lora.notes if n.startswith(MARK)]
+    assert note.endswith("config.json holds them unmarked (JSON has no comments)")
+
+    full = TARGETS["simpletuner"].run(
+        _flux(None, precision="bf16_autocast", train_mode="full"), workdir / "full"
+    )
+    config = json.loads(full.files["config.json"])
+    assert "learning_rate" not in config and config["flux_guidance_value"] == 1.0
+    write_export(full)
+    readme = (workdir / "full" / "README.txt").read_text()
+    assert "  - learning_rate: not documented: SimpleTuner's documentation gives no" in readme
+    assert any(n.startswith("choose learning_rate for flux (full): ") for n in full.notes)
+
+
+def _presets_by_family() -> dict[str, ModelPreset]:
+    presets: dict[str, ModelPreset] = {}
+    for name in group_options("model"):
+        preset = load_preset(name)
+        presets.setdefault(preset.family, preset)
+    return presets
+
+
+def test_every_family_and_mode_a_target_trains_has_a_learning_rate_or_says_none_is_documented() -> (
+    None
+):
+    presets = _presets_by_family()
+    train_mode = REGISTRY["train_mode"]
+    assert set(table()) == set(TARGETS), "every target declares its trainer defaults, or none"
+    checked = 0
+    for name, target in TARGETS.items():
+        entry = table()[name]
+        assert entry.checked_against
+        if target.families is None:  # one's own code, or autofit probe: says why there are none
+            assert entry.none and not entry.rows
+            continue
+        assert entry.none is None and entry.learning_rate
+        for row in [*entry.rows, *entry.undocumented]:
+            assert set(row.families) <= set(target.families), (name, row.families)
+        for row in entry.rows:
+            rate = row.settings.get(entry.learning_rate)
+            assert rate is None or (isinstance(rate, float) and 0 < rate < 1e-2), (name, row)
+        for family in target.families:
+            for mode in train_mode.values:
+                subject = Subject({**knob_defaults(), "train_mode": mode}, presets[family])
+                words = train_mode.express(target.vocabulary, mode, subject, target.own_code)
+                if isinstance(words, Refuse):
+                    continue  # the trainer does not train the family so
+                assert entry.documents_learning_rate(family, mode_of(mode)), (name, family, mode)
+                checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize(
+    "target,study,point,batch,case", CASES, ids=[f"{c[0]}-{c[4]}" for c in CASES]
+)
+def test_every_export_marks_its_training_defaults_for_review(
+    workdir: Path, target: str, study: str, point: int | None, batch: int | None, case: str
+) -> None:
+    out = export(workdir, target, study, point, batch, case)
+    exported = json.loads((out / "export.json").read_text())
+    defaults = exported["training_defaults"]
+    readme = (out / "README.txt").read_text()
+    assert f"checked against: {defaults['checked_against']}" in readme
+    settings = defaults["settings"]
+    if defaults["none"]:
+        assert not settings and defaults["none"] in readme
+        return
+    assert settings, f"{target} launches a trainer: its training hyperparameters are written"
+    assert f"training hyperparameters, {MARK}: " in readme
+    for key, source in defaults["sources"].items():
+        assert key in readme and f"from {source}" in readme
+    # Printed with the export (its notes), and marked in the file that holds them.
+    assert any(note.startswith(f"{MARK}: ") for note in exported["notes"])
+    files = [name for name in exported["files"] if name != "README.txt"]
+    holders = [n for n in files if all(k in (out / n).read_text() for k in settings)]
+    assert holders, "one file holds every default"
+    for name in holders:
+        if name.endswith(".json"):
+            assert f"{name} holds them unmarked (JSON has no comments)" in readme
+        else:
+            assert f"# {MARK}: " in (out / name).read_text()
+
+
+def test_a_documented_default_never_replaces_what_the_configuration_sets(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = table()["kohya"]
+    clash = Row(
+        ("flux",),
+        ("lora",),
+        # two values memory decided, otherwise; one the run already says, the same
+        {"optimizer_type": "AdamW", "network_dim": 4, "sdpa": True},
+        "a test",
+    )
+    patched = {**table(), "kohya": dataclasses.replace(entry, rows=(*entry.rows, clash))}
+    monkeypatch.setattr("autofit.export.base.table", lambda: patched)
+    monkeypatch.setattr("autofit.export.output.table", lambda: patched)
+    out = workdir / "out"
+    write_export(TARGETS["kohya"].run(point_for("kohya", FLUX, None, 4), out))
+    train = tomllib.loads((out / "train.toml").read_text())  # each key once: valid TOML
+    assert train["optimizer_type"] == "AdamW8bit" and train["network_dim"] == 16
+    assert train["sdpa"] is True and train["learning_rate"] == 1e-4
+    readme = (out / "README.txt").read_text()
+    assert "  - optimizer_type=AdamW8bit: the measured configuration's, kept" in readme
+    assert "  - network_dim=16: the measured configuration's, kept" in readme
 
 
 # --- refusals: what a target cannot express is an error, never dropped --------------------------

@@ -9,7 +9,10 @@ autofit/knobs/base.py), read through the plan:
   the target, the knob, the value and what the trainer offers instead, when the trainer would not
   run what was measured (ZeRO without DeepSpeed, a weight dtype it does not have, more memory);
 - `plan.say_rest()` says every knob the layout has not read yet, in the registry's order;
-- `plan.value(knob)` is for the few values a layout writes itself (the batch into a dataset file).
+- `plan.value(knob)` is for the few values a layout writes itself (the batch into a dataset file);
+- `plan.training_defaults(said)` gives the trainer's documented training hyperparameters that
+  memory does not decide (learning rate, steps, the family's flags: autofit/export/defaults.py),
+  for the layout to write marked as defaults to review, never over a value the knobs said.
 
 A knob at its default that asks nothing of a trainer passes through silently; a knob the plan's
 configuration has but autofit does not know (from a newer autofit) stops the export.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from autofit.errors import ConfigError
+from autofit.export.defaults import MARK, Defaults, table
 from autofit.export.point import StudyPoint
 from autofit.knobs import REGISTRY, Refuse, Subject
 from autofit.trainers import WEIGHTS
@@ -57,6 +61,8 @@ class ExportPlan:
     notes: list[str] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
     written_by_layout: set[str] = field(default_factory=set)  # knobs read through value()
+    defaults: Defaults | None = None  # the trainer's documented values, once the layout asked
+    kept: dict[str, Any] = field(default_factory=dict)  # defaults' keys the knobs said otherwise
 
     @property
     def subject(self) -> Subject:
@@ -107,6 +113,44 @@ class ExportPlan:
         for knob in names:
             settings.update(self.say(knob, vocabulary, record=False))
         return settings
+
+    def training_defaults(self, said: Mapping[str, Any], unmarked_in: str = "") -> dict[str, Any]:
+        """The trainer's documented values for this run's family and mode that memory does not
+        decide (autofit/export/trainer_defaults.yaml), in the target's keys, for the layout to
+        write as defaults to review. A key the knobs said (`said`, in the layout's keys) keeps the
+        knobs' value. `unmarked_in` names the file that holds them when it cannot mark them (JSON
+        has no comments): the note printed with the export, and README.txt, say so."""
+        found = table()[self.target.name].for_run(
+            self.point.family, self.point.config["train_mode"]
+        )
+        self.defaults = found
+        written: dict[str, Any] = {}
+        for key, value in found.settings.items():
+            if key in said and said[key] != value:
+                self.kept[key] = said[key]  # what memory decided stays as measured
+            else:
+                written[key] = value
+        if written:
+            listed = " ".join(f"{key}={knob_text(value)}" for key, value in written.items())
+            unmarked = (
+                f"; {unmarked_in} holds them unmarked (JSON has no comments)" if unmarked_in else ""
+            )
+            self.note(f"{MARK}: {listed} are {found.origin}{unmarked}")
+        lr = found.entry.learning_rate
+        if found.undocumented:
+            self.note(f"choose {lr} for {found.family} ({found.mode}): {found.undocumented}")
+        elif lr not in written and lr not in self.kept:
+            self.note(
+                f"choose {lr}: autofit knows no documented value of {found.entry.trainer} for "
+                f"{found.family} ({found.mode}); the trainer's own default applies"
+            )
+        return written
+
+    @property
+    def defaults_heading(self) -> str:
+        """The comment a file puts above the defaults it holds."""
+        assert self.defaults is not None, "training_defaults() comes first"
+        return f"{MARK}: {self.defaults.origin}"
 
     def refuse(self, knob: str, why: str, offers: str) -> NoReturn:
         """The trainer cannot express this value, and the run would not be the measured one."""

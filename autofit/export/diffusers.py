@@ -3,7 +3,10 @@
 The script is the family's example in the diffusers repository (examples/...; the list is in
 autofit/trainers.py), launched with `accelerate launch` and the accelerate config this target
 writes beside it (processes, mixed precision, DeepSpeed for ZeRO). Each knob's diffusers words
-(autofit/knobs/) give its arguments; `launch.sh` holds the whole command.
+(autofit/knobs/) give its arguments; `launch.sh` holds the whole command. The arguments end
+with the example's documented learning rate, schedule and steps (and Flux's guidance) for the
+family and mode (autofit/export/trainer_defaults.yaml), which a comment in `launch.sh` marks as
+defaults to review.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ class Diffusers(Target):
         if script.kind != "dreambooth":
             plan.note(f"'{DATA_DIR}' is an imagefolder dataset with the script's columns")
         args += [_argument(flag, value) for flag, value in settings.items()]
+        defaults = [
+            _argument(flag, value) for flag, value in plan.training_defaults(settings).items()
+        ]
+        args += defaults
         command = " ".join(
             [
                 launch_prefix(plan, str(path)),
@@ -58,7 +65,10 @@ class Diffusers(Target):
                 *(shlex.quote(a) for a in args),
             ]
         )
-        plan.add("launch.sh", "#!/bin/sh\n" + command, f"the launch command for {script.path}")
+        heading = f"# {plan.defaults_heading}:\n#   {' '.join(defaults)}\n" if defaults else ""
+        plan.add(
+            "launch.sh", f"#!/bin/sh\n{heading}{command}", f"the launch command for {script.path}"
+        )
         plan.command = command
         plan.note("run the launch command from a clone of the diffusers repository")
 

@@ -5,7 +5,9 @@ kohya words (autofit/knobs/) give them, sd-scripts' rules included (its block-sw
 most for a quantized base, no EMA). The trainer is the family's script in sd-scripts:
 `flux_train.py` / `flux_train_network.py`, `sd3_train.py` / `sd3_train_network.py`,
 `sdxl_train.py` / `sdxl_train_network.py`; sd-scripts has no Sana trainer and no SD3 ControlNet
-trainer.
+trainer. Below what the run measured, train.toml holds sd-scripts' documented learning rate,
+epochs or steps and FLUX.1's timestep and guidance flags for the family and mode (autofit/export/
+trainer_defaults.yaml), each marked as a default to review.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
+from autofit.export.defaults import MARK
 from autofit.export.toml import dumps
 from autofit.trainers import DATA_DIR, KOHYA_COMPANION_FILES, KOHYA_SCRIPTS
 
@@ -73,7 +76,13 @@ class Kohya(Target):
         world = plan.value("world_size")  # the launcher's --num_processes
         args.update(plan.say_rest())
         args["gradient_accumulation_steps"] = point.accumulation
-        config = plan.add("train.toml", dumps(args), f"sd-scripts training config for {script}")
+        text = dumps(args)
+        # A default the run already says, with the same value, stays where it is (a TOML key is
+        # written once); below the run's keys the others are top-level keys too (no tables).
+        defaults = {k: v for k, v in plan.training_defaults(args).items() if k not in args}
+        if defaults:
+            text += f"\n# {plan.defaults_heading}\n" + dumps(defaults, comment=MARK)
+        config = plan.add("train.toml", text, f"sd-scripts training config for {script}")
         plan.note(f"put your images (with .txt captions) in '{DATA_DIR}' of dataset.toml")
         plan.note("run the launch command from sd-scripts' folder")
         plan.command = (

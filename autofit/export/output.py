@@ -9,8 +9,10 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.export.base import ExportPlan, knob_text
+from autofit.export.defaults import MARK, table
 from autofit.knobs import asked
 from autofit.paths import write_together
+from autofit.probe.summary import headroom, provenance
 from autofit.units import size
 
 log = logging.getLogger(__name__)
@@ -22,14 +24,15 @@ def _readme(plan: ExportPlan) -> str:
     lines = [
         f"autofit export: {point.label} of study {point.study}, for {plan.target.name}",
         "",
-        f"{point.preset.display} ({point.model}) on {point.gpu}, {point.backend} probe: peak "
-        f"{size(point.peak_bytes)} of a {size(point.budget_bytes)} budget, "
-        f"{point.samples_per_s:.3f} samples/s",
+        f"{point.preset.display} ({point.model}) on {point.gpu}, {provenance(point.backend)}: "
+        f"peak {size(point.peak_bytes)} of a {size(point.budget_bytes)} budget "
+        f"({headroom(point.peak_bytes, point.budget_bytes)}), {point.samples_per_s:.3f} samples/s",
         "configuration: "
         + " ".join(f"{k}={knob_text(v)}" for k, v in asked(point.config, point.preset).items())
         + " (every other knob at its default)",
         f"batch: {point.micro_batch} per GPU x {gpus} x {point.accumulation} accumulation "
         f"step{'s' if point.accumulation > 1 else ''} = {point.global_batch} per optimizer step",
+        f"checked against: {table()[plan.target.name].checked_against}",
         "",
         "files:",
         *(f"  {name:<24} {plan.descriptions[name]}" for name in plan.files),
@@ -37,6 +40,7 @@ def _readme(plan: ExportPlan) -> str:
         "launch:",
         f"  {plan.command}",
     ]
+    lines += _defaults(plan)
     if plan.warnings:
         lines += [
             "",
@@ -47,6 +51,47 @@ def _readme(plan: ExportPlan) -> str:
         lines += ["", "to do before launching:"]
         lines += [f"  - {n}" for n in plan.notes]
     return "\n".join(lines) + "\n"
+
+
+def _defaults(plan: ExportPlan) -> list[str]:
+    """The training hyperparameters the files hold from the trainer's documentation, by source;
+    or why the target has none."""
+    entry = table()[plan.target.name]
+    if entry.none or plan.defaults is None:
+        return ["", f"training hyperparameters: none written ({entry.none})"]
+    found = plan.defaults
+    lines = ["", f"training hyperparameters, {MARK}: {found.what}:"]
+    for row in found.rows:
+        written = [f"{k}={knob_text(v)}" for k, v in row.settings.items() if k not in plan.kept]
+        if written:
+            lines += [f"  - {' '.join(written)}", f"    from {row.source}"]
+    for key, value in plan.kept.items():
+        lines.append(f"  - {key}={knob_text(value)}: the measured configuration's, kept")
+    lr = entry.learning_rate
+    if found.undocumented:
+        lines.append(f"  - {lr}: not documented: {found.undocumented}")
+    elif lr not in found.settings:
+        lines.append(
+            f"  - {lr}: not documented for {found.family} ({found.mode}) as far as autofit "
+            "knows; the trainer's own default applies"
+        )
+    return lines
+
+
+def _defaults_summary(plan: ExportPlan) -> dict[str, Any]:
+    entry = table()[plan.target.name]
+    found = plan.defaults
+    settings = {} if found is None else found.settings
+    return {
+        "marked": MARK,
+        "trainer": entry.trainer,
+        "checked_against": entry.checked_against,
+        "settings": {k: v for k, v in settings.items() if k not in plan.kept},
+        "sources": {k: found.source_of(k) for k in settings if k not in plan.kept} if found else {},
+        "kept_from_the_configuration": plan.kept,
+        "learning_rate_undocumented": found.undocumented if found else None,
+        "none": entry.none,
+    }
 
 
 def summary(plan: ExportPlan) -> dict[str, Any]:
@@ -64,6 +109,7 @@ def summary(plan: ExportPlan) -> dict[str, Any]:
         "global_batch": point.global_batch,
         "files": sorted([*plan.files, "README.txt"]),
         "command": plan.command,
+        "training_defaults": _defaults_summary(plan),
         "warnings": plan.warnings,
         "notes": plan.notes,
     }

@@ -6,11 +6,14 @@ train.py reads one config through pyrallis, so the launch command passes the ove
 dotted flags (`--train.train_batch_size=8`), which override the shipped config's values.
 
 Sana's train.py trains the whole model under accelerate's mixed precision (fp32 weights), with
-its optimizers registered through mmcv, and shards with FSDP rather than DeepSpeed.
+its optimizers registered through mmcv, and shards with FSDP rather than DeepSpeed. The overlay
+and the flags also carry the shipped config's learning rate, epochs and schedule
+(autofit/export/trainer_defaults.yaml), which a comment marks as defaults to review.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from typing import Any
@@ -27,10 +30,21 @@ def nested(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
         place = sections
         for part in path:  # train.optimizer.fused: a key of the optimizer's own block
             place = place.setdefault(part, {})
-        place[key] = value
+        place[key] = copy.deepcopy(value)  # a knob's block is its declaration: never edit it
     # One square size, as measured (multi-scale buckets hold about the same pixels).
     sections["model"]["multi_scale"] = False
     return {name: keys for name, keys in sections.items() if keys}
+
+
+def leaves(settings: dict[str, Any]) -> dict[str, Any]:
+    """Every value of `settings` under its full dotted key (a block's own keys included)."""
+    out: dict[str, Any] = {}
+    for dotted, value in settings.items():
+        if isinstance(value, dict):
+            out.update(leaves({f"{dotted}.{key}": inner for key, inner in value.items()}))
+        else:
+            out[dotted] = value
+    return out
 
 
 def flags(data: dict[str, Any]) -> list[str]:
@@ -58,7 +72,9 @@ class Sana(Target):
         import yaml
 
         world = plan.point.world_size
-        data = nested(plan.say_rest())
+        settings = plan.say_rest()
+        defaults = plan.training_defaults(leaves(settings))
+        data = nested({**settings, **defaults})
         base = SANA_BASE_CONFIGS.get(plan.point.model)
         if base is None:
             base = "configs/sana_config/path/to/your_config.yaml"
@@ -66,9 +82,10 @@ class Sana(Target):
                 f"autofit knows no shipped Sana config for {plan.point.model}: replace '{base}' "
                 "with the config of the model you train"
             )
+        heading = f"# {plan.defaults_heading}:\n#   {', '.join(defaults)}\n" if defaults else ""
         plan.add(
             "sana_overlay.yaml",
-            f"# On top of {base}\n" + yaml.safe_dump(data, sort_keys=False),
+            f"# On top of {base}\n{heading}" + yaml.safe_dump(data, sort_keys=False),
             f"overlay of {base} in Sana's config layout",
         )
         plan.command = " ".join(

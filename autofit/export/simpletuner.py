@@ -4,6 +4,9 @@ Keys are the names of SimpleTuner's own argument parser (its config.json holds t
 leading dashes); each knob's SimpleTuner words (autofit/knobs/) give them. The dataset is one
 square bucket at the measured resolution (`crop_aspect: square`), so every batch has the shape the
 probe measured, and a text-embed cache. With ZeRO, the DeepSpeed config goes beside it.
+config.json also holds SimpleTuner's documented learning rate, schedule and steps, and Flux's
+guidance, for the family and mode (autofit/export/trainer_defaults.yaml): defaults to review,
+which JSON cannot mark, so the printed note and README.txt list them.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class SimpleTuner(Target):
             data_backend_config=f"config/{SIMPLETUNER_ENV}/multidatabackend.json",
             output_dir=f"output/{SIMPLETUNER_ENV}",
         )
+        config.update(plan.training_defaults(config, unmarked_in="config.json"))
         resolution = point.config["resolution"]
         plan.add(
             "config.json",

@@ -26,10 +26,10 @@ def _is_table_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
-def _body(table: dict[str, Any], prefix: str, lines: list[str]) -> None:
+def _body(table: dict[str, Any], prefix: str, lines: list[str], comment: str = "") -> None:
     for key, value in table.items():
         if not isinstance(value, dict) and not _is_table_list(value):
-            lines.append(f"{key} = {_scalar(value)}")
+            lines.append(f"{key} = {_scalar(value)}" + (f"  # {comment}" if comment else ""))
     for key, value in table.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -41,7 +41,8 @@ def _body(table: dict[str, Any], prefix: str, lines: list[str]) -> None:
                 _body(item, f"{name}.", lines)
 
 
-def dumps(data: dict[str, Any]) -> str:
+def dumps(data: dict[str, Any], comment: str = "") -> str:
+    """`data` as TOML; `comment` goes at the end of each line of the top-level keys."""
     lines: list[str] = []
-    _body(data, "", lines)
+    _body(data, "", lines, comment)
     return "\n".join(lines).lstrip("\n") + "\n"
