@@ -5,9 +5,11 @@ the default storage."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,9 +20,12 @@ import pytest
 from chromium import find_chromium, open_page
 from helpers import autofit, in_process
 
+from autofit.gpus import load_gpu
+from autofit.probe.summary import headroom, provenance
 from autofit.report import charts
+from autofit.report.answer import PUBLISHED, answer
 from autofit.report.changes import compare
-from autofit.report.tables import host_cell
+from autofit.report.tables import config_words, host_cell
 from autofit.results import load_study
 from autofit.units import size
 
@@ -101,6 +106,254 @@ def test_the_report_shows_the_front_the_best_its_memory_and_why_others_lost(
     for png in ("pareto.png", "memory.png"):
         assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"report in results/{STUDY}/report/" in out
+
+
+def _box(out: str) -> list[str]:
+    """The answer's box, as the report prints it first: its lines, up to its closing rule."""
+    lines = out.splitlines()
+    assert lines[0].startswith("+-- the answer: "), out[:300]
+    return lines[: next(i for i, line in enumerate(lines) if re.fullmatch(r"\+-+", line)) + 1]
+
+
+def _flat(box: list[str]) -> str:
+    """The box's words with its frame and wrapping taken out."""
+    return " ".join(" ".join(line.lstrip("|").split()) for line in box[1:-1])
+
+
+def test_the_answer_comes_first_with_the_best_run_its_headroom_export_command_and_trust(
+    workdir: Path, reported: subprocess.CompletedProcess[str]
+) -> None:
+    out = reported.stdout
+    study = load_study(workdir / "results" / STUDY)
+    best, budget = study.best, study.budget_bytes
+    assert best is not None
+    box = _box(out)
+    assert out.index("Pareto front") > len("\n".join(box))  # the answer, then the tables
+    words = config_words(best["config"], study.knob_names)
+    assert f"| best run  {words}" in box
+    peak = best["peak_bytes"]
+    assert f"peak {size(peak)}: {headroom(peak, budget)}" in _flat(box)
+    assert size(budget - peak) in headroom(peak, budget)
+    total = load_gpu("t4").memory_bytes
+    assert f"budget {size(budget)}: the GPU's {size(total)} less a 96.3% margin" in _flat(box)
+    # A command to copy whole: it exports the best run once TARGET is named.
+    (export,) = [line for line in box if line.startswith("| export")]
+    command = export.removeprefix("| export").strip()
+    assert command == f"autofit export study={STUDY} target=TARGET"
+    assert "TARGET: accelerate, deepspeed" in _flat(box)
+    exported = in_process(*shlex.split(command.replace("TARGET", "hydra"))[1:], cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    assert f" of {STUDY} for hydra to " in exported.stdout
+    # Every probe of this study was simulated: the published comparison says how far to trust it.
+    assert f"trust simulated: {PUBLISHED.words()}" in _flat(box)
+
+    page = (workdir / "results" / STUDY / "report" / "report.html").read_text()
+    assert page.index('id="answer"') < page.index('id="pareto"') < page.index('id="memory"')
+    panel = page[page.index('id="answer"') : page.index("</div>", page.index('id="answer"'))]
+    assert headroom(peak, budget) in panel and f"<code>{command}</code>" in panel
+    assert PUBLISHED.words() in panel
+
+
+def test_the_trust_line_says_measured_for_probes_on_the_gpu_and_counts_a_mix(
+    workdir: Path, reported: subprocess.CompletedProcess[str]
+) -> None:
+    study = load_study(workdir / "results" / STUDY)
+    probed = [p for p in study.probes if p.backend]
+    assert probed and {p.backend for p in probed} == {"simulate"}
+
+    def trust(probes: list) -> str:
+        lines = answer(dataclasses.replace(study, probes=probes)).lines
+        return next(line.words for line in lines if line.label == "trust")
+
+    measured = trust([dataclasses.replace(p, backend="cuda") if p.backend else p
+                      for p in study.probes])  # fmt: skip
+    assert measured.startswith(f"{provenance('cuda')}: real steps on the GPU")
+    assert "simulated" not in measured and PUBLISHED.words() not in measured
+    mixed = trust([dataclasses.replace(probed[0], backend="cuda"), *probed[1:]])
+    assert mixed.startswith(f"simulated ({len(probed) - 1} of {len(probed)} probes): ")
+    assert f"; {provenance('cuda')}: " in mixed
+
+
+def test_the_readme_states_the_published_figures_the_trust_line_gives() -> None:
+    """The trust line's figures are declared once (answer.PUBLISHED); the README's first screen
+    states the same."""
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert PUBLISHED.false_fits == 0
+    for words in (
+        f"Against the {PUBLISHED.memory_runs} runs people published with a memory figure",
+        f"within a median {PUBLISHED.median_error:.1%} of it and at most "
+        f"{PUBLISHED.worst_error:.1%}, and it leans low",
+        f"of {PUBLISHED.verdict_runs} runs published only as",
+        f"{PUBLISHED.verdicts_agree} agree and none is a false fit",
+    ):
+        assert words in readme, words
+
+
+def _far_over(study, gib: int = 500):  # type: ignore[no-untyped-def]
+    """The study with each out-of-memory probe's peak at `gib` GiB, far over a T4's 15."""
+    probes = [dataclasses.replace(p, peak_bytes=gib << 30) if p.outcome.value == "oom" else p
+              for p in study.probes]  # fmt: skip
+    return dataclasses.replace(study, probes=probes)
+
+
+def test_an_out_of_memory_peak_far_over_the_card_does_not_set_the_memory_axis(
+    workdir: Path, reported: subprocess.CompletedProcess[str]
+) -> None:
+    from autofit.report.html import _memory_figure
+    from autofit.report.plots import memory_figure
+
+    study = load_study(workdir / "results" / STUDY)
+    far = _far_over(study)
+    over = [p for p in far.probes if p.outcome.value == "oom"]
+    assert over
+    axis = charts.memory_axis(study)
+    assert charts.memory_axis(far) == axis  # the GPU and the runs that fit set it
+    assert (axis.unit, axis.total) == ("GiB", load_gpu("t4").memory_bytes / (1 << 30))
+    assert axis.budget == study.budget_bytes / (1 << 30)
+    assert axis.total < axis.clip < axis.top < 20  # GiB: nowhere near 500
+    clipped = [p for s in charts.peak_series(far, axis) for p in s.peaks if p.off_axis]
+    assert len(clipped) == len(over)
+    assert all(p.shown == axis.clip and p.figure == "500.00 GiB" for p in clipped)
+
+    # The PNG: the axis is the same, the total and the budget drawn across both panels, each far
+    # peak drawn as a triangle at the clip line and labelled with its figure.
+    fig = memory_figure(far)
+    peaks, bars = fig.axes[:2]
+    assert peaks.get_ylim() == pytest.approx((0, axis.top))
+    for ax in (peaks, bars):
+        flat = {round(float(line.get_ydata()[0]), 9) for line in ax.lines
+                if len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2}  # fmt: skip
+        assert {round(axis.total, 9), round(axis.budget, 9)} <= flat
+    at_clip = [c for c in peaks.collections if c.get_offsets()[0][1] == pytest.approx(axis.clip)]
+    assert len(at_clip) == len(over)
+    assert {t.get_text() for t in peaks.texts} == {"500.00 GiB"}
+    labels = set(peaks.get_legend_handles_labels()[1])
+    assert {axis.total_label(), axis.budget_label(), charts.OFF_AXIS} <= labels
+    assert axis.budget_label() == f"budget {size(study.budget_bytes)} (less a 96.3% margin)"
+
+    # The page: the same axis, lines and clip.
+    page = _memory_figure(far)
+    assert list(page.layout.yaxis.range) == pytest.approx([0, axis.top])
+    drawn = [y for trace in page.data if trace.type == "scatter" for y in trace.y]
+    assert max(drawn) == pytest.approx(axis.clip)
+    assert {round(s.y0, 9) for s in page.layout.shapes} == {
+        round(axis.total, 9),
+        round(axis.budget, 9),
+    }
+    symbols = [s for trace in page.data if trace.type == "scatter" for s in trace.marker.symbol]
+    assert symbols.count("triangle-up") == len(over)
+
+
+def _png_colours(fig) -> set[str]:  # type: ignore[no-untyped-def]
+    """The colours a matplotlib figure draws its data in (not those a colormap gives)."""
+    from matplotlib.colors import to_hex
+
+    found = set()
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>":
+            continue
+        found |= {to_hex(line.get_color()) for line in ax.lines}
+        for dots in ax.collections:
+            if dots.get_array() is None:
+                found |= {to_hex(c) for c in dots.get_facecolors()}
+        found |= {to_hex(patch.get_facecolor()) for patch in ax.patches}
+    return found
+
+
+def _page_colours(fig) -> set[str]:  # type: ignore[no-untyped-def]
+    """The colours a plotly figure draws its data in (not those a colorscale gives)."""
+    from matplotlib.colors import to_hex
+
+    found = set()
+    for trace in fig.data:
+        colours = trace.marker.color
+        for colour in colours if isinstance(colours, (list, tuple)) else [colours]:
+            if isinstance(colour, str):
+                found.add(to_hex(colour))
+        if trace.type == "scatter" and "lines" in trace.mode:
+            found.add(to_hex(trace.line.color))
+    found |= {to_hex(shape.line.color) for shape in fig.layout.shapes}
+    return found
+
+
+@pytest.mark.parametrize("chart", ["pareto", "memory"])
+def test_the_png_and_the_page_draw_in_the_same_declared_colours(
+    workdir: Path, reported: subprocess.CompletedProcess[str], chart: str
+) -> None:
+    from autofit.report import html, plots
+
+    study = _far_over(load_study(workdir / "results" / STUDY))
+    png = getattr(plots, f"{chart}_figure")(study)
+    page = getattr(html, f"_{chart}_figure")(study)
+    declared = {*charts.COLOURS.values(), *charts.SERIES, *charts.PART_COLOURS.values()}
+    assert _png_colours(png) == _page_colours(page) <= declared
+    assert charts.COLOURS["over"] in _png_colours(png)  # the study has runs over the budget
+    if chart == "pareto":
+        from matplotlib.colors import to_hex
+
+        # The runs that fit take their colour from one scale: its stops, as both draw them.
+        (mapped,) = [c for c in png.axes[0].collections if c.get_array() is not None]
+        (fitting,) = [t for t in page.data if t.name == "fits"]
+        stops = fitting.marker.colorscale
+        assert [to_hex(mapped.get_cmap()(at)) for at, _ in stops] == [c for _, c in stops]
+    else:
+        assert {charts.COLOURS["total"], charts.COLOURS["budget"]} <= _page_colours(page)
+
+
+def test_the_page_lists_every_probe_one_row_per_trial(
+    workdir: Path, reported: subprocess.CompletedProcess[str]
+) -> None:
+    page = (workdir / "results" / STUDY / "report" / "report.html").read_text()
+    section = page[page.index("<h2>every probe") :]
+    body = section[section.index("<tbody>") : section.index("</tbody>")]
+    rows = re.findall(r"<tr>(.*?)</tr>", body)
+    trials = _trials(workdir / "results" / STUDY)
+    assert len(rows) == len(trials) and len(trials) > 5
+    for row, trial in zip(rows, trials, strict=True):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        assert cells[0] == trial["resolution"] and cells[1] == (trial["batch_size"] or "-")
+        assert trial["outcome"] in cells
+        if trial["backend"]:
+            assert trial["backend"] in cells and size(int(trial["peak_bytes"])) in cells
+
+
+@pytest.mark.parametrize(("field", "value"), [("model", "tiny_mlp"), ("gpu", "a40")])
+def test_compare_across_models_or_gpus_warns_and_strict_refuses_before_writing(
+    workdir: Path, reported: subprocess.CompletedProcess[str], tmp_path: Path, field: str,
+    value: str,
+) -> None:  # fmt: skip
+    other = tmp_path / "other"
+    shutil.copytree(workdir / "results" / STUDY, other, ignore=shutil.ignore_patterns("report"))
+    summary = json.loads((other / "summary.json").read_text())
+    summary[field] = value
+    (other / "summary.json").write_text(json.dumps(summary))
+    theirs = f"{summary['model']} on {summary['gpu']}"
+
+    warned = in_process("report", f"study={STUDY}", f"compare={other}",
+                        f"out={tmp_path / 'warned'}", cwd=workdir)  # fmt: skip
+    assert warned.returncode == 0, warned.stderr
+    (line,) = warned.stderr.splitlines()
+    assert line.startswith(f"autofit: warning: compare={other} is a study of {theirs} and ")
+    assert "tiny_sana on t4" in line and "strict=true" in line
+    assert (tmp_path / "warned" / "compare.json").exists()
+
+    strict = in_process("report", f"study={STUDY}", f"compare={other}", "strict=true",
+                        f"out={tmp_path / 'strict'}", cwd=workdir)  # fmt: skip
+    assert strict.returncode == 2 and strict.stdout == ""
+    (line,) = strict.stderr.splitlines()
+    assert line.startswith(f"autofit: error: compare={other} is a study of {theirs}")
+    assert "strict=true compares studies of one model on one GPU only" in line
+    assert not (tmp_path / "strict").exists()  # nothing written, not even the report
+
+    same = in_process("report", f"study={STUDY}", f"compare={STUDY}", "strict=true",
+                      f"out={tmp_path / 'same'}", cwd=workdir)  # fmt: skip
+    assert same.returncode == 0 and same.stderr == "", same.stderr
+
+
+def test_a_strict_that_is_not_true_or_false_is_one_line(workdir: Path) -> None:
+    done = in_process("report", f"study={STUDY}", "strict=maybe", cwd=workdir)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "autofit: error: strict='maybe' is not valid; expected true or false\n"
 
 
 def test_study_and_from_name_the_same_folder(
@@ -277,6 +530,11 @@ def test_the_browser_check_sees_console_errors_and_failed_loads(tmp_path: Path) 
     assert "boom" in text and "notDefined" in text and "missing.png" in text, text
 
 
+def _study_line(out: str) -> str:
+    """The line after the answer's box that names the study, its GPU and its budgets."""
+    return next(line for line in out.splitlines() if line.startswith("study "))
+
+
 def _trials(folder: Path) -> list[dict[str, str]]:
     return list(csv.DictReader((folder / "trials.csv").open()))
 
@@ -303,7 +561,7 @@ def test_a_run_over_the_host_budget_is_reported_as_oom_host_and_never_on_the_fro
         assert int(row["peak_bytes"]) <= int(row["budget_bytes"])
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["host_budget_bytes"] == HOST_BUDGET
-    assert f"host budget {size(HOST_BUDGET)}," in out.splitlines()[0]
+    assert f"host budget {size(HOST_BUDGET)}," in _study_line(out)
 
     # The front and the best: fitting runs only, each with its host peak, pinned in full
     # (offloaded activations are page-locked).
@@ -413,6 +671,9 @@ def test_when_only_the_host_stops_every_run_the_report_says_so(tmp_path: Path) -
     assert f"none fit  batch 1: oom_host in {probe.phase} (host {size(probe.host_peak_bytes)}" in (
         done.stdout
     )
+    box = _box(done.stdout)  # the answer says so first
+    assert "| best run  nothing fits: 1 run fits the GPU but not the host" in "\n".join(box)
+    assert "| export    nothing to export" in box and "| trust     simulated: " in "\n".join(box)
 
 
 def test_a_study_written_before_host_memory_was_counted_still_reports(
@@ -434,7 +695,7 @@ def test_a_study_written_before_host_memory_was_counted_still_reports(
     done = autofit("report", f"from={old}", cwd=workdir)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "host budget" not in out.splitlines()[0]
+    assert "host budget" not in _study_line(out)
     assert all(p.host_peak_bytes is None for p in load_study(old).probes)
     front = out[out.index("Pareto front") : out.index("best configuration per resolution")]
     best = out[
@@ -445,4 +706,4 @@ def test_a_study_written_before_host_memory_was_counted_still_reports(
     assert all(line.endswith(" -") for line in front_rows), front
     assert re.search(r" - +<- best$", best, re.M), best
     # The new study, by contrast, states its host figures (simulated: no host budget).
-    assert "host budget not stated" in reported.stdout.splitlines()[0]
+    assert "host budget not stated" in _study_line(reported.stdout)

@@ -1,9 +1,11 @@
 """`autofit report`: a finished study's answer, as tables, charts and an HTML page; with
-`compare=`, what changed against another study, exiting 1 on a regression."""
+`compare=`, what changed against another study, exiting 1 on a regression. Two studies of
+different models or GPUs are compared with a warning, or refused with `strict=true`."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,27 @@ def _threshold(value: Any) -> float:
             f"threshold={value!r} is not valid; expected a share between 0 and 1, e.g. 0.10 for 10%"
         )
     return float(value)
+
+
+def _strict(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"strict={value!r} is not valid; expected true or false")
+    return value
+
+
+def _unlike(study: Any, baseline: Any, other: str) -> str | None:
+    """How the study compared against differs in model or GPU, in words naming both; None when
+    they are of one model on one GPU."""
+    if all(study.summary.get(k) == baseline.summary.get(k) for k in ("model", "gpu")):
+        return None
+
+    def of(s: Any) -> str:
+        return f"{s.summary.get('model')} on {s.summary.get('gpu')}"
+
+    return (
+        f"compare={other} is a study of {of(baseline)} and {study.name} one of {of(study)}: "
+        "the comparison sets different runs side by side"
+    )
 
 
 def _write_report(study: Any, report: list[Any], text: str, out: Path) -> list[str]:
@@ -50,20 +73,26 @@ def _write_report(study: Any, report: list[Any], text: str, out: Path) -> list[s
 def run_config(cfg: Any) -> int:
     """Report the study a composed `report` config names; compare it when asked."""
     from autofit.report import tables
+    from autofit.report.answer import answer
     from autofit.results import load_study, locate
 
     # Hydra reads `study=2024` as a number: every name and path is taken as text.
     name, folder, other, out_dir = (
         None if cfg[k] is None else str(cfg[k]) for k in ("study", "from", "compare", "out")
     )
-    threshold = _threshold(cfg.threshold)
+    threshold, strict = _threshold(cfg.threshold), _strict(cfg.strict)
     study = load_study(locate(name, folder))
     baseline = load_study(locate(other, None, setting="compare")) if other else None
+    unlike = _unlike(study, baseline, str(other)) if baseline is not None else None
+    if unlike and strict:  # before anything is written
+        raise ConfigError(f"{unlike}; strict=true compares studies of one model on one GPU only")
+    if unlike:
+        print(f"autofit: warning: {unlike} (strict=true makes this an error)", file=sys.stderr)
     out = Path(out_dir) if out_dir else study.path / "report"
     ensure_writable(out / "report.txt", what="report")
 
     report = tables.report_tables(study)
-    text = "\n\n".join([tables.headline(study), *(t.text() for t in report)])
+    text = "\n\n".join([answer(study).text(), tables.headline(study), *(t.text() for t in report)])
     print(text)
     written = _write_report(study, report, text, out)
     print(f"\nreport in {out}/ ({', '.join(written)})")

@@ -1,5 +1,6 @@
-"""The report as one self-contained HTML page: both charts, interactive (plotly, with plotly.js
-inlined so the page works offline), and the report's tables."""
+"""The report as one self-contained HTML page: the answer first, then both charts, interactive
+(plotly, with plotly.js inlined so the page works offline), in the colours charts.py declares,
+then the report's tables and every probe."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from autofit.report import charts
-from autofit.report.tables import Table, headline
+from autofit.report.answer import Answer, answer
+from autofit.report.tables import Table, headline, probes_table
 from autofit.results import Study
 
 STYLE = """
@@ -19,7 +21,11 @@ table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 10px; text-align: left; }
 th { background: #f4f4f4; } p.note { font-size: 0.9em; color: #444; }
 td { white-space: nowrap; } td.words { white-space: normal; min-width: 24em; }
-.chart { height: 520px; }
+.chart { height: 520px; } .chart.memory { height: 600px; }
+.answer { border: 2px solid #444; border-radius: 6px; padding: 0.6em 1.2em; margin: 1em 0; }
+.answer h2 { margin-top: 0.2em; } .answer table { font-size: 0.95em; }
+.answer th { background: none; vertical-align: top; } .answer td { white-space: normal; }
+.answer code { white-space: nowrap; }
 """
 
 
@@ -44,7 +50,7 @@ def _pareto_figure(study: Study) -> Any:
         fig.add_trace(go.Scatter(
             x=[p.megapixels for p in fitting], y=[p.samples_per_s for p in fitting],
             mode="markers", name="fits",
-            marker={"color": [p.peak_gib for p in fitting], "colorscale": "Viridis", "size": 9,
+            marker={"color": [p.peak_gib for p in fitting], "colorscale": charts.PEAK_SCALE, "size": 9,
                     "showscale": True, "colorbar": {"title": {"text": "peak (GiB)"}}},
             text=[f"{p.label}<br>{p.hover()}" for p in fitting], hoverinfo="text",
         ))  # fmt: skip
@@ -52,14 +58,17 @@ def _pareto_figure(study: Study) -> Any:
         fig.add_trace(go.Scatter(
             x=[p.megapixels for p in front], y=[p.samples_per_s for p in front],
             mode="lines+markers", name=f"Pareto front, {resolution} px",
-            marker={"symbol": "circle-open", "size": 13}, text=[p.label for p in front],
+            line={"color": charts.COLOURS["front"]},
+            marker={"symbol": "circle-open", "size": 13, "color": charts.COLOURS["front"]},
+            text=[p.label for p in front],
             hoverinfo="text",
         ))  # fmt: skip
     best = charts.best_point(study)
     if best is not None:
         fig.add_trace(go.Scatter(
             x=[best.megapixels], y=[best.samples_per_s], mode="markers", name="best",
-            marker={"symbol": "star", "size": 20, "color": "orange", "line": {"width": 1}},
+            marker={"symbol": "star", "size": 20, "color": charts.COLOURS["best"],
+                    "line": {"width": 1, "color": "black"}},
             text=[f"best: {best.label}"], hoverinfo="text",
         ))  # fmt: skip
     wide = charts.log_x(points)
@@ -75,30 +84,70 @@ def _pareto_figure(study: Study) -> Any:
     return fig
 
 
+# Each kind of probe on the memory panel: (symbol, colour or None for its series' colour).
+PEAK_MARKS = {"fits": ("circle", None), "over": ("x", charts.COLOURS["over"]),
+              "over_host": ("cross", charts.COLOURS["over_host"])}  # fmt: skip
+
+
 def _memory_figure(study: Study) -> Any:
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
-    unit, scale = charts.memory_unit(study.budget_bytes)
+    axis = charts.memory_axis(study)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4],
+                        horizontal_spacing=0.03,
+                        subplot_titles=[charts.PEAKS_TITLE, charts.BARS_TITLE])  # fmt: skip
+    for i, series in enumerate(charts.peak_series(study, axis)):
+        colour = charts.SERIES[i % len(charts.SERIES)]
+        marks = [("triangle-up", charts.COLOURS["over"]) if p.off_axis else PEAK_MARKS[p.kind]
+                 for p in series.peaks]  # fmt: skip
+        fig.add_trace(go.Scatter(
+            x=[p.batch_size for p in series.peaks], y=[p.shown for p in series.peaks],
+            mode="lines+markers", name=series.label, line={"color": colour, "width": 1},
+            marker={"symbol": [s for s, _ in marks], "color": [c or colour for _, c in marks],
+                    "size": 9},
+            text=[p.label for p in series.peaks], hoverinfo="text",
+        ), row=1, col=1)  # fmt: skip
     bars = charts.bars(study)
-    fig = go.Figure()
-    labels = [("* " if b.best else "") + b.label.replace("\n", "<br>") for b in bars]
+    # The axis names each bar by its resolution and batch; its knobs are in the hover.
+    labels = [("* " if b.best else "") + b.label.split("\n")[0] for b in bars]
     for part in dict.fromkeys(p for b in bars for p in b.parts):
         fig.add_trace(go.Bar(
-            y=labels, x=[b.parts.get(part, 0.0) for b in bars], name=part, orientation="h",
-            hovertemplate=f"{part}: %{{x:.2f}} {unit}<extra></extra>",
-        ))  # fmt: skip
-    budget = study.budget_bytes / scale
-    fig.add_vline(x=budget, line_dash="dash", annotation_text=f"budget {budget:.2f} {unit}")
-    widest = max([budget, *(sum(b.parts.values()) for b in bars)])
+            x=labels, y=[b.parts.get(part, 0.0) for b in bars], name=part,
+            marker={"color": charts.PART_COLOURS[part]},
+            customdata=[b.label.replace("\n", " ") for b in bars],
+            hovertemplate=f"%{{customdata}}<br>{part}: %{{y:.2f}} {axis.unit}<extra></extra>",
+        ), row=1, col=2)  # fmt: skip
+    for value, colour, dash, label in (
+        (axis.total, charts.COLOURS["total"], "solid", axis.total_label()),
+        (axis.budget, charts.COLOURS["budget"], "dash", axis.budget_label()),
+    ):
+        line = {"color": colour, "dash": dash, "width": 1.2}
+        fig.add_hline(y=value, line=line, row=1, col=1, annotation_text=label,
+                      annotation_position="top left")  # fmt: skip
+        fig.add_hline(y=value, line=line, row=1, col=2)
     fig.update_layout(
         title=charts.MEMORY_TITLE,
         barmode="stack",
-        xaxis={"title": {"text": f"memory ({unit})"}, "range": [0, widest * 1.08]},
+        legend={"orientation": "h", "y": -0.2},
+        yaxis={"title": {"text": f"memory ({axis.unit})"}, "range": [0, axis.top]},
+        xaxis={"title": {"text": charts.BATCH_AXIS}},
     )
     if not bars:
-        fig.add_annotation(text=charts.NOTHING_FITS, showarrow=False, x=0.5, y=0.5,
+        fig.add_annotation(text=charts.NOTHING_FITS, showarrow=False, x=0.8, y=0.5,
                            xref="paper", yref="paper")  # fmt: skip
     return fig
+
+
+def _answer(box: Answer) -> str:
+    """The answer as a box of labelled lines; a command in code, to copy."""
+    rows = "".join(
+        f"<tr><th>{html.escape(line.label)}</th><td>"
+        + (f"<code>{html.escape(line.words)}</code>" if line.command else html.escape(line.words))
+        + "</td></tr>"
+        for line in box.lines
+    )
+    return f'<div class="answer" id="answer"><h2>{html.escape(box.title)}</h2><table>{rows}</table></div>'
 
 
 # A cell this long is words (why a run lost), which may wrap; shorter ones are figures ("1.20 GiB
@@ -123,7 +172,8 @@ def _table(table: Table) -> str:
 
 
 def write_page(study: Study, tables: list[Table], path: Path) -> Path:
-    """report.html: headline, both charts, then the tables. Needs no network to render."""
+    """report.html: the answer, the study's line, both charts, the tables, then every probe.
+    Needs no network to render."""
     config = {"displaylogo": False, "responsive": True}
     pareto = _pareto_figure(study).to_html(
         full_html=False, include_plotlyjs=True, div_id="pareto", config=config
@@ -137,10 +187,11 @@ def write_page(study: Study, tables: list[Table], path: Path) -> Path:
 <style>{STYLE}</style></head>
 <body>
 <h1>{html.escape(title)}</h1>
+{_answer(answer(study))}
 <p>{html.escape(headline(study))}</p>
 <div class="chart">{pareto}</div>
-<div class="chart">{memory}</div>
-{"".join(_table(t) for t in tables)}
+<div class="chart memory">{memory}</div>
+{"".join(_table(t) for t in [*tables, probes_table(study)])}
 </body></html>
 """
     path.write_text(page, encoding="utf-8")

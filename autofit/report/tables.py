@@ -49,6 +49,11 @@ class Table:
         return "\n".join(lines)
 
 
+def margin_words(margin: float | None) -> str:
+    """A margin as a share, as the user wrote it: 5%, 96.3%."""
+    return f"{float(margin or 0.0) * 100:g}%"
+
+
 def headline(study: Study) -> str:
     s = study.summary
     # A study written before autofit counted host memory has no host budget to state.
@@ -58,7 +63,7 @@ def headline(study: Study) -> str:
     return (
         f"study {study.name}: {s.get('model')} on {s.get('gpu')} [{s.get('backend')}], "
         f"space {s.get('space')}, budget {size(study.budget_bytes)} "
-        f"(the GPU's memory less a {s.get('margin', 0):.0%} margin){host}, "
+        f"(the GPU's memory less a {margin_words(s.get('margin'))} margin){host}, "
         f"{s.get('n_probes', 0)} probes; results in {study.path}/"
     )
 
@@ -108,7 +113,7 @@ def pareto_table(study: Study) -> Table:
             ]  # fmt: skip
         )
     if not table.rows:
-        table.note = _nothing_fits(study)
+        table.note = nothing_fits(study)
     return table
 
 
@@ -121,7 +126,7 @@ def _runs(n: int) -> str:
     return "1 run fits" if n == 1 else f"{n} runs fit"
 
 
-def _nothing_fits(study: Study) -> str:
+def nothing_fits(study: Study) -> str:
     over_host = [p for p in study.probes if p.outcome is Outcome.OOM_HOST]
     if over_host:
         least = min(p.host_peak_bytes or 0 for p in over_host)
@@ -139,10 +144,14 @@ def best_table(study: Study) -> Table:
     names = study.knob_names
     best = study.best
     table = Table(
-        "best configuration per resolution (the fastest that fits)",
+        "best configuration per resolution (the fastest that fits; at the target resolution, "
+        "the search's best, which may trade a little speed for headroom)",
         ["res", "batch", *names, "samples/s", "step", "peak", "of budget", "host", ""],
     )
-    for resolution, point in study.best_per_resolution().items():
+    points = study.best_per_resolution()
+    if best is not None:
+        points[int(best["config"]["resolution"])] = best
+    for resolution, point in points.items():
         config = point["config"]
         overall = best is not None and best["config"] == config
         table.rows.append(
@@ -260,6 +269,42 @@ def losers_table(study: Study) -> Table:
         table.rows.append([str(resolution), *_knobs(combination["knobs"], names), result, why])
     if not table.rows:
         table.note = "none: every combination's best run is the best at its resolution"
+    return table
+
+
+def _figures(probe: Probe) -> str:
+    """Where a probe's figures come from: its backend, and for a simulated one whether it traced
+    its own step or replayed a batch curve, where trials.csv says so."""
+    return f"{probe.backend} ({probe.source})" if probe.source else probe.backend or "-"
+
+
+def probes_table(study: Study) -> Table:
+    """Every row of trials.csv, in its order: each probe, and each combination pruned or invalid
+    without one."""
+    names = study.knob_names
+    table = Table(
+        f"every probe ({len(study.probes)} rows of trials.csv)",
+        ["res", "batch", *names, "outcome", "phase", "peak", "of budget", "host", "samples/s",
+         "figures", "why"],
+    )  # fmt: skip
+    for probe in study.probes:
+        table.rows.append(
+            [
+                str(probe.resolution),
+                "-" if probe.batch_size is None else str(probe.batch_size),
+                *_knobs(probe.knobs, names),
+                probe.outcome.value,
+                probe.phase or "-",
+                size(probe.peak_bytes),
+                _share(probe.peak_bytes, study.budget_bytes) if probe.peak_bytes else "-",
+                size(probe.host_peak_bytes),
+                "-" if probe.samples_per_s is None else f"{probe.samples_per_s:.3f}",
+                _figures(probe) if probe.batch_size is not None else "-",
+                probe.reason,
+            ]  # fmt: skip
+        )
+    if not table.rows:
+        table.note = "none: trials.csv holds no row"
     return table
 
 

@@ -33,6 +33,8 @@ class Probe:
     phase: str
     reason: str
     host_peak_bytes: int | None = None  # None: not counted (a study from before host memory)
+    backend: str = ""  # simulate, cuda or cpu; "" for a row without a probe
+    source: str = ""  # a simulated probe's "traced" or "replayed", where trials.csv says so
 
     def key(self) -> tuple[Any, ...]:
         """What a configuration is matched by across studies: batch, resolution and knobs."""
@@ -191,6 +193,8 @@ def _read_trials(
                     phase=row.get("phase") or "",
                     reason=row.get("reason") or "",
                     host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
+                    backend=row.get("backend") or "",
+                    source=row.get("source") or "",
                 )
             )
         except ValueError as exc:

@@ -1,0 +1,162 @@
+"""The report's first words: the answer, in a box above everything else.
+
+The best run (its knobs, samples/s and peak), its headroom (the budget less its peak), the command
+that exports it, and how far to trust its figures: measured on the GPU, or simulated, and then
+what the published comparison found. `PUBLISHED` is that comparison's figures, declared once; the
+README states the same figures (tests/test_report.py holds them together).
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from autofit.probe.summary import headroom, provenance
+from autofit.report.tables import config_words, margin_words, nothing_fits
+from autofit.results import Study
+from autofit.results.layout import RESULTS
+from autofit.units import size
+
+
+@dataclass(frozen=True)
+class Published:
+    """How simulated peaks compared with runs people published (README, "Against published
+    runs"; `python benchmarks/published_set.py` reruns the comparison)."""
+
+    memory_runs: int  # runs published with a memory figure
+    median_error: float  # |simulated / published - 1|, median over those runs
+    worst_error: float  # and largest
+    verdict_runs: int  # runs published only as "ran" or "out of memory"
+    verdicts_agree: int
+    false_fits: int  # autofit said fits, the run ran out of memory
+
+    def words(self) -> str:
+        false_fits = f"{self.false_fits} false fits" if self.false_fits else "none a false fit"
+        return (
+            f"against {self.memory_runs} published runs with a memory figure the simulated peak "
+            f"is within a median {self.median_error:.1%} (at most {self.worst_error:.1%}) and "
+            f"leans low; {self.verdicts_agree} of {self.verdict_runs} published fit/out-of-memory "
+            f"verdicts agree, {false_fits}"
+        )
+
+
+PUBLISHED = Published(
+    memory_runs=14, median_error=0.013, worst_error=0.075, verdict_runs=20, verdicts_agree=19,
+    false_fits=0,
+)  # fmt: skip
+
+# How each backend measures, as the trust line says it.
+MEASURED = {
+    "cuda": "real steps on the GPU, peaks from the CUDA caching allocator, timed steps",
+    "cpu": "real steps on the CPU, without a GPU's overheads (CUDA context, workspaces)",
+}
+
+
+# The text box's width: its words wrap to it, a command never (it is copied whole).
+WIDTH = 100
+
+
+class Line(NamedTuple):
+    label: str  # "" continues the line above
+    words: str
+    command: bool = False  # a command to copy: one line, never wrapped
+
+
+@dataclass
+class Answer:
+    """The box: a title and its lines, which the text and the HTML page both render."""
+
+    title: str
+    lines: list[Line] = field(default_factory=list)
+
+    def text(self) -> str:
+        width = max(len(line.label) for line in self.lines)
+        body = []
+        for line in self.lines:
+            words = [line.words] if line.command else textwrap.wrap(
+                line.words, WIDTH - width - 4, break_long_words=False, break_on_hyphens=False
+            )  # fmt: skip
+            labels = [line.label, *[""] * (len(words) - 1)]
+            body += [f"| {label.ljust(width)}  {w}" for label, w in zip(labels, words, strict=True)]
+        return "\n".join([f"+-- {self.title} ".ljust(WIDTH, "-"), *body, "+" + "-" * (WIDTH - 1)])
+
+
+def gpu_memory_bytes(study: Study) -> int:
+    """The GPU's total memory: its shipped entry's, where the study's budget is that entry's at the
+    study's margin; else what the budget and margin imply (an entry of the user's, or one that
+    changed since)."""
+    from autofit.errors import ConfigError
+    from autofit.gpus import load_gpu
+
+    margin = float(study.summary.get("margin") or 0.0)
+    try:
+        gpu = load_gpu(str(study.summary["gpu"]))
+        if gpu.budget_bytes(margin) == study.budget_bytes:
+            return gpu.memory_bytes
+    except ConfigError:
+        pass
+    return round(study.budget_bytes / (1.0 - margin))
+
+
+def export_command(study: Study) -> str:
+    """The `autofit export` line that writes this study's best run for a trainer: `study=NAME`
+    for a folder under results/, else `from=DIR`; the study's trainer where its search had one."""
+    where = (
+        f"study={shlex.quote(study.path.name)}"
+        if study.path.parent == RESULTS
+        else f"from={shlex.quote(str(study.path))}"
+    )
+    trainer = study.summary.get("trainer")
+    return f"autofit export {where} target={shlex.quote(str(trainer)) if trainer else 'TARGET'}"
+
+
+def _targets() -> str:
+    from autofit.export import TARGETS
+
+    return f"TARGET: {', '.join(TARGETS)}"
+
+
+def trust_words(study: Study) -> str:
+    """Where the figures come from: every probe's backend (trials.csv), else the study's; for
+    simulated ones, what the published comparison found."""
+    backends = [p.backend for p in study.probes if p.backend] or [
+        str(study.summary.get("backend") or "")
+    ]
+    simulated = sum(b == "simulate" for b in backends)
+    measured = sorted({b for b in backends if b != "simulate"})
+    words = [f"{provenance(b)}: {MEASURED.get(b, 'backend not recorded')}" for b in measured]
+    if simulated:
+        share = "" if not measured else f" ({simulated} of {len(backends)} probes)"
+        words.insert(0, f"{provenance('simulate')}{share}: {PUBLISHED.words()}")
+    return "; ".join(words)
+
+
+def answer(study: Study) -> Answer:
+    s = study.summary
+    box = Answer(f"the answer: {study.name}, {s.get('model')} on {s.get('gpu')}")
+    best, budget = study.best, study.budget_bytes
+    margin = margin_words(s.get("margin"))
+    limits = f"{size(budget)}: the GPU's {size(gpu_memory_bytes(study))} less a {margin} margin"
+    if best is None:
+        why = (
+            "none at the target resolution (the Pareto front lists what fits at the others)"
+            if study.pareto
+            else nothing_fits(study)
+        )
+        box.lines += [Line("best run", why), Line("budget", limits),
+                      Line("export", "nothing to export")]  # fmt: skip
+    else:
+        peak = int(best["peak_bytes"])
+        box.lines += [
+            Line("best run", config_words(best["config"], study.knob_names), command=True),
+            Line("", f"{best['samples_per_s']:.3f} samples/s, peak {size(peak)}: "
+                     f"{headroom(peak, budget)}"),
+            Line("budget", limits),
+            Line("export", export_command(study), command=True),
+        ]  # fmt: skip
+        if not s.get("trainer"):
+            box.lines.append(Line("", _targets()))
+    box.lines.append(Line("trust", trust_words(study)))
+    return box
