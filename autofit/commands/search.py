@@ -152,6 +152,20 @@ class Progress(SearchListener):
             self.stream.flush()
 
 
+def study_and_folder(data: dict[str, Any], preset: Any, gpu: Any, space: Any) -> tuple[str, Path]:
+    """The study a search config names (`study=`, else `<model>-<gpu>-<space>[-<trainer>]`) and
+    the folder its files go to (`out=`, else results/<study>/)."""
+    from autofit.results import check_study_name, study_folder
+
+    trainer = data.get("trainer")
+    default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
+    # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
+    # `study=2024` as a number, so the name is taken as text.
+    named = data.get("study")
+    study_name = check_study_name(str(named)) if named is not None else default_name
+    return study_name, Path(data["out"]) if data.get("out") else study_folder(study_name)
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
@@ -181,7 +195,7 @@ def run_config(cfg: Any) -> int:
     from autofit.paths import ensure_writable
     from autofit.probe.launcher import launcher_for
     from autofit.report.tables import pareto_table
-    from autofit.results import check_study_name, load_study, study_folder, write_results
+    from autofit.results import load_study, write_results
     from autofit.search import display
     from autofit.search.engine import Search
     from autofit.search.prober import Prober
@@ -240,12 +254,7 @@ def run_config(cfg: Any) -> int:
             )
     left_out = left_out_by(space, gpu, chosen, preset)
 
-    default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
-    # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
-    # `study=2024` as a number, so the name is taken as text.
-    named = data.get("study")
-    study_name = check_study_name(str(named)) if named is not None else default_name
-    out = Path(data["out"]) if data.get("out") else study_folder(study_name)
+    study_name, out = study_and_folder(data, preset, gpu, space)
     storage = data.get("storage") or default_storage(Path("results"))
     check_url(storage)  # before any folder is made
     ensure_writable(out / "summary.json")

@@ -28,14 +28,21 @@ that can wait for a job still running (a submitit_local job is known by its proc
 from the `.submitit` folder reports no process and no result while it runs), and it gives SLURM's
 state (TIMEOUT, OUT_OF_MEMORY, ...) for a dead one. Anything the sweep cannot attribute to jobs
 stays one line naming the launcher's error.
+
+What a sweep leaves: its folder (`hydra.sweep.dir`, results/multirun/<date_time>/ by default)
+holds Hydra's multirun.yaml, submitit's logs under .submitit/, and, for `autofit search`, the
+sweep's table (sweep.csv, autofit/commands/sweep_table.py), printed as the sweep ends. No folder
+is left empty: see JOB_FOLDERS and `_remove_empty_folders`.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from autofit.config import validate_overrides
@@ -79,26 +86,33 @@ class DiedWithoutResult(Exception):
 
 
 def failed_jobs(returns: Sequence[Any]) -> list[tuple[str, str]]:
-    """(the job's overrides, how it failed) for every job that did not exit 0: `exit <status>`, or
-    `died without a result: state <submitit's state>`. `returns` is what `Hydra.multirun` gives: a list per batch of
-    the sweeper, of JobReturns. A job whose Hydra run itself failed (status FAILED: it raised
-    before or after the task, or in the launcher's own code in the job) counts as failed with the
-    exception's type as its status."""
-    from hydra.core.utils import JobStatus
-
+    """(the job's overrides, how it failed) for every job that did not exit 0 (`how_failed`).
+    `returns` is what `Hydra.multirun` gives: a list per batch of the sweeper, of JobReturns."""
     failed = []
     for batch in returns:
         for ret in batch:
-            name = " ".join(ret.overrides or []) or "the default run"
-            if isinstance(ret._return_value, DiedWithoutResult):
-                failed.append((name, f"died without a result: state {ret._return_value.state}"))
-            elif ret.status == JobStatus.FAILED:
-                failed.append((name, f"exit {type(ret._return_value).__name__}"))
-            elif ret.status != JobStatus.COMPLETED:
-                failed.append((name, f"exit {str(ret.status.name).lower()}"))
-            elif ret.return_value:
-                failed.append((name, f"exit {ret.return_value}"))
+            how = how_failed(ret)
+            if how is not None:
+                failed.append((" ".join(ret.overrides or []) or "the default run", how))
     return failed
+
+
+def how_failed(ret: Any) -> str | None:
+    """How a job failed: `exit <status>`, or `died without a result: state <submitit's state>`;
+    None when it exited 0. A job whose Hydra run itself failed (status FAILED: it raised before or
+    after the task, or in the launcher's own code in the job) counts as failed with the
+    exception's type as its status."""
+    from hydra.core.utils import JobStatus
+
+    if isinstance(ret._return_value, DiedWithoutResult):
+        return f"died without a result: state {ret._return_value.state}"
+    if ret.status == JobStatus.FAILED:
+        return f"exit {type(ret._return_value).__name__}"
+    if ret.status != JobStatus.COMPLETED:
+        return f"exit {str(ret.status.name).lower()}"
+    if ret.return_value:
+        return f"exit {ret.return_value}"
+    return None
 
 
 def summary_line(failed: list[tuple[str, str]], total: int) -> str:
@@ -172,22 +186,35 @@ def _without_password(overrides: str) -> str:
 
 def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int:
     """Run `task` on every configuration the sweep composes; non-zero if any job failed, with one
-    line on stderr naming each failed job's overrides and exit status."""
+    line on stderr naming each failed job's overrides and exit status. A sweep of `autofit
+    search` ends with its table (autofit/commands/sweep_table.py), printed and in the sweep's
+    folder."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
     overrides = validate_overrides(command, overrides, sweep=True)  # a GPU file: its stored name
     hydra_overrides = [
-        *overrides,
         "hydra.sweep.dir=results/multirun/${now:%Y-%m-%d_%H-%M-%S}",
+        *JOB_FOLDERS,
         "hydra/job_logging=none",
         "hydra/hydra_logging=none",
+        *overrides,  # after autofit's: a user's hydra.sweep.dir (or subdir) wins
     ]
+    started = time.time()
     with initialize_config_dir(
         config_dir=str(conf_dir()), version_base="1.3", job_name=f"autofit_{command}"
     ):
+        hydra = GlobalHydra.instance().hydra
+        returns: Any = None
+        folders: dict[str, Path] = {}
         try:
-            returns = GlobalHydra.instance().hydra.multirun(
+            # The sweep's folder, resolved once (a `${now:...}` in it is read again wherever it
+            # is used) and pinned, so the table and the tidying name the folder the jobs used.
+            master = hydra.compose_config(command, hydra_overrides, run_mode=RunMode.MULTIRUN)
+            folders = _sweep_folders(master)
+            hydra_overrides.append(f"hydra.sweep.dir={_quoted(str(folders['sweep']))}")
+            returns = hydra.multirun(
                 config_name=command, task_function=SweepJob(task), overrides=hydra_overrides
             )
         except (AutofitError, KeyboardInterrupt):
@@ -203,8 +230,105 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
                 raise AutofitError(
                     f"the sweep's launcher stopped: {type(exc).__name__}: {what}"
                 ) from exc
+        finally:
+            if folders:
+                _remove_empty_folders(folders, returns or [])
+    jobs = [ret for batch in returns for ret in batch]
+    if command == "search":
+        multirun = folders["sweep"] / "multirun.yaml"  # written by the sweeper before any job
+        since = multirun.stat().st_mtime if multirun.is_file() else started
+        _print_table(jobs, folders["sweep"], since)
     failed = failed_jobs(returns)
     if failed:
-        print(summary_line(failed, sum(len(batch) for batch in returns)), file=sys.stderr)
+        print(summary_line(failed, len(jobs)), file=sys.stderr)
         return 1
     return 0
+
+
+# Hydra makes a folder per job (`<sweep dir>/<hydra.sweep.subdir>`) and copies the job's config
+# into its `.hydra/`; a job of autofit writes nothing there (a search writes results/<study>/,
+# submitit its logs under .submitit/), so each would be left holding only Hydra's copies. With
+# no copies and the sweep's own folder as every job's, there are none: what each job ran is its
+# row in the table (and the failure line), and multirun.yaml holds the sweep's configuration.
+JOB_FOLDERS = ("hydra.output_subdir=null", "hydra.sweep.subdir=.")
+
+
+def _sweep_folders(master: Any) -> dict[str, Path]:
+    """The sweep's folder, resolved, and where submitit keeps its jobs' logs (a template with
+    `%j` for the job id) when a submitit launcher runs it."""
+    from omegaconf import OmegaConf
+
+    folders = {"sweep": Path(str(master.hydra.sweep.dir))}
+    # `${hydra.sweep.dir}/.submitit/%j` by default: the same `now`, which Hydra keeps per config
+    submitit = OmegaConf.select(master, "hydra.launcher.submitit_folder", default=None)
+    if submitit:
+        folders["submitit"] = Path(str(submitit))
+    return folders
+
+
+def _quoted(text: str) -> str:
+    """`text` as a quoted value of a Hydra override, read back as it is: quotes, backslashes
+    before them (or at the end) and `${` escaped."""
+    body = re.sub(
+        r"(\\*)('|\$\{|$)",
+        lambda m: m.group(1) * 2 + ("\\" + m.group(2) if m.group(2) else ""),
+        text,
+    )
+    return f"'{body}'"
+
+
+def _remove_empty_folders(folders: dict[str, Path], returns: Sequence[Any]) -> None:
+    """The folders a sweep leaves empty, removed: submitit_local makes its log folder's template
+    itself (`.submitit/%j`, literally) and never writes there, and a `hydra.sweep.subdir` a user
+    sets makes a folder per job. `rmdir` removes a folder only when empty: nothing with content
+    is ever removed."""
+    from omegaconf import OmegaConf
+
+    sweep_dir = folders["sweep"].absolute()
+    empty = []
+    template = folders.get("submitit")
+    if template is not None and "%" in str(template):
+        parts = template.absolute().parts
+        tagged = next(i for i, part in enumerate(parts) if "%" in part)
+        empty.append((template.absolute(), Path(*parts[:tagged])))
+    for batch in returns:
+        for ret in batch:  # a job that died has no config: with a subdir, its folder is kept
+            if getattr(ret, "hydra_cfg", None) is not None:
+                output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
+                empty.append((Path(str(output_dir)), sweep_dir))
+    for folder, top in empty:
+        while folder != top and top in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or already gone): kept
+                break
+            folder = folder.parent
+
+
+def _print_table(jobs: Sequence[Any], sweep_dir: Path, since: float) -> None:
+    """The sweep's table on stdout and in `<sweep dir>/sweep.csv` (written whole or not at all)."""
+    from autofit.commands.sweep_table import (
+        COLUMNS,
+        SWEEP_TABLE,
+        csv_text,
+        job_row,
+        settings_columns,
+        table_text,
+    )
+    from autofit.paths import write_atomically
+
+    masked = [[_without_password(o) for o in ret.overrides or []] for ret in jobs]
+    rows = [
+        job_row(overrides, getattr(ret, "cfg", None), how_failed(ret), since)
+        for overrides, ret in zip(masked, jobs, strict=True)
+    ]
+    columns = [*settings_columns(masked), *COLUMNS]
+    print("\n" + table_text(columns, rows), flush=True)
+    path = sweep_dir / SWEEP_TABLE
+    try:
+        write_atomically(path, csv_text(columns, rows))
+    except OSError as exc:
+        print(f"autofit: cannot write the sweep's table to {path}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
+        return
+    print(f"the sweep's table: {path}", flush=True)
