@@ -12,7 +12,7 @@ LOG_LINES = 8
 def headroom(peak_bytes: int, budget_bytes: int) -> str:
     """What a run leaves free of its budget, as the best line, report and export show it."""
     free = budget_bytes - peak_bytes
-    return f"{size(free)} headroom ({free / budget_bytes:.0%} of the budget)"
+    return f"{size(free)} headroom, {free / budget_bytes:.0%} of the budget"
 
 
 def provenance(backend: str) -> str:
