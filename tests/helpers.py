@@ -95,26 +95,35 @@ def in_process(
 
 @contextlib.contextmanager
 def read_only(folder: Path) -> Any:
-    """`folder` (made, empty) where nothing can be written: a folder without write permission,
-    or for root, whom permissions do not stop, a read-only tmpfs mounted there; where root may
-    not mount either, a file in its place (writing under it fails as well, with ENOTDIR)."""
+    """`folder` (made if missing), its contents as they are, where nothing can be written: its
+    folders without write permission, or for root, whom permissions do not stop, the folder
+    bind-mounted read-only over itself. Where root may not mount, an empty folder becomes a file
+    (writing under it fails as well, with ENOTDIR); a folder with contents skips the test."""
+    import pytest
+
     folder.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
-        folder.chmod(0o555)
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for each in folders:
+            each.chmod(0o555)
         try:
             yield
         finally:
-            folder.chmod(0o755)
+            for each in folders:
+                each.chmod(0o755)
         return
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
-    )
-    if mounted.returncode == 0:
+    bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if bound.returncode == 0:
         try:
+            subprocess.run(
+                ["mount", "-o", "remount,ro,bind", str(folder)], capture_output=True, check=True
+            )
             yield
         finally:
             subprocess.run(["umount", str(folder)], check=True)
         return
+    if any(folder.iterdir()):
+        pytest.skip(f"root here may not mount ({bound.stderr.decode().strip()})")
     folder.rmdir()
     folder.write_text("")
     try:

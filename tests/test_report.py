@@ -707,3 +707,39 @@ def test_a_study_written_before_host_memory_was_counted_still_reports(
     assert re.search(r" - +<- best$", best, re.M), best
     # The new study, by contrast, states its host figures (simulated: no host budget).
     assert "host budget not stated" in _study_line(reported.stdout)
+
+
+def test_a_read_only_study_is_reported_and_exported_as_far_as_it_can_be(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """A study on a read-only filesystem (a shared results folder, a mounted archive): the report
+    prints in full with a one-line warning naming out=, exit 0; the export prints its README and
+    says, in one line, that nothing was written and to add out=; out= then writes both."""
+    import shutil
+
+    from helpers import read_only
+
+    shared = tmp_path / "shared"
+    shutil.copytree(workdir / "results" / STUDY, shared / STUDY)
+    with read_only(shared):
+        report = in_process("report", f"from=shared/{STUDY}", cwd=tmp_path)
+        export = in_process("export", f"from=shared/{STUDY}", "target=hydra", cwd=tmp_path)
+        elsewhere = in_process(
+            "report", f"from=shared/{STUDY}", "out=mine/report", cwd=tmp_path
+        ).returncode, in_process(
+            "export", f"from=shared/{STUDY}", "target=hydra", "out=mine/export", cwd=tmp_path
+        ).returncode  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("+-- the answer") and "Pareto front" in report.stdout
+    assert "report in " not in report.stdout
+    assert report.stderr.count("\n") == 1 and report.stderr.startswith("autofit: warning: cannot ")
+    assert "add out=DIR to write the report's files" in report.stderr
+    assert export.returncode == 1
+    assert export.stdout.startswith(f"autofit export: best of study {STUDY}, for hydra")
+    assert "launch:" in export.stdout
+    assert export.stderr.count("\n") == 1 and export.stderr.startswith("autofit: error: cannot ")
+    assert "nothing is written" in export.stderr and "add out=DIR" in export.stderr
+    assert elsewhere == (0, 0)
+    assert (tmp_path / "mine" / "report" / "report.html").is_file()
+    assert (tmp_path / "mine" / "export" / "export.json").is_file()
+    assert not (shared / STUDY / "report").exists() and not (shared / STUDY / "export").exists()

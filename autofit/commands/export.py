@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
+from autofit.errors import AutofitError
 
 
 def _target_alias(overrides: list[str]) -> list[str]:
@@ -25,7 +26,7 @@ def run_config(cfg: Any) -> int:
     """Export what a composed `export` config asks for; print the launch command."""
     from omegaconf import OmegaConf
 
-    from autofit.export import load_point, target, write_export
+    from autofit.export import load_point, readme, target, write_export
     from autofit.results import SUMMARY, check_folder, locate
 
     data = OmegaConf.to_container(cfg, resolve=True)
@@ -44,7 +45,16 @@ def run_config(cfg: Any) -> int:
     out = Path(data["out"]) if data.get("out") else source.parent / "export" / chosen.name
     # Absolute: the files point at each other and the command runs from the trainer's folder.
     plan = chosen.run(point, out.resolve())
-    write_export(plan)
+    try:
+        write_export(plan)
+    except AutofitError as exc:
+        if data.get("out"):  # a folder the user chose: theirs to fix
+            raise
+        # A study read from a read-only place: what the files would say, and where to put them.
+        print(readme(plan), end="")
+        raise AutofitError(
+            f"{exc}; nothing is written (README.txt is above): add out=DIR to write the export there"
+        ) from None
 
     print(f"exported {point.label} of {point.study} for {chosen.name} to {plan.out}/")
     print("  files    " + ", ".join([*plan.files, "README.txt", "export.json"]))

@@ -89,22 +89,35 @@ def run_config(cfg: Any) -> int:
     if unlike:
         print(f"autofit: warning: {unlike} (strict=true makes this an error)", file=sys.stderr)
     out = Path(out_dir) if out_dir else study.path / "report"
-    ensure_writable(out / "report.txt", what="report")
+    unwritable = None
+    try:
+        ensure_writable(out / "report.txt", what="report")
+    except AutofitError as exc:
+        if out_dir:  # a folder the user chose: theirs to fix
+            raise
+        # A study read from a read-only place (a shared results folder, a mounted archive):
+        # the answer is still printed; the files need a folder of the user's.
+        unwritable = f"{exc}; add out=DIR to write the report's files (and compare.json) there"
 
     report = tables.report_tables(study)
     text = "\n\n".join([answer(study).text(), tables.headline(study), *(t.text() for t in report)])
     print(text)
-    written = _write_report(study, report, text, out)
-    print(f"\nreport in {out}/ ({', '.join(written)})")
+    if unwritable is None:
+        written = _write_report(study, report, text, out)
+        print(f"\nreport in {out}/ ({', '.join(written)})")
+    if baseline is not None:
+        from autofit.report.changes import compare
+
+        comparison = compare(baseline, study, threshold)
+        if unwritable is None:
+            write_atomically(out / "compare.json", json.dumps(comparison.to_dict(), indent=2))
+        print("\n" + "\n\n".join(t.text() for t in tables.comparison_tables(comparison)))
+        if unwritable is None:
+            print(f"\ncomparison in {out}/compare.json")
+    if unwritable is not None:
+        print(f"autofit: warning: {unwritable}", file=sys.stderr)
     if baseline is None:
         return 0
-
-    from autofit.report.changes import compare
-
-    comparison = compare(baseline, study, threshold)
-    write_atomically(out / "compare.json", json.dumps(comparison.to_dict(), indent=2))
-    print("\n" + "\n\n".join(t.text() for t in tables.comparison_tables(comparison)))
-    print(f"\ncomparison in {out}/compare.json")
     regressions = comparison.regressions
     if regressions:
         more = (

@@ -17,7 +17,7 @@ from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
-from autofit.export.output import write_export
+from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
@@ -63,5 +63,6 @@ __all__ = [
     "load_point",
     "target",
     "unlaunchable",
+    "readme",
     "write_export",
 ]

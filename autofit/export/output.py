@@ -18,7 +18,9 @@ from autofit.units import size
 log = logging.getLogger(__name__)
 
 
-def _readme(plan: ExportPlan) -> str:
+def readme(plan: ExportPlan) -> str:
+    """README.txt of an export: the run, the files, the launch command, the training defaults
+    with their sources, warnings and what is left to do."""
     point = plan.point
     gpus = f"{point.world_size} GPU{'s' if point.world_size > 1 else ''}"
     lines = [
@@ -122,7 +124,7 @@ def write_export(plan: ExportPlan) -> Path:
     out = plan.out
     files = {
         **plan.files,
-        "README.txt": _readme(plan),
+        "README.txt": readme(plan),
         "export.json": json.dumps(summary(plan), indent=2) + "\n",
     }
     try:
