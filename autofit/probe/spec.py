@@ -100,6 +100,11 @@ class ProbeResult:
     # its own (traced when simulated, measured otherwise), as every result before curves.
     source: str | None = None
 
+    @property
+    def origin(self) -> str:
+        """Where the figures come from: "traced" or "replayed" (simulated), or "measured"."""
+        return self.source or ("traced" if self.backend == "simulate" else "measured")
+
     @classmethod
     def failed(
         cls,

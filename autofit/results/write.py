@@ -133,7 +133,7 @@ def _trials_text(
     """trials.csv's text and its number of rows."""
     columns = ["outcome", "resolution", "batch_size", *knob_names, "peak_gib", "peak_bytes",
                "budget_bytes", *HOST_COLUMNS, "samples_per_s", "step_time_s", "phase", "backend",
-               "reason"]  # fmt: skip
+               "source", "reason"]  # fmt: skip
     rows = [
         {
             **result.config,
@@ -146,6 +146,7 @@ def _trials_text(
             "step_time_s": result.step_time_s or "",
             "phase": result.phase or "",
             "backend": result.backend,
+            "source": result.origin,
             "reason": (result.error or {}).get("message", ""),
         }
         for result in results

@@ -419,7 +419,7 @@ class StudyRecorder:
             "samples_per_s": result.samples_per_s,
             "step_time_s": result.step_time_s,
             # traced or replayed (simulated from a batch curve), or measured on the hardware
-            "source": result.source or ("traced" if result.backend == "simulate" else "measured"),
+            "source": result.origin,
             "result": _slim(result),
         }
         with self._lock:
