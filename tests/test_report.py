@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import re
 import shlex
 import shutil
@@ -194,6 +195,38 @@ def _far_over(study, gib: int = 500):  # type: ignore[no-untyped-def]
     probes = [dataclasses.replace(p, peak_bytes=gib << 30) if p.outcome.value == "oom" else p
               for p in study.probes]  # fmt: skip
     return dataclasses.replace(study, probes=probes)
+
+
+def test_an_out_of_memory_run_far_beyond_the_fitting_ones_does_not_set_the_pareto_axes(
+    workdir: Path, reported: subprocess.CompletedProcess[str]
+) -> None:
+    """A run over the budget at a batch of 1,000,000 (a wide range's probe) sits at the edge the
+    fitting runs set, in the PNG and on the page; its hover keeps its figures."""
+    from autofit.report.html import _pareto_figure
+    from autofit.report.plots import pareto_figure
+
+    study = load_study(workdir / "results" / STUDY)
+    over = next(p for p in study.probes if p.outcome.value == "oom")
+    huge = dataclasses.replace(over, batch_size=1_000_000, samples_per_s=1e6)
+    wide = dataclasses.replace(study, probes=[*study.probes, huge])
+    view = charts.pareto_view(charts.points(study))
+    assert view is not None and charts.pareto_view(charts.points(wide)) == view
+    fitting = [p for p in charts.points(study) if p.fits]
+    assert view.x[1] < 2 * max(p.megapixels for p in fitting)
+    assert view.y[1] == pytest.approx(1.1 * max(p.samples_per_s for p in fitting))
+
+    ax = pareto_figure(wide).axes[0]
+    assert ax.get_xlim() == pytest.approx(view.x) and ax.get_ylim() == pytest.approx(view.y)
+    edge = [c for c in ax.collections if (view.x[1], view.y[1]) in map(tuple, c.get_offsets())]
+    assert len(edge) == 1
+
+    page = _pareto_figure(wide)
+    expected_x = [math.log10(v) for v in view.x] if view.log else list(view.x)
+    assert list(page.layout.xaxis.range) == pytest.approx(expected_x)
+    assert list(page.layout.yaxis.range) == pytest.approx(list(view.y))
+    over_trace = next(t for t in page.data if t.name == charts.OVER_BUDGET[0])
+    assert max(over_trace.x) == pytest.approx(view.x[1]) and max(over_trace.y) == view.y[1]
+    assert any("b=1000000" in text for text in over_trace.text)
 
 
 def test_an_out_of_memory_peak_far_over_the_card_does_not_set_the_memory_axis(

@@ -121,6 +121,36 @@ def points(study: Study) -> list[Point]:
     return found
 
 
+@dataclass(frozen=True)
+class ParetoView:
+    """The Pareto chart's axes, set by the runs that fit alone: a run over a budget far beyond
+    them (a batch of 1,000,000 on a wide range) would squash every fitting run into a corner.
+    Such a run is drawn at the edge it passes (`shown`); its hover keeps its own figures."""
+
+    x: tuple[float, float]  # megapixels
+    y: tuple[float, float]  # samples/s
+    log: bool
+
+    def shown(self, point: Point) -> tuple[float, float]:
+        return (min(max(point.megapixels, self.x[0]), self.x[1]),
+                min(max(point.samples_per_s, self.y[0]), self.y[1]))  # fmt: skip
+
+
+def pareto_view(found: list[Point]) -> ParetoView | None:
+    """The axes the fitting runs span, with a margin; None when none fits (every run sets them)."""
+    fitting = [p for p in found if p.fits]
+    if not fitting:
+        return None
+    log = log_x(fitting)
+    low, high = min(p.megapixels for p in fitting), max(p.megapixels for p in fitting)
+    x = (
+        (low / 1.3, high * 1.3)
+        if log
+        else (low - 0.08 * (high - low or high), high + 0.08 * (high - low or high))
+    )
+    return ParetoView(x, (0.0, 1.1 * max(p.samples_per_s for p in fitting)), log)
+
+
 def _gib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / (1 << 30)
 

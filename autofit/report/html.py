@@ -5,6 +5,7 @@ then the report's tables and every probe."""
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,13 @@ def _pareto_figure(study: Study) -> Any:
     over = [p for p in points if not p.fits and not p.over_host]
     over_host = [p for p in points if p.over_host]
     fitting = [p for p in points if p.fits]
+    view = charts.pareto_view(points)
     for runs, symbol, (label, colour) in ((over, "x", charts.OVER_BUDGET),
                                           (over_host, "cross", charts.OVER_HOST)):  # fmt: skip
         if runs:
+            shown = [view.shown(p) if view else (p.megapixels, p.samples_per_s) for p in runs]
             fig.add_trace(go.Scatter(
-                x=[p.megapixels for p in runs], y=[p.samples_per_s for p in runs],
+                x=[x for x, _ in shown], y=[y for _, y in shown],
                 mode="markers", name=label,
                 marker={"symbol": symbol, "color": colour, "size": 7},
                 text=[f"{p.label}<br>{p.hover()}" for p in runs], hoverinfo="text",
@@ -71,11 +74,19 @@ def _pareto_figure(study: Study) -> Any:
                     "line": {"width": 1, "color": "black"}},
             text=[f"best: {best.label}"], hoverinfo="text",
         ))  # fmt: skip
-    wide = charts.log_x(points)
+    wide = view.log if view else charts.log_x(points)
+    xaxis: dict[str, Any] = {
+        "title": {"text": charts.RUN_SIZE_AXIS},
+        "type": "log" if wide else "linear",
+    }
+    yaxis: dict[str, Any] = {"title": {"text": charts.THROUGHPUT_AXIS}}
+    if view is not None:  # plotly takes a log axis's range as powers of ten
+        xaxis["range"] = [math.log10(v) for v in view.x] if wide else list(view.x)
+        yaxis["range"] = list(view.y)
     fig.update_layout(
         title=charts.PARETO_TITLE,
-        xaxis={"title": {"text": charts.RUN_SIZE_AXIS}, "type": "log" if wide else "linear"},
-        yaxis={"title": {"text": charts.THROUGHPUT_AXIS}},
+        xaxis=xaxis,
+        yaxis=yaxis,
         legend={"orientation": "h", "y": -0.2},
     )
     if not fitting:

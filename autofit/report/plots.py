@@ -34,11 +34,13 @@ def pareto_figure(study: Study) -> Any:
     fitting = [p for p in points if p.fits]
     over = [p for p in points if not p.fits and not p.over_host]
     over_host = [p for p in points if p.over_host]
+    view = charts.pareto_view(points)
     for runs, marker, (label, colour) in ((over, "x", charts.OVER_BUDGET),
                                           (over_host, "P", charts.OVER_HOST)):  # fmt: skip
         if runs:
-            ax.scatter([p.megapixels for p in runs], [p.samples_per_s for p in runs],
-                       marker=marker, color=colour, s=30, label=label)  # fmt: skip
+            shown = [view.shown(p) if view else (p.megapixels, p.samples_per_s) for p in runs]
+            ax.scatter([x for x, _ in shown], [y for _, y in shown],
+                       marker=marker, color=colour, s=30, label=label, clip_on=False)  # fmt: skip
     if fitting:
         peak = [p.peak_gib for p in fitting]
         dots = ax.scatter([p.megapixels for p in fitting], [p.samples_per_s for p in fitting],
@@ -55,7 +57,11 @@ def pareto_figure(study: Study) -> Any:
                    label=f"best: {best.label}")  # fmt: skip
     if not fitting:
         ax.text(0.5, 0.5, charts.NOTHING_FITS, transform=ax.transAxes, ha="center")
-    if charts.log_x(points):
+    if view is not None:
+        ax.set_xscale("log" if view.log else "linear")
+        ax.set_xlim(*view.x)
+        ax.set_ylim(*view.y)
+    elif charts.log_x(points):
         ax.set_xscale("log")
     ax.set_xlabel(charts.RUN_SIZE_AXIS)
     ax.set_ylabel(charts.THROUGHPUT_AXIS)
