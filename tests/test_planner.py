@@ -8,7 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
-from autofit.search.planner import Observation, largest_fitting_batch
+from autofit.search.planner import (
+    NARROW_PROBES,
+    Observation,
+    bisection_probes,
+    largest_fitting_batch,
+)
 
 MIB = 1 << 20
 BUDGET = 40_000 * MIB
@@ -65,6 +70,35 @@ def test_exact_on_many_random_curves_within_a_bounded_number_of_probes(shape) ->
         assert len(calls) <= BOUNDS[shape.__name__]
         probes.append(len(calls))
     assert sum(probes) / len(probes) <= 4.0  # fit-extrapolate-verify, not bisection
+
+
+def staircase(fixed: int, per_sample: int, block: int) -> Callable[[int], int]:
+    """A peak in whole allocator blocks with a term that comes and goes with the batch: a line
+    through two probes misses the boundary by a few batches, again and again."""
+    return lambda b: math.ceil((fixed + per_sample * b + (b % 7) * block // 3) / block) * block
+
+
+@pytest.mark.parametrize("max_batch", [1_000, 1_000_000])
+def test_never_more_probes_than_bisection_on_a_wide_range(max_batch: int) -> None:
+    """Where bisection needs more than NARROW_PROBES, no curve makes the planner take more probes
+    than it (the line's guesses are held to where bisection could still finish); the answer is
+    exact: b* fits and b* + 1, probed, does not."""
+    allowed = max(bisection_probes(max_batch + 1), NARROW_PROBES)
+    rng = random.Random(0)
+    for _ in range(300):
+        fixed = rng.randint(1_000, 39_000) * MIB
+        per_sample = rng.randint(10, 8_000_000) * (1 if max_batch > 1_000 else 1_000)
+        curve = staircase(fixed, per_sample, rng.choice([2 * MIB, 20 * MIB, 200 * MIB]))
+        calls: list[int] = []
+        plan = largest_fitting_batch(curve_probe(curve, calls), BUDGET, max_batch=max_batch)
+        assert len(calls) <= allowed, (len(calls), calls)
+        assert len(calls) == len(set(calls))
+        best = plan.best_batch
+        if best is None:
+            assert curve(1) > BUDGET and 1 in calls
+            continue
+        assert best in calls and curve(best) <= BUDGET
+        assert best == max_batch or (best + 1 in calls and curve(best + 1) > BUDGET)
 
 
 def test_nothing_fits() -> None:

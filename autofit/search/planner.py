@@ -11,7 +11,9 @@ the one at `b* + 1` does not, or `b*` is the space's maximum) and usually takes 
 probes where bisection over 1..64 takes six to seven and a grid takes 64. Probes that report no
 peak (a real out-of-memory error) fall back to doubling and bisection, and a guess that fails to
 halve the bracket is followed by a bisection step, so a curve the lines cannot follow still
-converges.
+converges. No probe is allowed that could leave a bracket wider than bisection can close in the
+probes left (the projection of the ITP method, Oliveira and Takahashi 2020): the planner never takes
+more probes than bisection over the same range, or `NARROW_PROBES` where bisection needs fewer.
 """
 
 from __future__ import annotations
@@ -110,6 +112,17 @@ def _extrapolate(anchor: Observation, slopes: Slopes, budget: int) -> int | None
     return min(limits) if limits else None
 
 
+# The most probes the planner may take on a range that bisection covers in fewer: room for its
+# guesses (the first probe at the floor, a line that misleads once) where probes are few anyway.
+NARROW_PROBES = 12
+
+
+def bisection_probes(width: int) -> int:
+    """How many probes bisection takes to shrink a bracket `width` wide (lo fits, hi does not,
+    the answer in between) to adjacent batches: ceil(log2(width))."""
+    return (width - 1).bit_length()
+
+
 def largest_fitting_batch(
     probe: Callable[[int], Observation],
     budget_bytes: int,
@@ -130,7 +143,12 @@ def largest_fitting_batch(
     )  # lo: largest known to fit (or the floor); hi: smallest known not to
     batch = floor + 1
     bisect = False
+    allowed = max(bisection_probes(hi - lo), NARROW_PROBES)
     while True:
+        # Never a probe that could leave more than bisection can finish in the probes left:
+        # whichever way it falls, the bracket must then be at most 2^(probes left) wide.
+        reach = 1 << (allowed - len(plan.observations) - 1)
+        batch = min(max(batch, hi - reach, lo + 1), lo + reach, hi - 1)
         width = hi - lo
         observation = probe(batch)
         plan.observations.append(observation)
