@@ -1,3 +1,10 @@
 """autofit: find the largest and fastest training run that fits in a GPU's memory."""
 
+import logging
+
 __version__ = "0.1.0"
+
+# On a CPU with AVX512-BF16, importing bitsandbytes (peft imports it) logs that the hub's faster
+# CPU 4-bit matmul kernel is not installed. Only speed is at stake (its own fallback runs), and
+# the line would stand between a user and autofit's one-line output, on some machines only.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
