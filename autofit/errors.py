@@ -16,9 +16,17 @@ class ConfigError(AutofitError):
 
 
 def suggest(word: str, options: list[str]) -> str:
-    """The words an error adds for a near miss: ` (did you mean 'rtx4090'?)`, or nothing."""
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """The words an error adds for a near miss: ` (did you mean 'rtx4090'?)`, or nothing. A
+    family's name alone (`sana`, `a100`) offers its members, up to three; else the closest
+    spelling."""
+    close = [o for o in options if word and o.lower().startswith(word.lower())]
+    if not close or len(close) > 3:
+        close = difflib.get_close_matches(word, options, n=1)
+    if not close:
+        return ""
+    quoted = [f"'{o}'" for o in close]
+    listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 class ProbeNotFinished(AutofitError):

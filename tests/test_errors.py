@@ -69,6 +69,14 @@ def test_a_typo_in_a_model_name(tmp_path: Path) -> None:
     assert "tiny_sana" in line  # and the valid ones
 
 
+def test_a_family_name_alone_offers_its_members(tmp_path: Path) -> None:
+    """`sana` is closest in spelling to `tiny_sana`, but the user means one of the Sana presets."""
+    line = only_line(in_process("search", "model=sana", "gpu=a40", cwd=tmp_path), 2)
+    assert "unknown model 'sana' (did you mean 'sana_1600m' or 'sana_600m'?)" in line
+    line = only_line(in_process("search", "model=tiny_mlp", "gpu=a100", cwd=tmp_path), 2)
+    assert "unknown gpu 'a100' (did you mean 'a100_40' or 'a100_80'?)" in line
+
+
 def test_a_typo_in_a_gpu_name(tmp_path: Path) -> None:
     for command in ("search", "probe"):
         line = only_line(in_process(command, "model=tiny_mlp", "gpu=rtx4900", cwd=tmp_path), 2)
