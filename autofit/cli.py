@@ -63,8 +63,18 @@ def _command_help(command: str) -> str:
         "", COMMANDS[command], "", "settings:",
     ]  # fmt: skip
     parent = ""
-    setting = r"^( {0,2})(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?$"
-    for match in re.finditer(setting, text, re.MULTILINE):
+    setting = re.compile(r"( {0,2})(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?")
+    continued = re.compile(r"[ \t]+#[ \t]*(.*)")  # a comment's next line, indented under it
+    settings: list[list[str]] = []  # name, default, comment
+    last = None  # the setting a continued comment belongs to
+    for line in text.splitlines():
+        more = continued.fullmatch(line)
+        if more and last is not None:
+            last[2] = f"{last[2]} {more.group(1)}".strip()
+            continue
+        match, last = setting.fullmatch(line), None
+        if match is None:
+            continue
         indent, key, default, comment = match.groups()
         if not indent:
             parent = key if not default else ""
@@ -72,8 +82,11 @@ def _command_help(command: str) -> str:
             continue  # the defaults list, or a section whose keys follow (target.resolution)
         if indent and not parent:
             continue
-        name = f"{parent}.{key}" if indent else key
-        lines.append(f"  {name:<22} {default or '':<10} {comment or ''}".rstrip())
+        last = [f"{parent}.{key}" if indent else key, default or "", comment or ""]
+        settings.append(last)
+    lines += [
+        f"  {name:<22} {default:<10} {comment}".rstrip() for name, default, comment in settings
+    ]
     for group in command_groups(command):
         own = " | path/to/card.yaml (docs/gpus.md)" if group == "gpu" else ""
         lines.append(f"  {group:<22} {' | '.join(group_options(group))}{own}")

@@ -146,6 +146,13 @@ def test_search_help_shows_the_target_settings_and_sweeps(tmp_path: Path) -> Non
     named = {line.split()[0] for line in lines if line.startswith("  ")}
     assert {"target.resolution", "target.min_batch", "margin", "space"} <= named
     assert "target" not in named and "defaults" not in named
+    # a description that goes on under its setting in the YAML is read whole
+    (host,) = [line for line in lines if line.split()[:1] == ["host_memory_gib"]]
+    assert host.endswith(
+        "default: this machine's RAM when probing the GPU here, else no host limit"
+    )
+    (grace,) = [line for line in lines if line.split()[:1] == ["claim_grace_s"]]
+    assert "is taken over by another worker" in grace
 
 
 def test_models_in_a_read_only_folder_prints_its_table_and_warns(tmp_path: Path) -> None:
