@@ -23,6 +23,11 @@ def count(n: float | None) -> str:
     return str(int(n))
 
 
+def many(n: int, noun: str) -> str:
+    """`n` and the noun in the number it takes: 1 probe, 2 probes."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def flops(n: float | None) -> str:
     if n is None:
         return "-"

@@ -308,7 +308,7 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
         progress.on_combination(done)
         line = progress.status()
         numbers = (
-            "1/47 combinations done, about ", " left | 1 probes (0 reused) | ",
+            "1/47 combinations done, about ", " left | 1 probe (0 reused) | ",
             "best at 1024px: b=8 7.25 samples/s, 40.74 GiB of 42.74 GiB",
         )  # fmt: skip
         assert all(part in line for part in numbers), line

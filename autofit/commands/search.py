@@ -21,7 +21,7 @@ from autofit.search.display import config_words
 from autofit.search.engine import Combination, SearchListener
 from autofit.search.pareto import fastest_and_best
 from autofit.search.space import SearchSpace
-from autofit.units import size
+from autofit.units import many, size
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
@@ -75,7 +75,7 @@ class Progress(SearchListener):
     def status(self) -> str:
         """The live line: every number whole; the best's knobs fill what the width leaves."""
         numbers = (
-            f"{self._left()} | {self.done} probes ({self.reused} reused) | {self._elapsed()} | "
+            f"{self._left()} | {many(self.done, 'probe')} ({self.reused} reused) | {self._elapsed()} | "
             f"best at {self.space.target_resolution}px: {self._best_figures()}"
         )
         words = config_words(self.best, self.knob_names) if self.best else ""
@@ -322,7 +322,7 @@ def run_config(cfg: Any) -> int:
     if lost:
         print(f"\nnot on the front:\n{lost}")
     print(
-        f"\n{summary['n_probes']} probes ({result.new_probes} run, {result.reused_probes} reused) "
+        f"\n{many(summary['n_probes'], 'probe')} ({result.new_probes} run, {result.reused_probes} reused) "
         f"in {result.wall_s:.0f} s; results in {out}/ (summary.json, trials.csv, pareto.csv, best.yaml)"
     )
     if result.best is None:
