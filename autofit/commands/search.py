@@ -246,8 +246,8 @@ def run_config(cfg: Any) -> int:
         from autofit.export import target
 
         chosen = target(trainer, setting="trainer")
-        if chosen.families is not None and preset.family not in chosen.families:
-            supported = ", ".join(sorted(chosen.families))
+        if not chosen.trains(preset.family):
+            supported = ", ".join(sorted(chosen.families or ()))
             raise ConfigError(
                 f"trainer={trainer} cannot train {preset.name} ({preset.display}, family "
                 f"{preset.family}): {trainer} supports the families {supported}"

@@ -195,8 +195,12 @@ class Target:
         """Whose words the knobs speak for this target: its own."""
         return self.name
 
+    def trains(self, family: str) -> bool:
+        """Whether this trainer has a script for the model family."""
+        return self.families is None or family in self.families
+
     def check_family(self, point: StudyPoint) -> None:
-        if self.families is None or point.family in self.families:
+        if self.trains(point.family):
             return
         supported = ", ".join(sorted(self.families)) or "none"
         raise ConfigError(

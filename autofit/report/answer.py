@@ -112,10 +112,18 @@ def export_command(study: Study) -> str:
     return f"autofit export {where} target={shlex.quote(str(trainer)) if trainer else 'TARGET'}"
 
 
-def _targets() -> str:
+def _targets(study: Study) -> str:
+    """The export targets that can train the study's model (every one where its preset is not
+    here to say)."""
+    from autofit.errors import ConfigError
     from autofit.export import TARGETS
+    from autofit.models import load_preset
 
-    return f"TARGET: {', '.join(TARGETS)}"
+    try:
+        family = load_preset(str(study.summary["model"])).family
+    except (ConfigError, KeyError):
+        return f"TARGET: {', '.join(TARGETS)}"
+    return f"TARGET: {', '.join(n for n, t in TARGETS.items() if t.trains(family))}"
 
 
 def trust_words(study: Study) -> str:
@@ -157,6 +165,6 @@ def answer(study: Study) -> Answer:
             Line("export", export_command(study), command=True),
         ]  # fmt: skip
         if not s.get("trainer"):
-            box.lines.append(Line("", _targets()))
+            box.lines.append(Line("", _targets(study)))
     box.lines.append(Line("trust", trust_words(study)))
     return box

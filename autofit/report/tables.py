@@ -13,7 +13,7 @@ from autofit.host import budget_words
 from autofit.probe.spec import Outcome
 from autofit.report.changes import Comparison, over_budget, relative
 from autofit.results import Probe, Status, Study
-from autofit.units import size
+from autofit.units import many, size
 from autofit.units import value as show
 
 # The parts of a peak, in the order a training step builds them, as a probe's breakdown names them.
@@ -64,7 +64,7 @@ def headline(study: Study) -> str:
         f"study {study.name}: {s.get('model')} on {s.get('gpu')} [{s.get('backend')}], "
         f"space {s.get('space')}, budget {size(study.budget_bytes)} "
         f"(the GPU's memory less a {margin_words(s.get('margin'))} margin){host}, "
-        f"{s.get('n_probes', 0)} probes; results in {study.path}/"
+        f"{many(int(s.get('n_probes', 0)), 'probe')}; results in {study.path}/"
     )
 
 
