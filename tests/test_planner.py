@@ -101,6 +101,21 @@ def test_never_more_probes_than_bisection_on_a_wide_range(max_batch: int) -> Non
         assert best == max_batch or (best + 1 in calls and curve(best + 1) > BUDGET)
 
 
+def test_a_range_of_a_thousand_costs_no_more_than_one_of_sixty_four_on_a_line() -> None:
+    """The bound leaves room for the line where bisection needs few probes: on 1..1000 the
+    planner finds b* on a straight line in as few probes as on 1..64."""
+    rng = random.Random(2)
+    for _ in range(100):
+        curve = linear(rng.randint(1_000, 39_000) * MIB, rng.randint(10, 8_000) * MIB)
+        counts = []
+        for max_batch in (64, 1_000):
+            calls: list[int] = []
+            plan = largest_fitting_batch(curve_probe(curve, calls), BUDGET, max_batch=max_batch)
+            assert plan.best_batch == exact(curve, max_batch)
+            counts.append(len(calls))
+        assert counts[1] <= max(counts[0], 4), counts
+
+
 def test_nothing_fits() -> None:
     calls: list[int] = []
     plan = largest_fitting_batch(
@@ -131,7 +146,8 @@ def test_a_slope_hint_saves_the_second_probe() -> None:
     largest_fitting_batch(
         curve_probe(curve, calls), BUDGET, max_batch=64, slope_hint={"peak": 1_000 * MIB}
     )
-    assert calls == [1, 30, 31]
+    # b* = 30 is nearer the fitting end of (1, 65): 31 is probed first and fails, then 30 fits
+    assert calls == [1, 31, 30]
 
 
 def test_without_peaks_it_doubles_then_bisects() -> None:

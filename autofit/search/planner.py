@@ -6,14 +6,15 @@ the phases grow at different rates: at small batches the optimizer step (weights
 states) is often the peak and barely grows, while backward (activations) grows fast and takes
 over. So after a probe or two the planner fits a line to each phase's peak through the measured
 probes nearest the boundary, extrapolates each to the budget, takes the smallest batch any phase
-allows, and probes there and one above to verify. The answer is exact (the probe at `b*` fits and
-the one at `b* + 1` does not, or `b*` is the space's maximum) and usually takes three or four
-probes where bisection over 1..64 takes six to seven and a grid takes 64. Probes that report no
-peak (a real out-of-memory error) fall back to doubling and bisection, and a guess that fails to
-halve the bracket is followed by a bisection step, so a curve the lines cannot follow still
-converges. No probe is allowed that could leave a bracket wider than bisection can close in the
-probes left (the projection of the ITP method, Oliveira and Takahashi 2020): the planner never takes
-more probes than bisection over the same range, or `NARROW_PROBES` where bisection needs fewer.
+allows, and probes there and one above to verify (one above first, where the answer is nearer
+the batches known to fit). The answer is exact (the probe at `b*` fits and the one at `b* + 1`
+does not, or `b*` is the space's maximum) and usually takes three or four probes where bisection
+over 1..64 takes six to seven and a grid takes 64. Probes that report no peak (a real
+out-of-memory error) fall back to doubling and bisection, and a guess that fails to halve the
+bracket is followed by a bisection step, so a curve the lines cannot follow still converges. No
+probe is allowed that could leave a bracket wider than bisection can close in the probes left
+(the projection of the ITP method, Oliveira and Takahashi 2020): the planner never takes more
+probes than bisection over the same range, or `NARROW_PROBES` where bisection needs fewer.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def _extrapolate(anchor: Observation, slopes: Slopes, budget: int) -> int | None
 
 
 # The most probes the planner may take on a range that bisection covers in fewer: room for its
-# guesses (the first probe at the floor, a line that misleads once) where probes are few anyway.
-NARROW_PROBES = 12
+# first probes, at the floor and one above, which bring the line but barely shrink the bracket,
+# and for the line's guess and its check; with it, 1..1000 costs what 1..64 does on a line.
+NARROW_PROBES = 13
 
 
 def bisection_probes(width: int) -> int:
@@ -186,6 +188,11 @@ def _next_batch(
             model = (measured[-1], slope_hint)
         if model is not None:
             guess = _extrapolate(*model, budget)
+            if guess is not None and lo < guess and guess + 1 - lo < hi - guess:
+                # Nearer the fitting end: probe the batch above the line's answer first. If the
+                # line is right it fails and the bracket closes on the next probe; verified from
+                # below, a wide (b*, hi) would be left for the bound to make bisection close.
+                guess += 1
     if guess is None:
         guess = (
             2 * lo if hi > max_batch else (lo + hi) // 2
