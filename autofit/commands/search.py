@@ -246,12 +246,7 @@ def run_config(cfg: Any) -> int:
         from autofit.export import target
 
         chosen = target(trainer, setting="trainer")
-        if not chosen.trains(preset.family):
-            supported = ", ".join(sorted(chosen.families or ()))
-            raise ConfigError(
-                f"trainer={trainer} cannot train {preset.name} ({preset.display}, family "
-                f"{preset.family}): {trainer} supports the families {supported}"
-            )
+        chosen.check_family(preset, setting="trainer")
     left_out = left_out_by(space, gpu, chosen, preset)
 
     study_name, out = study_and_folder(data, preset, gpu, space)

@@ -29,6 +29,7 @@ from autofit.errors import ConfigError
 from autofit.export.defaults import MARK, Defaults, table
 from autofit.export.point import StudyPoint
 from autofit.knobs import REGISTRY, Refuse, Subject
+from autofit.models import ModelPreset
 from autofit.trainers import WEIGHTS
 from autofit.units import value as knob_text  # a knob value as the command line writes it
 
@@ -199,13 +200,15 @@ class Target:
         """Whether this trainer has a script for the model family."""
         return self.families is None or family in self.families
 
-    def check_family(self, point: StudyPoint) -> None:
-        if self.trains(point.family):
+    def check_family(self, preset: ModelPreset, setting: str = "target") -> None:
+        """Refuse a model whose family this trainer has no script for; `setting` is the word
+        the user wrote it with (target= for an export, trainer= for a search)."""
+        if self.trains(preset.family):
             return
-        supported = ", ".join(sorted(self.families)) or "none"
+        supported = ", ".join(sorted(self.families or ())) or "none"
         raise ConfigError(
-            f"target={self.name} cannot train {point.model} ({point.preset.display}, family "
-            f"{point.family}): {self.name} supports the families {supported}"
+            f"{setting}={self.name} cannot train {preset.name} ({preset.display}, family "
+            f"{preset.family}): {self.name} supports the families {supported}"
         )
 
     def build(self, plan: ExportPlan) -> None:
@@ -220,7 +223,7 @@ class Target:
                 f"target={self.name} does not know the knob(s) {knobs} of {point.model}: "
                 "this autofit predates them, and dropping them would export a different run"
             )
-        self.check_family(point)
+        self.check_family(point.preset)
         plan = ExportPlan(self, point, out)
         self.build(plan)
         missed = [k for k in REGISTRY if k not in plan.read]

@@ -125,22 +125,25 @@ def points(study: Study) -> list[Point]:
 class ParetoView:
     """The Pareto chart's axes, set by the runs that fit alone: a run over a budget far beyond
     them (a batch of 1,000,000 on a wide range) would squash every fitting run into a corner.
-    Such a run is drawn at the edge it passes (`shown`); its hover keeps its own figures."""
+    Such a run is drawn at the edge it passes (`shown`); its hover keeps its own figures. With
+    nothing fitting there are no limits (None) and every run sets the axes."""
 
-    x: tuple[float, float]  # megapixels
-    y: tuple[float, float]  # samples/s
     log: bool
+    x: tuple[float, float] | None = None  # megapixels
+    y: tuple[float, float] | None = None  # samples/s
 
     def shown(self, point: Point) -> tuple[float, float]:
+        if self.x is None or self.y is None:
+            return point.megapixels, point.samples_per_s
         return (min(max(point.megapixels, self.x[0]), self.x[1]),
                 min(max(point.samples_per_s, self.y[0]), self.y[1]))  # fmt: skip
 
 
-def pareto_view(found: list[Point]) -> ParetoView | None:
-    """The axes the fitting runs span, with a margin; None when none fits (every run sets them)."""
+def pareto_view(found: list[Point]) -> ParetoView:
+    """The axes the fitting runs span, with a margin."""
     fitting = [p for p in found if p.fits]
     if not fitting:
-        return None
+        return ParetoView(log_x(found))
     log = log_x(fitting)
     low, high = min(p.megapixels for p in fitting), max(p.megapixels for p in fitting)
     x = (
@@ -148,7 +151,7 @@ def pareto_view(found: list[Point]) -> ParetoView | None:
         if log
         else (low - 0.08 * (high - low or high), high + 0.08 * (high - low or high))
     )
-    return ParetoView(x, (0.0, 1.1 * max(p.samples_per_s for p in fitting)), log)
+    return ParetoView(log, x, (0.0, 1.1 * max(p.samples_per_s for p in fitting)))
 
 
 def _gib(nbytes: int | None) -> float | None:

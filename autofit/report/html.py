@@ -42,7 +42,7 @@ def _pareto_figure(study: Study) -> Any:
     for runs, symbol, (label, colour) in ((over, "x", charts.OVER_BUDGET),
                                           (over_host, "cross", charts.OVER_HOST)):  # fmt: skip
         if runs:
-            shown = [view.shown(p) if view else (p.megapixels, p.samples_per_s) for p in runs]
+            shown = [view.shown(p) for p in runs]
             fig.add_trace(go.Scatter(
                 x=[x for x, _ in shown], y=[y for _, y in shown],
                 mode="markers", name=label,
@@ -74,14 +74,13 @@ def _pareto_figure(study: Study) -> Any:
                     "line": {"width": 1, "color": "black"}},
             text=[f"best: {best.label}"], hoverinfo="text",
         ))  # fmt: skip
-    wide = view.log if view else charts.log_x(points)
     xaxis: dict[str, Any] = {
         "title": {"text": charts.RUN_SIZE_AXIS},
-        "type": "log" if wide else "linear",
+        "type": "log" if view.log else "linear",
     }
     yaxis: dict[str, Any] = {"title": {"text": charts.THROUGHPUT_AXIS}}
-    if view is not None:  # plotly takes a log axis's range as powers of ten
-        xaxis["range"] = [math.log10(v) for v in view.x] if wide else list(view.x)
+    if view.x is not None and view.y is not None:  # plotly takes a log range as powers of ten
+        xaxis["range"] = [math.log10(v) for v in view.x] if view.log else list(view.x)
         yaxis["range"] = list(view.y)
     fig.update_layout(
         title=charts.PARETO_TITLE,

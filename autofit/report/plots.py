@@ -38,7 +38,7 @@ def pareto_figure(study: Study) -> Any:
     for runs, marker, (label, colour) in ((over, "x", charts.OVER_BUDGET),
                                           (over_host, "P", charts.OVER_HOST)):  # fmt: skip
         if runs:
-            shown = [view.shown(p) if view else (p.megapixels, p.samples_per_s) for p in runs]
+            shown = [view.shown(p) for p in runs]
             ax.scatter([x for x, _ in shown], [y for _, y in shown],
                        marker=marker, color=colour, s=30, label=label, clip_on=False)  # fmt: skip
     if fitting:
@@ -57,12 +57,11 @@ def pareto_figure(study: Study) -> Any:
                    label=f"best: {best.label}")  # fmt: skip
     if not fitting:
         ax.text(0.5, 0.5, charts.NOTHING_FITS, transform=ax.transAxes, ha="center")
-    if view is not None:
-        ax.set_xscale("log" if view.log else "linear")
+    if view.log:
+        ax.set_xscale("log")
+    if view.x is not None and view.y is not None:
         ax.set_xlim(*view.x)
         ax.set_ylim(*view.y)
-    elif charts.log_x(points):
-        ax.set_xscale("log")
     ax.set_xlabel(charts.RUN_SIZE_AXIS)
     ax.set_ylabel(charts.THROUGHPUT_AXIS)
     ax.set_title(f"{study.name}: {charts.PARETO_TITLE}", fontsize=10)
