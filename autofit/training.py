@@ -17,12 +17,19 @@ import torch
 
 from autofit.knobs import application_order, defaults, owners
 from autofit.models import ModelPreset
+from autofit.optimizers.in_backward import InBackwardOptimizer
 from autofit.run_state import PlainStep, RunState, default_dtype
+from autofit.simulator.step_log import StepMarks
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
     from autofit.probe.spec import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
+
+
+def _position(tracker: MemoryTracker | None) -> tuple[int, int]:
+    """How many GPU and host events a tracker's log holds now."""
+    return (len(tracker.events), len(tracker.host_events)) if tracker else (0, 0)
 
 
 class TrainingRun(RunState):
@@ -82,11 +89,13 @@ class TrainingRun(RunState):
 
     # -- stepping ------------------------------------------------------------------------------
 
-    def step(self) -> None:
-        """One optimizer step: synthetic batch, forward and loss, backward, update, zero grads."""
+    def step(self) -> StepMarks | None:
+        """One optimizer step: synthetic batch, forward and loss, backward, update, zero grads.
+        Under a tracker, where its parts lie in the tracker's log."""
         tracker = self.tracker
         stepper = self._stepper
         mark = tracker.mark() if tracker else 0
+        start = _position(tracker)
         with self.in_phase("forward"), self.forward_contexts():
             batch = self.batch_source()
             loss = self.workload.loss(self.forward_module, batch)
@@ -94,18 +103,64 @@ class TrainingRun(RunState):
             tracker.tag_live_since(mark, "activations")
         with self.in_phase("backward"):
             stepper.backward(loss)
-        self.tag([p.grad for p in self.model.parameters() if p.grad is not None], "gradients")
+        grads = self._gradients()
+        update = _position(tracker)
+        self._update()
+        updated = _position(tracker)
+        # The step ends with the batch and loss released, as a training loop's next iteration would.
+        del loss, batch
+        if tracker is None:
+            return None
+        return StepMarks(start, update, updated, _position(tracker), grads)
+
+    def can_update_without_a_pass(self) -> bool:
+        """Whether the first step's update can be traced from gradients made directly
+        (`update_without_a_pass`): the run's own loop updates after backward from each trainable
+        parameter's gradient and drops them, with no loss scaler (whose state its first backward
+        makes) and no weights on the host (whose gradients backward moves there)."""
+        return (
+            self.stepper is None
+            and self.scaler is None
+            and self.workload.grads_set_to_none
+            and not self.host_parameters
+            and not isinstance(self.optimizer, InBackwardOptimizer)
+        )
+
+    def update_without_a_pass(self) -> StepMarks:
+        """The first step's update, from gradients made directly, one per trainable parameter as
+        backward leaves them, instead of from a forward and backward pass. A tracker's log then
+        lacks that pass: autofit/simulator/first_step.py puts the next step's in its place."""
+        start = _position(self.tracker)
+        with self.in_phase("backward"):
+            for param in self.trainable_parameters():
+                param.grad = torch.empty_like(param)
+        grads = self._gradients()
+        update = _position(self.tracker)
+        self._update()
+        updated = _position(self.tracker)
+        return StepMarks(start, update, updated, updated, grads)
+
+    def _gradients(self) -> tuple[int | None, ...]:
+        """Each trainable parameter's gradient, tagged as such: its allocation id in the
+        tracker's log (None without one, or without a gradient)."""
+        grads = [p.grad for p in self.trainable_parameters()]
+        self.tag([g for g in grads if g is not None], "gradients")
+        tracker = self.tracker
+        if tracker is None:
+            return ()
+        return tuple(None if g is None else tracker.allocation_of(g) for g in grads)
+
+    def _update(self) -> None:
+        stepper = self._stepper
         with self.in_phase("optimizer"):
             stepper.step()
             if self.after_step is not None:
                 self.after_step()
-        if tracker:
+        if self.tracker:
             for state in stepper.state.values():
                 self.tag(
                     [v for v in state.values() if isinstance(v, torch.Tensor)], "optimizer_state"
                 )
-        # The step ends with the batch and loss released, as a training loop's next iteration would.
-        del loss, batch
 
     def finish(self) -> None:
         """What a trainer does after its training steps with the training state still resident

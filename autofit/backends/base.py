@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from autofit.probe.spec import ProbeSpec
 
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
-# to show the steady-state peak (state, then activations and gradients on top of it).
+# to show the steady-state peak (state, then activations and gradients on top of it). The
+# simulator traces the first step's forward and backward pass only where the second's cannot
+# stand in for it (autofit/simulator/first_step.py).
 TRACKED_STEPS = 2
 
 

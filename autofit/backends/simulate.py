@@ -15,11 +15,16 @@ mimicked on purpose, in three places:
   its caching (simulator/allocator.py), and the CUDA context and cuBLAS workspace of the GPU's entry added.
 
 Throughput is a roofline estimate over the ops of one steady-state step (simulator/roofline.py).
+
+Of the two tracked steps, the first is traced as its update alone where the second step's
+forward and backward pass can stand in for its own (simulator/first_step.py): the log is the
+two full steps', in about 0.6 of the time (benchmarks/probe_speed.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from contextlib import nullcontext
 
 import torch
@@ -34,18 +39,33 @@ from autofit.backends.base import (
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
+from autofit.simulator.first_step import compact_phases, splice
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
 from autofit.simulator.roofline import RooflineCounter, StepCost
 from autofit.simulator.step_log import StepLog
 from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
+log = logging.getLogger(__name__)
 
-def trace(
-    spec: ProbeSpec, roofline: RooflineCounter | None = None
-) -> tuple[TrainingRun, MemoryTracker]:
-    """Build and step the run on fake tensors under a tracker; price the last step if asked."""
+
+def trace(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> tuple[TrainingRun, StepLog]:
+    """Build and step the run on fake tensors under a tracker; price the last step if asked.
+    The first step is traced as its update alone where the log of both steps can be written
+    from the second's pass (autofit/simulator/first_step.py); else both are traced whole."""
     cuda_autocast.install()
+    traced = _trace(spec, roofline, one_pass=True)
+    if traced is None:
+        log.info("the step's pass leaves state behind it: tracing both steps whole")
+        if roofline:
+            roofline.reset()
+        traced = _trace(spec, roofline, one_pass=False)
+    return traced
+
+
+def _trace(
+    spec: ProbeSpec, roofline: RooflineCounter | None, one_pass: bool
+) -> tuple[TrainingRun, StepLog] | None:
     tracker = MemoryTracker(device_type="meta")  # a fake tensor's storage is on the meta device
     # Created outside fake mode: it imports the model library, whose constants must stay real.
     run = TrainingRun(spec, torch.device("cpu"), tracker, fake=True)
@@ -56,15 +76,19 @@ def trace(
         tracker,
     ):
         run.build()
-        for _ in range(TRACKED_STEPS - 1):
-            run.step()
+        one_pass = one_pass and run.can_update_without_a_pass()
+        if one_pass:
+            first = run.update_without_a_pass()
+        else:
+            for _ in range(TRACKED_STEPS - 1):
+                run.step()
         before = dataclasses.replace(run.traffic)
         first_exchange = len(run.traffic.exchanges)
         if roofline:
             run.traffic.clock = lambda: roofline.cost.device_seconds
             roofline.where = lambda: len(tracker.events)
         with roofline or nullcontext():  # the last step is the steady state
-            run.step()
+            second = run.step()
         if roofline:
             roofline.add_traffic(
                 run.traffic.link_bytes - before.link_bytes,
@@ -75,7 +99,18 @@ def trace(
                 run.traffic.nvme_step_bytes - before.nvme_step_bytes,
             )
         run.finish()
-    return run, tracker
+    # Phase changes in one form whichever way the steps were traced, so that traces compare.
+    tracker.phase_changes = compact_phases(tracker.phase_changes)
+    if not one_pass:
+        return run, tracker
+    assert second is not None
+    spliced = splice(tracker, first, second)
+    if spliced is None:
+        return None
+    steps, shift = spliced
+    if roofline:
+        roofline.moved(shift)
+    return run, steps
 
 
 def measure(spec: ProbeSpec) -> Measurement:

@@ -22,6 +22,7 @@ HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -264,11 +265,21 @@ class RooflineCounter(TorchDispatchMode):
         was given (`traffic`), so that `price` can price the step again with other figures."""
         super().__init__()
         self.gpu = gpu
-        self.cost = StepCost()
         self._bandwidth = memory_bandwidth(gpu)
-        self.kernels: list[Kernel] | None = [] if keep_kernels else None
+        self._keep_kernels = keep_kernels
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was counted: the counter is as new."""
+        self.cost = StepCost()
+        self.kernels: list[Kernel] | None = [] if self._keep_kernels else None
         self.traffic: Traffic | None = None
         self.where: Callable[[], int] = lambda: 0  # a kept kernel's `at`
+
+    def moved(self, shift: int) -> None:
+        """The step's events moved `shift` places in its log: so do its kept kernels' places."""
+        if self.kernels:
+            self.kernels[:] = [dataclasses.replace(k, at=k.at + shift) for k in self.kernels]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

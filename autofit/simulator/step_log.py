@@ -57,6 +57,20 @@ class HostReport:
     phase_peaks: dict[str, int]
 
 
+@dataclass(frozen=True)
+class StepMarks:
+    """Where one tracked step's parts lie in its log, each a count of (GPU events, host events)
+    recorded before it: the step begins at `start`, its update (the optimizer phase) runs from
+    `update` to `updated`, and it ends at `end`. `grads` holds each trainable parameter's
+    gradient as the update found it: its allocation id (None: no gradient on the GPU)."""
+
+    start: tuple[int, int]
+    update: tuple[int, int]
+    updated: tuple[int, int]
+    end: tuple[int, int]
+    grads: tuple[int | None, ...]
+
+
 class StepLog:
     """The GPU and host allocation logs of tracked steps.
 
@@ -145,6 +159,12 @@ class StepLog:
             else:
                 live.discard(~event)
         return live
+
+    def live_bytes(self, category: str) -> int:
+        """Bytes of `category` live at the end of the log."""
+        index = CATEGORIES.index(category)
+        live = self.live_at(len(self.events) - 1)
+        return sum(self.sizes[aid] for aid in live if self.categories[aid] == index)
 
     def peak_report(self) -> PeakReport:
         breakdown = dict.fromkeys(CATEGORIES, 0)

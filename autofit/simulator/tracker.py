@@ -313,6 +313,10 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         if index < self.categories[aid]:
             self.categories[aid] = index
 
+    def allocation_of(self, tensor: torch.Tensor) -> int | None:
+        """The allocation id of a live tensor's storage (None: not GPU memory, or not seen)."""
+        return self._live.get(_local(tensor).untyped_storage()._cdata)
+
     def mark(self) -> int:
         """An id boundary: allocations made after this call have ids >= the value returned."""
         return len(self.sizes)
