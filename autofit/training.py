@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -19,17 +20,12 @@ from autofit.knobs import application_order, defaults, owners
 from autofit.models import ModelPreset
 from autofit.optimizers.in_backward import InBackwardOptimizer
 from autofit.run_state import PlainStep, RunState, default_dtype
-from autofit.simulator.step_log import StepMarks
+from autofit.simulator.step_log import Position, StepMarks
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
     from autofit.probe.spec import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
-
-
-def _position(tracker: MemoryTracker | None) -> tuple[int, int]:
-    """How many GPU and host events a tracker's log holds now."""
-    return (len(tracker.events), len(tracker.host_events)) if tracker else (0, 0)
 
 
 class TrainingRun(RunState):
@@ -57,6 +53,9 @@ class TrainingRun(RunState):
                 importlib.import_module(library)
         self._forward_makers = [self._maker(knob) for knob in self._order]
         self._stepper: Any = None
+        # The kernels priced and ops dispatched so far in the step being priced (a backend that
+        # prices it says how to read them; see `position`).
+        self.priced: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     def _maker(self, knob: Any) -> Any:
         value = self.knobs[knob.name]
@@ -95,7 +94,7 @@ class TrainingRun(RunState):
         tracker = self.tracker
         stepper = self._stepper
         mark = tracker.mark() if tracker else 0
-        start = _position(tracker)
+        start = self.position()
         with self.in_phase("forward"), self.forward_contexts():
             batch = self.batch_source()
             loss = self.workload.loss(self.forward_module, batch)
@@ -104,14 +103,26 @@ class TrainingRun(RunState):
         with self.in_phase("backward"):
             stepper.backward(loss)
         grads = self._gradients()
-        update = _position(tracker)
+        update = self.position()
         self._update()
-        updated = _position(tracker)
+        updated = self.position()
         # The step ends with the batch and loss released, as a training loop's next iteration would.
         del loss, batch
         if tracker is None:
             return None
-        return StepMarks(start, update, updated, _position(tracker), grads)
+        return StepMarks(start, update, updated, self.position(), grads)
+
+    def position(self) -> Position:
+        """How far the tracked run has got (none without a tracker)."""
+        tracker, traffic = self.tracker, self.traffic
+        if tracker is None:
+            return Position(0, ())
+        off_gpu = (
+            len(tracker.host_events), traffic.link_bytes, traffic.peer_bytes,
+            traffic.host_compute_bytes, traffic.nvme_bytes, traffic.nvme_step_bytes,
+            len(traffic.exchanges),
+        )  # fmt: skip
+        return Position(len(tracker.events), off_gpu, *self.priced())
 
     def can_update_without_a_pass(self) -> bool:
         """Whether the first step's update can be traced from gradients made directly
@@ -130,14 +141,14 @@ class TrainingRun(RunState):
         """The first step's update, from gradients made directly, one per trainable parameter as
         backward leaves them, instead of from a forward and backward pass. A tracker's log then
         lacks that pass: autofit/simulator/first_step.py puts the next step's in its place."""
-        start = _position(self.tracker)
+        start = self.position()
         with self.in_phase("backward"):
             for param in self.trainable_parameters():
                 param.grad = torch.empty_like(param)
         grads = self._gradients()
-        update = _position(self.tracker)
+        update = self.position()
         self._update()
-        updated = _position(self.tracker)
+        updated = self.position()
         return StepMarks(start, update, updated, updated, grads)
 
     def _gradients(self) -> tuple[int | None, ...]:

@@ -19,9 +19,9 @@ from autofit.models import ModelPreset, load_preset
 from autofit.probe.build import make_spec
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
-from autofit.simulator.first_step import compact_phases
+from autofit.simulator.first_step import Pass
 from autofit.simulator.roofline import RooflineCounter
-from autofit.simulator.step_log import StepLog
+from autofit.simulator.step_log import StepLog, compact_phases
 
 TESTS = Path(__file__).parent
 
@@ -36,26 +36,31 @@ def _phases(log: StepLog) -> list[str]:
     return phases
 
 
-def _traced(probe: ProbeSpec, one_pass: bool) -> tuple[Any, ...] | None:
+def _traced(probe: ProbeSpec, how: str, pass_: Pass | None = None) -> tuple[Any, ...]:
+    """`probe`'s log, priced step and figures: traced as a probe traces it (`one pass`), with
+    both steps whole (`whole`), or assembled from `pass_` (`composed`); fails where the first
+    two ways are the same one (the probe was not assembled from its pass)."""
     roofline = RooflineCounter(probe.gpu_spec, keep_kernels=True)
-    traced = simulate._trace(probe, roofline, one_pass)
-    if traced is None:
-        return None
-    run, log = traced
+    if how == "whole":
+        run, log, _ = simulate._trace(probe, roofline, alone=0)
+    elif how == "composed":
+        assert pass_ is not None
+        traced = simulate.composed_steps(probe, roofline, pass_)
+        assert traced is not None, "the probe was not assembled"
+        run, log = traced.run, traced.log
+    else:
+        traced = simulate.traced_steps(probe, roofline)
+        assert traced.pass_ is not None, "the probe was not assembled from its pass"
+        run, log = traced.run, traced.log
     figures = simulate.measurement(
         probe, log, roofline.cost, run.param_count, run.trainable_param_count
     )
     return log, roofline, figures
 
 
-def _differences(probe: ProbeSpec) -> list[str]:
-    """What the one-pass trace of `probe` reports differently from tracing both steps; fails
-    where the probe was traced twice instead of spliced."""
-    spliced = _traced(probe, one_pass=True)
-    assert spliced is not None, "the probe was not spliced"
-    whole = _traced(probe, one_pass=False)
-    assert whole is not None
-    (log, roofline, figures), (log2, roofline2, figures2) = spliced, whole
+def _differences(one: tuple[Any, ...], other: tuple[Any, ...]) -> list[str]:
+    """What one trace of a probe reports differently from another."""
+    (log, roofline, figures), (log2, roofline2, figures2) = one, other
     # Frees that follow one another come in the order the garbage collector drops their
     # storages, which differs from run to run: the batch curve compares them in one order too.
     parts = {
@@ -88,7 +93,36 @@ CASES = [
 @pytest.mark.parametrize("model,gpu,knobs", CASES, ids=lambda v: str(v)[:50])
 def test_one_pass_reports_what_two_whole_steps_report(model: str, gpu: str, knobs: dict) -> None:
     probe = make(model, gpu, batch_size=3, resolution=128 if model == "tiny_sana" else 64, **knobs)
-    assert _differences(probe) == []
+    assert _differences(_traced(probe, "one pass"), _traced(probe, "whole")) == []
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        {"optimizer": "adamw8bit"},
+        {"optimizer": "paged_adamw8bit"},
+        {"optimizer": "adafactor", "ema": "gpu"},
+        {"optimizer": "came", "ema": "cpu"},
+        {"optimizer": "lion", "validation": "on"},
+        {"optimizer": "sgd"},
+        {"optimizer_impl": "foreach", "allocator": "expandable_segments"},
+    ],
+    ids=str,
+)
+def test_a_structure_that_differs_in_its_update_is_assembled_from_another_s_pass(
+    member: dict,
+) -> None:
+    """The pass of AdamW's run, with another optimizer's (or an EMA's, or a validation pass's)
+    setup and updates, reports what that run's own trace reports."""
+    knobs = {"batch_size": 3, "resolution": 128, "precision": "bf16"}
+    lender_probe = make("tiny_sana", "a40", **knobs, optimizer="adamw")
+    lender = simulate.traced_steps(
+        lender_probe, RooflineCounter(lender_probe.gpu_spec, keep_kernels=True)
+    )
+    assert lender.pass_ is not None
+    probe = make("tiny_sana", "a40", **{"optimizer": "adamw", **knobs, **member})
+    composed = _traced(probe, "composed", lender.pass_)
+    assert _differences(composed, _traced(probe, "whole")) == []
 
 
 @pytest.mark.parametrize(
@@ -103,8 +137,16 @@ def test_one_pass_reports_what_two_whole_steps_report(model: str, gpu: str, knob
 )
 def test_runs_whose_update_is_not_the_loop_s_own_trace_both_steps(knobs: dict) -> None:
     probe = make("tiny_sana", "a40", batch_size=3, resolution=128, **knobs)
-    run, log = simulate.trace(probe)
-    assert log is run.tracker  # both steps traced whole: the tracker's own log
+    traced = simulate.traced_steps(probe)
+    assert traced.pass_ is None and traced.log is traced.run.tracker  # both steps traced whole
+
+
+def test_a_loop_that_keeps_its_gradients_traces_both_steps() -> None:
+    """The SD3 ControlNet example zeroes its gradients in place: the second step's backward adds
+    into the first's, which the first's own backward made."""
+    probe = make("sd3_controlnet", "h100_80", batch_size=1, resolution=256)
+    traced = simulate.traced_steps(probe)
+    assert traced.pass_ is None and traced.log is traced.run.tracker
 
 
 def test_a_pass_that_leaves_state_behind_is_traced_twice() -> None:
@@ -115,9 +157,10 @@ def test_a_pass_that_leaves_state_behind_is_traced_twice() -> None:
         preset = load_preset("custom")
         preset = ModelPreset.from_dict({**preset.to_dict(), "entry": "custom_models.cached:build"})
         probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
-        assert simulate._trace(probe, None, one_pass=True) is None
-        run, log = simulate.trace(probe)
-        assert log is run.tracker
+        traced = simulate.traced_steps(probe)
+        assert traced.pass_ is None
+        log = traced.log
+        assert log is traced.run.tracker
         # the cache is made once, in the first step's pass, and held from then on
         table = 8 * 8 * 64 * 4
         tables = [a for a in range(len(log.raw_sizes)) if log.raw_sizes[a] == table]
@@ -144,7 +187,7 @@ def test_phase_changes_in_their_least_form_say_the_same_phases() -> None:
         ("sana_600m", {"resolution": 512}),
         ("sd35_medium", {"resolution": 512, "checkpointing": True}),
         ("sdxl", {"resolution": 512}),
-        ("sd3_controlnet", {"resolution": 512}),
+        ("sana_1600m", {"resolution": 1024, "precision": "bf16_pure", "optimizer": "adamw_bf16"}),
         ("flux_dev", {"resolution": 512, "train_mode": "lora", "base_precision": "fp8"}),
         ("llama3_2_1b", {"resolution": 1024, "train_mode": "full"}),
         ("llama3_2_1b", {"resolution": 1024, "train_mode": "qlora"}),
@@ -154,4 +197,33 @@ def test_phase_changes_in_their_least_form_say_the_same_phases() -> None:
 )
 def test_presets_report_from_one_pass_what_two_whole_steps_report(model: str, knobs: dict) -> None:
     probe = with_blocks(make(model, "h100_80", batch_size=2, **knobs), 2)
-    assert _differences(probe) == []
+    assert _differences(_traced(probe, "one pass"), _traced(probe, "whole")) == []
+
+
+def test_a_scan_assembles_the_rest_of_a_group_from_the_first_structure_s_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a scan of structures that differ only in the optimizer, the others' traces are
+    assembled from the first one's pass, and answer as each structure's scan alone does."""
+    from autofit.probe.scan import scan, scan_group
+
+    assembled: list[int] = []
+
+    def counted(probe: ProbeSpec, *args: Any) -> Any:
+        traced = composed_steps(probe, *args)
+        assembled.append(probe.knobs["batch_size"]) if traced else None
+        return traced
+
+    composed_steps = simulate.composed_steps
+    monkeypatch.setattr(simulate, "composed_steps", counted)
+    knobs = {"batch_size": 1, "resolution": 128, "precision": "bf16"}
+    first, other = (make("tiny_sana", "a40", **knobs, optimizer=o) for o in ("adamw", "lion"))
+    grouped = scan_group([(first, 1), (other, 1)], 1_000_000)[1]
+    assert assembled == [1_000_000]  # the top of the range, where the first structure traced first
+    alone = scan(other, 1, 1_000_000)
+    assert grouped.best_batch == alone.best_batch and grouped.shared and not alone.shared
+    timing = {"versions", "wall_s"}
+    for one, own in zip(grouped.results, alone.results, strict=True):
+        assert {k: v for k, v in one.to_dict().items() if k not in timing} == {
+            k: v for k, v in own.to_dict().items() if k not in timing
+        }

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -39,33 +40,86 @@ from autofit.backends.base import (
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
-from autofit.simulator.first_step import compact_phases, splice
+from autofit.simulator.first_step import Pass, assemble, cut
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
-from autofit.simulator.roofline import RooflineCounter, StepCost
-from autofit.simulator.step_log import StepLog
+from autofit.simulator.roofline import RooflineCounter, StepCost, price
+from autofit.simulator.step_log import StepLog, StepMarks
 from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Traced:
+    """A simulated run's two tracked steps: the run, their log, and the second step's pass where
+    the log was assembled from it (simulator/first_step.py: another structure's updates may be
+    assembled with it)."""
+
+    run: TrainingRun
+    log: StepLog
+    pass_: Pass | None
+
+
 def trace(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> tuple[TrainingRun, StepLog]:
-    """Build and step the run on fake tensors under a tracker; price the last step if asked.
-    The first step is traced as its update alone where the log of both steps can be written
-    from the second's pass (autofit/simulator/first_step.py); else both are traced whole."""
-    cuda_autocast.install()
-    traced = _trace(spec, roofline, one_pass=True)
-    if traced is None:
-        log.info("the step's pass leaves state behind it: tracing both steps whole")
+    """Build and step the run on fake tensors under a tracker; price the last step if asked."""
+    traced = traced_steps(spec, roofline)
+    return traced.run, traced.log
+
+
+def traced_steps(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> Traced:
+    """The run's two steps, the first traced as its update alone where the log of both can be
+    assembled from the second's pass (simulator/first_step.py), else both traced whole."""
+    run, tracker, marks = _trace(spec, roofline, alone=1)
+    if marks is not None:
+        first, second = marks
+        kernels = roofline.kernels if roofline else None
+        pass_ = cut(tracker, second, kernels)
+        steps = pass_ and assemble(tracker, first, second, pass_, kernels)
+        same_step = roofline is None or (
+            steps is not None
+            and steps.ops == roofline.cost.ops
+            and (kernels is None or len(steps.kernels) == len(kernels))
+        )  # every kernel and op of the step is in one of its parts
+        if steps and same_step:
+            if kernels is not None:
+                kernels[:] = steps.kernels  # the same kernels, at their places in the new log
+            return Traced(run, steps.log, pass_)
+        log.info("the second step's pass cannot stand in for the first's: tracing both whole")
         if roofline:
             roofline.reset()
-        traced = _trace(spec, roofline, one_pass=False)
-    return traced
+        run, tracker, _ = _trace(spec, roofline, alone=0)
+    return Traced(run, tracker, None)
+
+
+def composed_steps(spec: ProbeSpec, roofline: RooflineCounter, pass_: Pass) -> Traced | None:
+    """The run's two steps with `pass_` as their pass, another structure's that runs the same
+    forward and backward (one that differs only in knobs whose `changes_the_pass` is False):
+    its setup and its two updates traced, from gradients made directly, and the log assembled
+    (simulator/first_step.py). `roofline` must keep its kernels: the step is priced from the
+    pass's and the update's. None where the updates cannot run without a pass, or the
+    gradients they were given are not the pass's."""
+    assert roofline.kernels is not None, "the roofline must keep its kernels"
+    assert pass_.priced, "the pass must have been priced with its kernels kept"
+    run, tracker, marks = _trace(spec, roofline, alone=2)
+    if marks is None:
+        return None
+    steps = assemble(tracker, *marks, pass_, roofline.kernels)
+    if steps is None:
+        return None
+    assert roofline.traffic is not None
+    roofline.kernels[:] = steps.kernels
+    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, roofline.traffic)
+    return Traced(run, steps.log, pass_)
 
 
 def _trace(
-    spec: ProbeSpec, roofline: RooflineCounter | None, one_pass: bool
-) -> tuple[TrainingRun, StepLog] | None:
+    spec: ProbeSpec, roofline: RooflineCounter | None, alone: int
+) -> tuple[TrainingRun, MemoryTracker, tuple[StepMarks, StepMarks] | None]:
+    """The run built and stepped twice under a tracker, the second step priced if asked; the
+    first `alone` steps' updates (0, 1 or 2) from gradients made directly, where the run's own
+    loop updates (TrainingRun.can_update_without_a_pass), each step's marks then returned."""
+    cuda_autocast.install()
     tracker = MemoryTracker(device_type="meta")  # a fake tensor's storage is on the meta device
     # Created outside fake mode: it imports the model library, whose constants must stay real.
     run = TrainingRun(spec, torch.device("cpu"), tracker, fake=True)
@@ -76,19 +130,19 @@ def _trace(
         tracker,
     ):
         run.build()
-        one_pass = one_pass and run.can_update_without_a_pass()
-        if one_pass:
-            first = run.update_without_a_pass()
-        else:
-            for _ in range(TRACKED_STEPS - 1):
-                run.step()
+        alone = alone if run.can_update_without_a_pass() else 0
+        steps = [run.update_without_a_pass if alone > n else run.step for n in range(2)]
+        first = steps[0]()
+        for _ in range(TRACKED_STEPS - 2):
+            run.step()
         before = dataclasses.replace(run.traffic)
         first_exchange = len(run.traffic.exchanges)
         if roofline:
             run.traffic.clock = lambda: roofline.cost.device_seconds
             roofline.where = lambda: len(tracker.events)
+            run.priced = lambda: (len(roofline.kernels or ()), roofline.cost.ops)
         with roofline or nullcontext():  # the last step is the steady state
-            second = run.step()
+            second = steps[1]()
         if roofline:
             roofline.add_traffic(
                 run.traffic.link_bytes - before.link_bytes,
@@ -99,18 +153,10 @@ def _trace(
                 run.traffic.nvme_step_bytes - before.nvme_step_bytes,
             )
         run.finish()
-    # Phase changes in one form whichever way the steps were traced, so that traces compare.
-    tracker.phase_changes = compact_phases(tracker.phase_changes)
-    if not one_pass:
-        return run, tracker
-    assert second is not None
-    spliced = splice(tracker, first, second)
-    if spliced is None:
-        return None
-    steps, shift = spliced
-    if roofline:
-        roofline.moved(shift)
-    return run, steps
+    if not alone:
+        return run, tracker, None
+    assert first is not None and second is not None
+    return run, tracker, (first, second)
 
 
 def measure(spec: ProbeSpec) -> Measurement:

@@ -125,6 +125,11 @@ class Knob:
     # Whether the knob changes the memory each extra sample adds (the search shares its estimate
     # of that slope between configurations that differ only in knobs that do not).
     per_sample_memory: ClassVar[bool] = True
+    # Whether the knob changes the step's forward and backward pass; not one that changes only
+    # what the update does or what runs after training: the simulator assembles a configuration
+    # that differs from another only in such knobs from the other's pass and its own updates
+    # (autofit/simulator/first_step.py).
+    changes_the_pass: ClassVar[bool] = True
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
     after: ClassVar[tuple[str, ...]] = ()

@@ -55,18 +55,29 @@ def curve_batches(lo: int, hi: int) -> list[int]:
 class TracedPoint:
     """A batch traced for a curve: its record, and its result, computed when asked (a traced
     batch far over the budget costs a search for the least limit it would need, which only a
-    reported point is worth)."""
+    reported point is worth). With `pass_from`, a point of another structure at the same batch
+    with the same forward and backward pass (`same_pass`), it is assembled from that pass and
+    its own updates where it can be (autofit/simulator/first_step.py)."""
 
-    def __init__(self, spec: ProbeSpec, found: dict[str, str]) -> None:
+    def __init__(
+        self, spec: ProbeSpec, found: dict[str, str], pass_from: TracedPoint | None = None
+    ) -> None:
         import torch
 
-        from autofit.backends.simulate import trace
+        from autofit.backends.simulate import composed_steps, traced_steps
         from autofit.simulator.batch_curve import record
         from autofit.simulator.roofline import RooflineCounter
 
         torch.manual_seed(0)  # as a probe's worker does
         roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
-        run, self.log = trace(spec, roofline)
+        traced = None
+        if pass_from is not None and pass_from.pass_ is not None:
+            traced = composed_steps(spec, roofline, pass_from.pass_)
+            if traced is None:
+                roofline.reset()
+        if traced is None:
+            traced = traced_steps(spec, roofline)
+        run, self.log, self.pass_ = traced.run, traced.log, traced.pass_
         self.spec, self.found, self.cost = spec, found, roofline.cost
         self.params, self.trainable = run.param_count, run.trainable_param_count
         self.record = record(spec.knobs["batch_size"], self.log, roofline, *self.counts)
@@ -84,6 +95,18 @@ class TracedPoint:
             figures = measurement(self.spec, self.log, self.cost, *self.counts)
             self._result = _result(to_result(self.spec, figures), "traced", self.found)
         return self._result
+
+
+def same_pass(one: ProbeSpec, other: ProbeSpec) -> bool:
+    """Whether two structures run the same forward and backward pass: they differ only in knobs
+    that change what the update does or what runs after training (Knob.changes_the_pass)."""
+    from autofit.knobs import registry
+
+    knobs = registry()
+    differ = {k for k in {*one.knobs, *other.knobs} if one.knobs.get(k) != other.knobs.get(k)}
+    differ.discard("batch_size")
+    same_run = one.model == other.model and one.gpu == other.gpu
+    return same_run and all(not knobs[k].changes_the_pass for k in differ)
 
 
 def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) -> ProbeResult:
@@ -108,6 +131,7 @@ class _Scan:
         self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
         self.spare = spare_bytes  # the lighter point leaves this much more free than the best
         self.traced: dict[int, TracedPoint] = {}
+        self.lender: _Scan | None = None  # the first structure of its group, once it has scanned
         self.curve: BatchCurve | None = None
         self.shared = False  # the curve's growth came from another structure's
         self.reason = ""  # why the traces do not lie on one line, once they did not
@@ -116,8 +140,14 @@ class _Scan:
         self.limit = spec.budget_bytes - gpu.cuda_context_bytes  # the allocator's
 
     def traced_at(self, batch: int) -> TracedPoint:
+        """This structure traced at `batch`: assembled from the pass of the lender's trace at
+        that batch where the two run the same pass and the lender has traced it."""
         if batch not in self.traced:
-            self.traced[batch] = TracedPoint(at_batch(self.spec, batch), self.found)
+            lender = self.lender
+            donor = (
+                lender.traced.get(batch) if lender and same_pass(lender.spec, self.spec) else None
+            )
+            self.traced[batch] = TracedPoint(at_batch(self.spec, batch), self.found, donor)
         return self.traced[batch]
 
     def fits(self, batch: int, log: StepLog, spare: int = 0) -> bool:
@@ -143,6 +173,7 @@ class _Scan:
         Traces that do not lie on one line are reported as they are, batch by batch."""
         from autofit.simulator.batch_curve import NotAffine
 
+        self.lender = lender
         batches = curve_batches(start, self.hi)
         if len(batches) < 3:  # the range is too short for a curve: trace every batch
             fitting = [b for b in range(self.hi, self.lo - 1, -1) if self._fits_traced(b)]

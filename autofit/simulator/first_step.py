@@ -1,97 +1,200 @@
-"""Two training steps from one forward and backward pass.
+"""Two training steps from one forward and backward pass, and one pass for many optimizers.
 
 A simulated probe tracks two steps: the first makes the optimizer's state, the second is the
 steady state whose peak holds it (autofit/backends/base.py TRACKED_STEPS). Their forward and
 backward passes are the same program, allocation for allocation, in a step whose pass leaves
-nothing behind but the gradients; tracing both costs two thirds of a trace. So the first step is
-traced as its update alone, from gradients made directly (TrainingRun.update_without_a_pass),
-then the second in full, and `splice` writes the log the two full steps would have recorded:
+nothing behind but the gradients, and the passes are most of a trace's cost. So a trace runs the
+first step as its update alone, from gradients made directly (TrainingRun.update_without_a_pass),
+then the second in full; `cut` takes the second step's pass out of the log, and `assemble` writes
+the log the two full steps would have recorded:
 
-    setup | second step's pass, gradients renamed to the first's | first update | second step's
-    tail (what the step frees after its update) | the second step, whole | what came after
+    setup | pass, gradients renamed to the first update's | first update | tail (what the step
+    frees after its update) | pass | second update | tail | what came after
 
-Every allocation of the copied pass that is not a gradient gets an id of its own; ids are then
+Every allocation of a copied pass that is not a gradient gets an id of its own; ids are then
 numbered in allocation order, as a tracker numbers them, so the log is the one a tracker of two
 full steps keeps, to the byte (tests/test_first_step.py holds them side by side).
 
-`splice` checks what that rests on and returns None when it does not hold (the caller then traces
-both steps): the pass gives every trainable parameter a gradient of the size the first update
-was given, and frees everything else it allocates within the step, outside the update (a pass
-that made state on its first call, such as a cache, would keep it: the first pass of the two
-would make it, the second would not); and neither the pass nor the tail touches host memory.
-The updates are traced as they run, state they replace at every step included.
+A structure that differs from another only in what its update does (the optimizer, an EMA copy:
+knobs whose `changes_the_pass` is False) runs the same pass, so its log is assembled from its own
+setup and updates, both traced from gradients made directly (`updates_only`), and the other's
+pass: a search traces one pass for all the optimizers of a structure (autofit/probe/scan.py).
+
+`cut` checks what that rests on and returns None when it does not hold (the caller then traces
+both steps whole): the pass gives every trainable parameter a gradient, and frees everything
+else it allocates within the step, outside the update (a pass that made state on its first call,
+such as a cache, would keep it: the first pass of the two would make it, the second would not);
+neither the pass nor the tail touches host memory or moves bytes off the GPU. `assemble` checks
+that the gradients the updates were given are the pass's, size for size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from autofit.simulator.step_log import StepLog, StepMarks
+from autofit.simulator.roofline import Kernel
+from autofit.simulator.step_log import StepLog, StepMarks, compact_phases
 
 
-def splice(log: StepLog, first: StepMarks, second: StepMarks) -> tuple[StepLog, int] | None:
-    """The log of two full steps, from `log`: a first step traced as its update alone
-    (`first`), then a whole step (`second`), then whatever came after. Also how far the second
-    step's events moved (its kernels' places among the allocations move with them). None where
-    the module docstring's conditions do not hold."""
+@dataclass(frozen=True)
+class Pass:
+    """A step's forward and backward pass and its tail, out of the log it was traced in: ids of
+    its own (`raw_sizes`, `categories` by id), `grads` the trainable parameters' gradients in
+    their order; phase changes and kernels' places counted from each part's first event, and
+    the dispatched ops of each part (kernels and ops where the step was `priced`)."""
+
+    events: tuple[int, ...]
+    tail: tuple[int, ...]
+    raw_sizes: tuple[int, ...]
+    categories: tuple[int, ...]
+    grads: tuple[int, ...]
+    phases: tuple[tuple[int, str], ...]
+    tail_phases: tuple[tuple[int, str], ...]
+    kernels: tuple[Kernel, ...]
+    tail_kernels: tuple[Kernel, ...]
+    ops: int
+    tail_ops: int
+    priced: bool  # whether the kernels were kept (else none are here)
+
+
+def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass | None:
+    """The pass and tail of `step`, traced whole in `log` (its priced kernels `kernels`, when
+    kept); None where the module docstring's conditions do not hold."""
+    if step.start.off_gpu != step.update.off_gpu or step.updated.off_gpu != step.end.off_gpu:
+        return None  # the pass or the tail touches host memory, or moves bytes off the GPU
+    if None in step.grads:
+        return None
     events = log.events
-    (start, host_start), (update, host_update) = second.start, second.update
-    (updated, host_updated), (end, host_end) = second.updated, second.end
-    if first.end != second.start or host_start != host_update or host_updated != host_end:
-        return None  # something ran between the two, or the pass or tail touched host memory
-    if first.start[1] != first.update[1]:
-        return None
-    if None in first.grads or len(first.grads) != len(second.grads):
-        return None
-    made = events[first.start[0] : first.update[0]]
-    if sorted(made) != sorted(first.grads):
-        return None  # the first update's gradients are not all that was made for it
-    renamed = dict(zip(second.grads, first.grads, strict=True))
-    if None in renamed or any(log.raw_sizes[a] != log.raw_sizes[b] for a, b in renamed.items()):
-        return None
-    copied = [*events[start:update], *events[updated:end]]
-    copied_allocated = {e for e in copied if e >= 0}
-    copied_freed = {~e for e in copied if e < 0}
-    if copied_freed - copied_allocated or copied_freed & renamed.keys():
+    body = events[step.start.events : step.update.events]
+    tail = events[step.updated.events : step.end.events]
+    allocated = {e for e in (*body, *tail) if e >= 0}
+    freed = {~e for e in (*body, *tail) if e < 0}
+    grads = set(step.grads)
+    if freed - allocated or freed & grads:
         return None  # the pass frees what it did not make, or a gradient before the update
-    if copied_allocated - copied_freed != renamed.keys():
+    if allocated - freed != grads or len(grads) != len(step.grads):
         # Something of the pass lives on into the update or beyond it (state its first call
         # makes, which a first pass would make and a second would not), or a gradient is missing.
         return None
-    next_id = len(log.raw_sizes)
-    for aid in sorted(copied_allocated - renamed.keys()):
-        renamed[aid] = next_id
-        next_id += 1
-    raw_sizes = [*log.raw_sizes, *(0 for _ in range(next_id - len(log.raw_sizes)))]
-    categories = [*log.categories, *raw_sizes[len(log.categories) :]]
-    for old, new in renamed.items():
-        if new >= len(log.raw_sizes):
-            raw_sizes[new], categories[new] = log.raw_sizes[old], log.categories[old]
+    ids: dict[int, int] = {}
+    for event in (*body, *tail):
+        if event >= 0:
+            ids[event] = len(ids)
 
-    def copy(lo: int, hi: int) -> list[int]:
-        return [renamed[e] if e >= 0 else ~renamed[~e] for e in events[lo:hi]]
+    def own(run: Sequence[int]) -> tuple[int, ...]:
+        return tuple(ids[e] if e >= 0 else ~ids[~e] for e in run)
 
-    # (first event of the part in the new log, its range in the recorded one)
-    parts = [(0, first.start[0]), (start, update), (first.update[0], first.updated[0])]
-    parts += [(updated, end), (start, len(events))]
+    def part(lo: int, hi: int) -> tuple[tuple[int, str], ...]:
+        return tuple(
+            [(0, log.phase_at(lo))]
+            + [(index - lo, phase) for index, phase in log.phase_changes if lo < index < hi]
+        )
+
+    def priced(lo: int, hi: int, at: int) -> tuple[Kernel, ...]:
+        return tuple(dataclasses.replace(k, at=k.at - at) for k in (kernels or [])[lo:hi])
+
+    start, update, updated, end = step.start, step.update, step.updated, step.end
+    return Pass(
+        own(body), own(tail),
+        tuple(log.raw_sizes[a] for a in ids), tuple(log.categories[a] for a in ids),
+        tuple(ids[g] for g in step.grads),
+        part(start.events, update.events), part(updated.events, end.events),
+        priced(start.kernels, update.kernels, start.events),
+        priced(updated.kernels, end.kernels, updated.events),
+        update.ops - start.ops, end.ops - updated.ops, kernels is not None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """Two full steps' log, and the second step's priced kernels and dispatched ops."""
+
+    log: StepLog
+    kernels: list[Kernel]
+    ops: int
+
+
+def assemble(
+    log: StepLog,
+    first: StepMarks,
+    second: StepMarks,
+    pass_: Pass,
+    kernels: Sequence[Kernel] | None,
+) -> Assembled | None:
+    """The log of two full steps with `pass_` as both steps' pass: `log` holds the setup, the
+    first step traced as its update alone (`first`), then the second (`second`: whole, or its
+    update alone too), then whatever came after; `kernels` the second step's. None where the
+    gradients the updates were given are not the pass's."""
+    if None in first.grads or None in second.grads:
+        return None  # a gradient of no bytes: nothing to rename
+    events = log.events
+    made = events[first.start.events : first.update.events]
+    if first.end.events != second.start.events or sorted(made) != sorted(first.grads):
+        return None  # something ran between the steps, or more was made than the gradients
+    sizes = [pass_.raw_sizes[g] for g in pass_.grads]
+    for grads in (first.grads, second.grads):
+        if len(grads) != len(sizes) or [log.raw_sizes[g] for g in grads] != sizes:  # type: ignore[index]
+            return None
+    # The second step's pass and tail as traced (the pass itself, or its gradients made
+    # directly) give way to the copies: what they allocated must not be seen elsewhere.
+    dropped = [
+        *events[second.start.events : second.update.events],
+        *events[second.updated.events : second.end.events],
+    ]
+    gone = {e for e in dropped if e >= 0} - set(second.grads)
+    kept = [*events[: second.start.events], *events[second.update.events : second.updated.events]]
+    kept += events[second.end.events :]
+    if any((e if e >= 0 else ~e) in gone for e in kept):
+        return None
+    raw_sizes, categories = list(log.raw_sizes), list(log.categories)
     spliced: list[int] = []
-    phase_changes: list[tuple[int, str]] = []
-    for index, (lo, hi) in enumerate(parts):
-        phase_changes += _phases(log, lo, hi, len(spliced), last=index == len(parts) - 1)
-        spliced += copy(lo, hi) if index in (1, 3) else events[lo:hi]
-    shift = len(spliced) - (len(events) - start) - start
-    out = _numbered(raw_sizes, categories, spliced, phase_changes, log)
-    return out, shift
+    phases: list[tuple[int, str]] = []
+    steady: list[Kernel] = []
 
+    def recorded(lo: int, hi: int, last: bool = False) -> None:
+        phases.append((len(spliced), log.phase_at(lo)))
+        phases.extend(
+            (index - lo + len(spliced), phase)
+            for index, phase in log.phase_changes
+            if lo < index and (index < hi or last)
+        )
+        spliced.extend(events[lo:hi])
 
-def _phases(log: StepLog, lo: int, hi: int, at: int, last: bool) -> list[tuple[int, str]]:
-    """The phase changes of events `lo`..`hi` of `log`, placed from event `at` on: the phase at
-    `lo`, then each change within (and after the end, for the last part)."""
-    changes = [(at, log.phase_at(lo))]
-    for index, phase in log.phase_changes:
-        if lo < index and (index < hi or last):
-            changes.append((index - lo + at, phase))
-    return changes
+    def copied(
+        run: Sequence[int], run_phases: Sequence[tuple[int, str]], names: dict[int, int]
+    ) -> None:
+        """A part of the pass, its ids named as `names` says (new ones added to it)."""
+        for event in run:
+            own = event if event >= 0 else ~event
+            if own not in names:
+                names[own] = len(raw_sizes)
+                raw_sizes.append(pass_.raw_sizes[own])
+                categories.append(pass_.categories[own])
+        phases.extend((index + len(spliced), phase) for index, phase in run_phases)
+        spliced.extend(names[e] if e >= 0 else ~names[~e] for e in run)
+
+    def priced(part: Sequence[Kernel], at: int) -> None:
+        steady.extend(dataclasses.replace(k, at=k.at + at) for k in part)
+
+    recorded(0, first.start.events)
+    for step in (first, second):
+        # the pass's gradients are the ones this step's update was given
+        names = dict(zip(pass_.grads, step.grads, strict=True))  # type: ignore[arg-type]
+        if step is second:
+            priced(pass_.kernels, len(spliced))
+        copied(pass_.events, pass_.phases, names)
+        update_at = len(spliced)
+        recorded(step.update.events, step.updated.events)
+        if step is second:
+            own = (kernels or [])[second.update.kernels : second.updated.kernels]
+            priced(own, update_at - second.update.events)
+            priced(pass_.tail_kernels, len(spliced))
+        copied(pass_.tail, pass_.tail_phases, names)
+    recorded(second.end.events, len(events), last=True)
+    ops = pass_.ops + (second.updated.ops - second.update.ops) + pass_.tail_ops
+    return Assembled(_numbered(raw_sizes, categories, spliced, phases, log), steady, ops)
 
 
 def _numbered(
@@ -102,7 +205,7 @@ def _numbered(
     log: StepLog,
 ) -> StepLog:
     """The log with ids numbered in allocation order, as a tracker numbers them, and its phase
-    changes in their least form (compact_phases)."""
+    changes in their least form (compact_phases); the host's as `log` recorded them."""
     order: dict[int, int] = {}
     for event in events:
         if event >= 0:
@@ -115,15 +218,3 @@ def _numbered(
         compact_phases(phase_changes),
         log.host_raw_sizes, log.host_pinned, log.host_events, log.host_event_phases,
     )  # fmt: skip
-
-
-def compact_phases(changes: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
-    """Phase changes in their least form, which says the same phase for every event: of the
-    changes at one event, the last; and only changes to a phase other than the current one."""
-    out: list[tuple[int, str]] = [(0, "setup")]
-    for index, phase in changes:
-        if out and out[-1][0] == index and len(out) > 1:
-            out.pop()
-        if out[-1][1] != phase:
-            out.append((index, phase))
-    return out

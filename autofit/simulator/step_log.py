@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 _TEMPORARIES = CATEGORIES.index("temporaries")
@@ -23,6 +24,18 @@ def round_allocation(nbytes: int) -> int:
     if nbytes <= 0:
         return 0
     return -(-nbytes // ALLOCATION_GRANULARITY) * ALLOCATION_GRANULARITY
+
+
+def compact_phases(changes: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Phase changes in their least form, which says the same phase for every event: of the
+    changes at one event, the last; and only changes to a phase other than the current one."""
+    out: list[tuple[int, str]] = [(0, "setup")]
+    for index, phase in changes:
+        if out[-1][0] == index and len(out) > 1:
+            out.pop()
+        if out[-1][1] != phase:
+            out.append((index, phase))
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,17 +70,28 @@ class HostReport:
     phase_peaks: dict[str, int]
 
 
+class Position(NamedTuple):
+    """How far a tracked run had got: the GPU events its log held, what it had done off the GPU
+    (host events and bytes moved, which stand still while it does nothing there), and the
+    kernels priced and ops dispatched so far in the step being priced."""
+
+    events: int
+    off_gpu: tuple[int, ...]
+    kernels: int = 0
+    ops: int = 0
+
+
 @dataclass(frozen=True)
 class StepMarks:
-    """Where one tracked step's parts lie in its log, each a count of (GPU events, host events)
-    recorded before it: the step begins at `start`, its update (the optimizer phase) runs from
-    `update` to `updated`, and it ends at `end`. `grads` holds each trainable parameter's
-    gradient as the update found it: its allocation id (None: no gradient on the GPU)."""
+    """Where one tracked step's parts lie: it begins at `start`, its update (the optimizer
+    phase) runs from `update` to `updated`, and it ends at `end`. `grads` holds each trainable
+    parameter's gradient as the update found it: its allocation id (None: no gradient on the
+    GPU)."""
 
-    start: tuple[int, int]
-    update: tuple[int, int]
-    updated: tuple[int, int]
-    end: tuple[int, int]
+    start: Position
+    update: Position
+    updated: Position
+    end: Position
     grads: tuple[int | None, ...]
 
 

@@ -72,6 +72,7 @@ from autofit.simulator.step_log import (  # noqa: F401  (re-exported: what a tra
     HostReport,
     PeakReport,
     StepLog,
+    compact_phases,
     round_allocation,
     round_pinned,
 )
@@ -162,6 +163,9 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         if not _RESIZE_WATCHERS:
             torch.UntypedStorage.resize_ = _STORAGE_RESIZE  # type: ignore[method-assign]
         self._refs.clear()
+        # Phase changes in one form however the steps were traced (two whole, or one assembled
+        # from the other's pass: simulator/first_step.py), so that traces compare.
+        self.phase_changes = compact_phases(self.phase_changes)
         self._host.clear()
         self._host_ids.clear()
         self._emptied.clear()
