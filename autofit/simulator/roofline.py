@@ -22,7 +22,6 @@ HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -275,11 +274,6 @@ class RooflineCounter(TorchDispatchMode):
         self.kernels: list[Kernel] | None = [] if self._keep_kernels else None
         self.traffic: Traffic | None = None
         self.where: Callable[[], int] = lambda: 0  # a kept kernel's `at`
-
-    def moved(self, shift: int) -> None:
-        """The step's events moved `shift` places in its log: so do its kept kernels' places."""
-        if self.kernels:
-            self.kernels[:] = [dataclasses.replace(k, at=k.at + shift) for k in self.kernels]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
