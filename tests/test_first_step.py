@@ -149,6 +149,20 @@ def test_a_loop_that_keeps_its_gradients_traces_both_steps() -> None:
     assert traced.pass_ is None and traced.log is traced.run.tracker
 
 
+def test_a_parameter_the_pass_gives_no_gradient_is_traced_twice() -> None:
+    """A trainable weight the loss never reaches has no gradient, and the optimizer no state for
+    it; gradients made directly for every trainable weight would give it both."""
+    sys.path.insert(0, str(TESTS))
+    try:
+        preset = load_preset("custom")
+        preset = ModelPreset.from_dict({**preset.to_dict(), "entry": "custom_models.unused:build"})
+        probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
+        traced = simulate.traced_steps(probe)
+        assert traced.pass_ is None and traced.log is traced.run.tracker
+    finally:
+        sys.path.remove(str(TESTS))
+
+
 def test_a_pass_that_leaves_state_behind_is_traced_twice() -> None:
     """A first pass that fills a cache allocates what the second does not: a log spliced from
     the second would lack it. The splice refuses, and the trace is the two whole steps'."""
