@@ -94,6 +94,20 @@ def in_process(
 
 
 @contextlib.contextmanager
+def custom_preset(entry: str) -> Any:
+    """The `custom` preset building `entry` (a model of tests/custom_models), importable while
+    the block runs (a probe imports it when the run is built)."""
+    from autofit.models import ModelPreset
+
+    tests = str(Path(__file__).parent)
+    sys.path.insert(0, tests)
+    try:
+        yield ModelPreset.from_dict({**load_preset("custom").to_dict(), "entry": entry})
+    finally:
+        sys.path.remove(tests)
+
+
+@contextlib.contextmanager
 def read_only(folder: Path) -> Any:
     """`folder` (made if missing), its contents as they are, where nothing can be written: its
     folders without write permission, or for root, whom permissions do not stop, the folder

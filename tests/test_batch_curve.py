@@ -8,10 +8,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import custom_preset, with_blocks
 from helpers import spec as make
-from helpers import with_blocks
 
-from autofit.models import ModelPreset, load_preset
 from autofit.probe.scan import (
     TracedPoint,
     at_batch,
@@ -187,24 +186,15 @@ def test_the_scan_reports_the_largest_batch_that_leaves_more_room() -> None:
 
 
 def test_a_step_that_is_not_affine_is_caught() -> None:
-    import sys
+    from autofit.gpus import load_gpu
+    from autofit.probe.build import make_spec
 
-    sys.path.insert(0, str(TESTS))
-    try:
-        preset = load_preset("custom")
-        preset = ModelPreset.from_dict(
-            {**preset.to_dict(), "entry": "custom_models.pairwise:build"}
-        )
-        from autofit.gpus import load_gpu
-        from autofit.probe.build import make_spec
-
+    with custom_preset("custom_models.pairwise:build") as preset:
         knobs = {"batch_size": 2, "resolution": 64}
         probe = make_spec(preset, load_gpu("l4"), knobs, "simulate")
         other = make_spec(preset, load_gpu("l4"), {**knobs, "optimizer": "lion"}, "simulate")
         # batch by batch x batch x 64 floats: 20,000 is far over the L4's memory
         answer, member = scan_group([(probe, 1), (other, 1)], 20_000)
-    finally:
-        sys.path.remove(str(TESTS))
     assert not answer.affine and answer.best_batch is None
     assert "not on the line" in answer.reason and "raw sizes" in answer.reason
     assert sorted(r.config["batch_size"] for r in answer.results) == [2, 3, 20_000]

@@ -5,25 +5,20 @@ byte, and a pass that leaves state behind it is traced twice instead."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import custom_preset, with_blocks
 from helpers import spec as make
-from helpers import with_blocks
 
 from autofit.backends import simulate
 from autofit.gpus import load_gpu
-from autofit.models import ModelPreset, load_preset
 from autofit.probe.build import make_spec
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
 from autofit.simulator.first_step import Pass
 from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.step_log import StepLog, compact_phases
-
-TESTS = Path(__file__).parent
 
 
 def _phases(log: StepLog) -> list[str]:
@@ -152,35 +147,25 @@ def test_a_loop_that_keeps_its_gradients_traces_both_steps() -> None:
 def test_a_parameter_the_pass_gives_no_gradient_is_traced_twice() -> None:
     """A trainable weight the loss never reaches has no gradient, and the optimizer no state for
     it; gradients made directly for every trainable weight would give it both."""
-    sys.path.insert(0, str(TESTS))
-    try:
-        preset = load_preset("custom")
-        preset = ModelPreset.from_dict({**preset.to_dict(), "entry": "custom_models.unused:build"})
+    with custom_preset("custom_models.unused:build") as preset:
         probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
         traced = simulate.traced_steps(probe)
-        assert traced.pass_ is None and traced.log is traced.run.tracker
-    finally:
-        sys.path.remove(str(TESTS))
+    assert traced.pass_ is None and traced.log is traced.run.tracker
 
 
 def test_a_pass_that_leaves_state_behind_is_traced_twice() -> None:
     """A first pass that fills a cache allocates what the second does not: a log spliced from
     the second would lack it. The splice refuses, and the trace is the two whole steps'."""
-    sys.path.insert(0, str(TESTS))
-    try:
-        preset = load_preset("custom")
-        preset = ModelPreset.from_dict({**preset.to_dict(), "entry": "custom_models.cached:build"})
+    with custom_preset("custom_models.cached:build") as preset:
         probe = make_spec(preset, load_gpu("l4"), {"batch_size": 2, "resolution": 64}, "simulate")
         traced = simulate.traced_steps(probe)
-        assert traced.pass_ is None
-        log = traced.log
-        assert log is traced.run.tracker
-        # the cache is made once, in the first step's pass, and held from then on
-        table = 8 * 8 * 64 * 4
-        tables = [a for a in range(len(log.raw_sizes)) if log.raw_sizes[a] == table]
-        assert tables and all(~a not in log.events for a in tables[:1])
-    finally:
-        sys.path.remove(str(TESTS))
+    assert traced.pass_ is None
+    log = traced.log
+    assert log is traced.run.tracker
+    # the cache is made once, in the first step's pass, and held from then on
+    table = 8 * 8 * 64 * 4
+    tables = [a for a in range(len(log.raw_sizes)) if log.raw_sizes[a] == table]
+    assert tables and all(~a not in log.events for a in tables[:1])
 
 
 def test_phase_changes_in_their_least_form_say_the_same_phases() -> None:

@@ -86,12 +86,6 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
     def own(run: Sequence[int]) -> tuple[int, ...]:
         return tuple(ids[e] if e >= 0 else ~ids[~e] for e in run)
 
-    def part(lo: int, hi: int) -> tuple[tuple[int, str], ...]:
-        return tuple(
-            [(0, log.phase_at(lo))]
-            + [(index - lo, phase) for index, phase in log.phase_changes if lo < index < hi]
-        )
-
     def priced(lo: int, hi: int, at: int) -> tuple[Kernel, ...]:
         return tuple(dataclasses.replace(k, at=k.at - at) for k in (kernels or [])[lo:hi])
 
@@ -100,7 +94,8 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         own(body), own(tail),
         tuple(log.raw_sizes[a] for a in ids), tuple(log.categories[a] for a in ids),
         tuple(ids[g] for g in step.grads),
-        part(start.events, update.events), part(updated.events, end.events),
+        tuple(_phases(log, start.events, update.events)),
+        tuple(_phases(log, updated.events, end.events)),
         priced(start.kernels, update.kernels, start.events),
         priced(updated.kernels, end.kernels, updated.events),
         update.ops - start.ops, end.ops - updated.ops, kernels is not None,
@@ -154,12 +149,7 @@ def assemble(
     steady: list[Kernel] = []
 
     def recorded(lo: int, hi: int, last: bool = False) -> None:
-        phases.append((len(spliced), log.phase_at(lo)))
-        phases.extend(
-            (index - lo + len(spliced), phase)
-            for index, phase in log.phase_changes
-            if lo < index and (index < hi or last)
-        )
+        phases.extend((index + len(spliced), phase) for index, phase in _phases(log, lo, hi, last))
         spliced.extend(events[lo:hi])
 
     def copied(
@@ -195,6 +185,13 @@ def assemble(
     recorded(second.end.events, len(events), last=True)
     ops = pass_.ops + (second.updated.ops - second.update.ops) + pass_.tail_ops
     return Assembled(_numbered(raw_sizes, categories, spliced, phases, log), steady, ops)
+
+
+def _phases(log: StepLog, lo: int, hi: int, last: bool = False) -> list[tuple[int, str]]:
+    """The phase changes of events `lo`..`hi` of `log`, counted from `lo`: the phase at `lo`,
+    then each change within (and, with `last`, after the end)."""
+    within = [(i - lo, p) for i, p in log.phase_changes if lo < i and (i < hi or last)]
+    return [(0, log.phase_at(lo)), *within]
 
 
 def _numbered(

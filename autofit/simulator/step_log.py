@@ -185,7 +185,7 @@ class StepLog:
         return live
 
     def live_bytes(self, category: str) -> int:
-        """Bytes of `category` live at the end of the log."""
+        """Bytes of `category` live at the end of the log (now, for a tracker recording it)."""
         index = CATEGORIES.index(category)
         live = self.live_at(len(self.events) - 1)
         return sum(self.sizes[aid] for aid in live if self.categories[aid] == index)

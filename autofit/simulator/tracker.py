@@ -357,8 +357,3 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
         self.phase_changes.append((len(self.events), phase))
-
-    def live_bytes(self, category: str) -> int:
-        """Bytes of `category` live now (or when the tracker was exited)."""
-        index = CATEGORIES.index(category)
-        return sum(self.sizes[aid] for aid in self._live.values() if self.categories[aid] == index)
