@@ -222,3 +222,40 @@ def test_nothing_fits() -> None:
     ).run()  # type: ignore[arg-type]
     assert result.best is None
     assert all(c.status == "none_fit" for c in result.combinations)
+
+
+def test_a_combination_starts_once_its_parents_are_answered_not_its_whole_wave() -> None:
+    """A checkpointed combination waits for its parent (the same without checkpointing), and
+    for nothing else: it runs beside a combination of the wave before that is still going."""
+    import threading
+
+    child_started = threading.Event()
+
+    class Slow(CurveProber):
+        def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
+            full = {**self.defaults, **knobs}
+            if full["checkpointing"] and full["precision"] == "bf16":
+                child_started.set()
+            last_of_first_wave = not full["checkpointing"] and full["resolution"] == 1024
+            if (
+                last_of_first_wave
+                and full["precision"] == "bf16_pure"
+                and full["optimizer"] == "sgd"
+            ):
+                assert child_started.wait(60), "nothing of the next wave ran beside it"
+            return super().__call__(knobs)
+
+    prober = Slow()
+    result = Search(space(), prober, jobs=2).run()  # type: ignore[arg-type]
+    assert child_started.is_set()
+    calls = [(tuple(sorted(c.items())), c) for c in prober.calls]
+    for combination in result.combinations:
+        if not combination.knobs["checkpointing"] or combination.status != "exact":
+            continue
+        parent = {**combination.knobs, "checkpointing": False, "resolution": combination.resolution}
+
+        def of(knobs: dict[str, Any]) -> list[int]:
+            return [i for i, (_, c) in enumerate(calls) if knobs.items() <= c.items()]
+
+        child = {**combination.knobs, "resolution": combination.resolution}
+        assert max(of(parent)) < min(of(child)), combination  # the parent answered first

@@ -5,7 +5,8 @@ checkpointing on, say): a saver is worth probing only at batches its faster pare
 combination without it) cannot fit, so its search starts just above the parent's largest batch,
 and it is pruned, with the reason recorded, when that batch does not fit or the parent already
 fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
-Within a wave, combinations are searched concurrently (`jobs`). Simulated ones are scanned: the
+Combinations are searched concurrently (`jobs`), each as soon as its parents have their answers
+(the rest of their wave may still run). Simulated ones are scanned: the
 combinations of a wave whose per-sample memory is the same (they differ in the optimizer, say)
 go to one subprocess, which answers each for every batch from batch curves (autofit/probe/scan.py)
 and reports the largest that fits; the others, and simulated ones whose step is not affine in the
@@ -329,11 +330,16 @@ class Search:
         if not runnable:
             raise AutofitError(_nothing_to_search(combinations, self.space.name))
         self.listener.on_start(len(runnable))
+        # In waves by how many memory-saving settings a combination has: those with fewer
+        # first, as their answers set the others' floors. A group starts as soon as its
+        # parents have their answers (`_parents_answered`), not when the whole wave before it
+        # is done: the last combinations of a wave run beside the next one's.
         waves: dict[int, list[Combination]] = defaultdict(list)
         for combination in runnable:
             waves[len(_savings(combination.knobs, self.space))].append(combination)
-        for size in sorted(waves):
-            self._run_wave(waves[size])
+        searched = {(_frozen(c.knobs), c.resolution) for c in runnable}
+        groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
+        self._run(_WaveQueue(groups, lambda group: self._parents_answered(group, searched)))
         results = list(self._results)
         space = self.space
         fastest, best = fastest_and_best(
@@ -351,23 +357,36 @@ class Search:
             best=best,
         )
 
-    def _run_wave(self, wave: list[Combination]) -> None:
+    def _groups(self, wave: list[Combination]) -> list[list[Combination]]:
+        """A wave's combinations in the groups searched together, in the order to search them."""
         if self.scans:
             # Combinations that share what a sample adds are scanned together, one curve lent.
             groups: dict[tuple[Any, ...], list[Combination]] = defaultdict(list)
             for combination in wave:
                 groups[_hint_key(combination.knobs, combination.resolution)].append(combination)
-            queue = _WaveQueue(list(groups.values()))
-        else:
-            # Spread combinations that share a memory-per-sample estimate, so the first of each
-            # group finishes (and shares its estimate) before the others start.
-            seen: dict[tuple[Any, ...], int] = defaultdict(int)
-            order = []
-            for combination in wave:
-                key = _hint_key(combination.knobs, combination.resolution)
-                order.append((seen[key], len(order), combination))
-                seen[key] += 1
-            queue = _WaveQueue([[c] for _, _, c in sorted(order, key=lambda item: item[:2])])
+            return list(groups.values())
+        # Spread combinations that share a memory-per-sample estimate, so the first of each
+        # group finishes (and shares its estimate) before the others start.
+        seen: dict[tuple[Any, ...], int] = defaultdict(int)
+        order = []
+        for combination in wave:
+            key = _hint_key(combination.knobs, combination.resolution)
+            order.append((seen[key], len(order), combination))
+            seen[key] += 1
+        return [[c] for _, _, c in sorted(order, key=lambda item: item[:2])]
+
+    def _parents_answered(self, group: list[Combination], searched: set[tuple[Any, ...]]) -> bool:
+        """Whether every parent of the group's combinations (the same knobs with one
+        memory-saving setting back at the faster value it saves over) that this search looks
+        at has its answer, which `_floor` reads."""
+        for combination in group:
+            for name, baseline in _savings(combination.knobs, self.space).items():
+                parent = (_frozen({**combination.knobs, name: baseline}), combination.resolution)
+                if parent in searched and parent not in self._best:
+                    return False
+        return True
+
+    def _run(self, queue: _WaveQueue) -> None:
         if self.jobs == 1:
             self._work(queue)
             return
@@ -384,7 +403,7 @@ class Search:
         pool.shutdown()
 
     def _work(self, queue: _WaveQueue) -> None:
-        """Searches the wave's combinations one after another. One whose next probe another
+        """Searches the queue's combinations one after another. One whose next probe another
         worker is running (`Busy`) is set aside and taken up again later (its probes so far are
         remembered), so this worker probes other combinations meanwhile and waits only when
         every one left is busy elsewhere."""
@@ -408,24 +427,29 @@ class Search:
 
 
 class _WaveQueue:
-    """The combinations of one wave still to search, in groups searched together, shared by the
-    search's threads: those not yet tried first, then those set aside as busy, each no sooner
-    than `POLL_S` after."""
+    """The combinations still to search, in groups searched together, shared by the search's
+    threads: those not yet tried first, in order, each once `ready` says so (the groups it
+    waits for have their answers); then those set aside as busy, each no sooner than `POLL_S`
+    after."""
 
-    def __init__(self, groups: list[list[Combination]]) -> None:
+    def __init__(
+        self, groups: list[list[Combination]], ready: Callable[[list[Combination]], bool]
+    ) -> None:
         self._fresh = deque(groups)
+        self._ready = ready
         self._busy: deque[tuple[float, list[Combination]]] = deque()
         self._active = 0  # combinations being searched now: each may be set aside again
         self._aborted = False
         self._changed = threading.Condition()
 
     def next(self) -> list[Combination] | None:
-        """The next group to search; None once the wave is done (or stopped)."""
+        """The next group to search; None once every one is done (or the search stopped)."""
         with self._changed:
             while not self._aborted:
-                if self._fresh:
+                group = self._first_ready()
+                if group is not None:
                     self._active += 1
-                    return self._fresh.popleft()
+                    return group
                 if self._busy:
                     due, group = self._busy[0]
                     wait = due - time.monotonic()
@@ -436,9 +460,22 @@ class _WaveQueue:
                     self._changed.wait(wait)
                 elif self._active:
                     self._changed.wait()
+                elif self._fresh:
+                    # Nothing runs that could answer what they wait for: every group before
+                    # them is done, so their parents are answered or not searched (as after a
+                    # wave); take them in order.
+                    self._active += 1
+                    return self._fresh.popleft()
                 else:
                     return None
             return None
+
+    def _first_ready(self) -> list[Combination] | None:
+        for index, group in enumerate(self._fresh):
+            if self._ready(group):
+                del self._fresh[index]
+                return group
+        return None
 
     def later(self, group: list[Combination]) -> None:
         with self._changed:
