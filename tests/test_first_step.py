@@ -38,18 +38,19 @@ def _traced(probe: ProbeSpec, how: str, pass_: Pass | None = None) -> tuple[Any,
     roofline = RooflineCounter(probe.gpu_spec, keep_kernels=True)
     if how == "whole":
         run, log, _ = simulate._trace(probe, roofline, alone=0)
+        counts = run.param_count, run.trainable_param_count
     elif how == "composed":
         assert pass_ is not None
-        traced = simulate.composed_steps(probe, roofline, pass_)
-        assert traced is not None, "the probe was not assembled"
-        run, log = traced.run, traced.log
+        updates = simulate.traced_updates(probe)
+        assert updates is not None, "the updates could not be traced alone"
+        log = simulate.composed_steps(updates, pass_, roofline)
+        assert log is not None, "the probe was not assembled"
+        counts = updates.counts
     else:
         traced = simulate.traced_steps(probe, roofline)
         assert traced.pass_ is not None, "the probe was not assembled from its pass"
-        run, log = traced.run, traced.log
-    figures = simulate.measurement(
-        probe, log, roofline.cost, run.param_count, run.trainable_param_count
-    )
+        log, counts = traced.log, (traced.run.param_count, traced.run.trainable_param_count)
+    figures = simulate.measurement(probe, log, roofline.cost, *counts)
     return log, roofline, figures
 
 
@@ -208,13 +209,13 @@ def test_a_scan_assembles_the_rest_of_a_group_from_the_first_structure_s_pass(
 
     assembled: list[int] = []
 
-    def counted(probe: ProbeSpec, *args: Any) -> Any:
-        traced = composed_steps(probe, *args)
-        assembled.append(probe.knobs["batch_size"]) if traced else None
-        return traced
+    def counted(probe: ProbeSpec) -> Any:
+        updates = traced_updates(probe)
+        assembled.append(probe.knobs["batch_size"]) if updates else None
+        return updates
 
-    composed_steps = simulate.composed_steps
-    monkeypatch.setattr(simulate, "composed_steps", counted)
+    traced_updates = simulate.traced_updates
+    monkeypatch.setattr(simulate, "traced_updates", counted)
     knobs = {"batch_size": 1, "resolution": 128, "precision": "bf16"}
     first, other = (make("tiny_sana", "a40", **knobs, optimizer=o) for o in ("adamw", "lion"))
     grouped = scan_group([(first, 1), (other, 1)], 1_000_000)[1]

@@ -42,7 +42,7 @@ from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
 from autofit.simulator.first_step import Pass, assemble, cut
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
-from autofit.simulator.roofline import RooflineCounter, StepCost, price
+from autofit.simulator.roofline import Kernel, RooflineCounter, StepCost, Traffic, price
 from autofit.simulator.step_log import StepLog, StepMarks
 from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
@@ -92,25 +92,53 @@ def traced_steps(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> Tr
     return Traced(run, tracker, None)
 
 
-def composed_steps(spec: ProbeSpec, roofline: RooflineCounter, pass_: Pass) -> Traced | None:
-    """The run's two steps with `pass_` as their pass, another structure's that runs the same
-    forward and backward (one that differs only in knobs whose `changes_the_pass` is False):
-    its setup and its two updates traced, from gradients made directly, and the log assembled
-    (simulator/first_step.py). `roofline` must keep its kernels: the step is priced from the
-    pass's and the update's. None where the updates cannot run without a pass, or the
-    gradients they were given are not the pass's."""
-    assert roofline.kernels is not None, "the roofline must keep its kernels"
-    assert pass_.priced, "the pass must have been priced with its kernels kept"
+@dataclass(frozen=True)
+class Updates:
+    """A run's setup, its two updates from gradients made directly and what ran after them,
+    traced with its pass left out (`traced_updates`): what `composed_steps` joins to a pass of
+    the same forward and backward. Plain data, so a search's scans can share it
+    (autofit/probe/shared_updates.py)."""
+
+    log: StepLog
+    first: StepMarks
+    second: StepMarks
+    kernels: tuple[Kernel, ...]  # the second update's, priced
+    traffic: Traffic
+    counts: tuple[int, int]  # parameters, trainable parameters
+
+
+def traced_updates(spec: ProbeSpec) -> Updates | None:
+    """The run's setup and updates traced alone; None where its updates cannot run without a
+    pass (TrainingRun.can_update_without_a_pass)."""
+    roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
     run, tracker, marks = _trace(spec, roofline, alone=2)
     if marks is None:
         return None
-    steps = assemble(tracker, *marks, pass_, roofline.kernels)
+    assert roofline.kernels is not None and roofline.traffic is not None
+    plain = StepLog.counted(
+        tracker.raw_sizes, tracker.categories, tracker.events, tracker.phase_changes,
+        tracker.host_raw_sizes, tracker.host_pinned, tracker.host_events,
+        tracker.host_event_phases,
+    )  # fmt: skip
+    counts = (run.param_count, run.trainable_param_count)
+    return Updates(plain, *marks, tuple(roofline.kernels), roofline.traffic, counts)
+
+
+def composed_steps(updates: Updates, pass_: Pass, roofline: RooflineCounter) -> StepLog | None:
+    """The log of two full steps with `pass_` as their pass (that of a structure with the same
+    forward and backward: one that differs only in knobs whose `changes_the_pass` is False) and
+    `updates`' setup and updates (simulator/first_step.py); `roofline`, which must keep its
+    kernels, then holds the step's price, from the pass's kernels and the update's. None where
+    the gradients the updates were given are not the pass's."""
+    assert roofline.kernels is not None, "the roofline must keep its kernels"
+    assert pass_.priced, "the pass must have been priced with its kernels kept"
+    steps = assemble(updates.log, updates.first, updates.second, pass_, updates.kernels)
     if steps is None:
         return None
-    assert roofline.traffic is not None
     roofline.kernels[:] = steps.kernels
-    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, roofline.traffic)
-    return Traced(run, steps.log, pass_)
+    roofline.traffic = updates.traffic
+    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, updates.traffic)
+    return steps.log
 
 
 def _trace(

@@ -130,6 +130,11 @@ class Knob:
     # that differs from another only in such knobs from the other's pass and its own updates
     # (autofit/simulator/first_step.py).
     changes_the_pass: ClassVar[bool] = True
+    # Whether the knob changes the step's forward and backward pass and nothing else: not the
+    # model as built, the optimizer, its update or what runs after training. A search traces a
+    # configuration's setup and updates once for every value of such a knob
+    # (autofit/probe/shared_updates.py); `only_in_the_pass` says it for one configuration.
+    pass_only: ClassVar[bool] = False
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
     after: ClassVar[tuple[str, ...]] = ()
@@ -190,6 +195,10 @@ class Knob:
         """What the value asks of one's own training code, in a phrase."""
         assert self.values is not None, f"knob {self.name} must say what its values mean"
         return self.values[value]
+
+    def only_in_the_pass(self, knobs: Mapping[str, Any]) -> bool:
+        """Whether, in the configuration `knobs`, this knob changes nothing but the pass."""
+        return self.pass_only
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         """Whether the value matters in this configuration (a LoRA rank without LoRA does not)."""

@@ -47,6 +47,7 @@ class Loss(Knob):
         "lm_head_chunk_size): the loss is the sum over chunks divided by the number of targets",
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
+    pass_only = True  # how the forward computes the loss
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return preset.family == "llm"

@@ -114,6 +114,7 @@ class OffloadActivations(Knob):
         "saves it and brought back in backward (torchtune's OffloadActivations, TRL's "
         "activation_offloading)",
     }
+    pass_only = True  # what forward saves, and where
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         return "off" if value == "cpu" else None

@@ -3,6 +3,7 @@ model. Unset, it is the model's native size; the search varies it over the space
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from autofit.knobs.base import Knob, Subject, say
@@ -26,6 +27,14 @@ class Resolution(Knob):
     kind = int
     minimum = 1
     default_asks_nothing = False
+    pass_only = True  # the batch's size; but a validation pass may render at it (below)
+
+    def only_in_the_pass(self, knobs: Mapping[str, Any]) -> bool:
+        # A validation pass at the training resolution renders at it after training.
+        return (
+            knobs.get("validation", "off") == "off"
+            or knobs.get("validation_resolution", "training") == "native"
+        )
 
     def means(self, value: Any, subject: Subject) -> str:
         if subject.family == "llm":

@@ -105,9 +105,12 @@ def run_scans(
     hi: int,
     launcher: Launcher | None = None,
     spare_bytes: int = 0,
+    updates_dir: Path | None = None,
 ) -> list[ScanResult]:
     """Scan structures (each a spec and the smallest batch `lo` of its range `lo`..`hi`) in one
-    subprocess (autofit/probe/scan.py `scan_group`; `spare_bytes`: its lighter points). Each structure traces at most four
+    subprocess (autofit/probe/scan.py `scan_group`; `spare_bytes`: its lighter points;
+    `updates_dir`: where scans of one search share setup-and-update traces,
+    autofit/probe/shared_updates.py). Each structure traces at most four
     batches, so the scans may take four times a probe's `timeout_s` each; scans that run past
     that, or whose worker dies, come back with no curve and one result saying so, at their
     `lo`. Raises ProbeNotFinished as `run_probe` does."""
@@ -119,7 +122,14 @@ def run_scans(
         log_file = Path(tmp) / "worker.log"
         structures = [{"spec": dataclasses.asdict(spec), "lo": lo} for spec, lo in items]
         request_path.write_text(
-            json.dumps({"structures": structures, "hi": hi, "spare_bytes": spare_bytes})
+            json.dumps(
+                {
+                    "structures": structures,
+                    "hi": hi,
+                    "spare_bytes": spare_bytes,
+                    "updates_dir": str(updates_dir) if updates_dir else None,
+                }
+            )  # fmt: skip
         )
         returncode, waited = _run_retried(
             first, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autofit.paths import write_atomically
+from autofit.probe.shared_updates import SharedUpdates
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 
 if TYPE_CHECKING:
@@ -57,10 +58,15 @@ class TracedPoint:
     batch far over the budget costs a search for the least limit it would need, which only a
     reported point is worth). With `pass_from`, a point of another structure at the same batch
     with the same forward and backward pass (`same_pass`), it is assembled from that pass and
-    its own updates where it can be (autofit/simulator/first_step.py)."""
+    its own setup and updates where it can be (autofit/simulator/first_step.py), those taken
+    from `shared` where another scan of the search traced them."""
 
     def __init__(
-        self, spec: ProbeSpec, found: dict[str, str], pass_from: TracedPoint | None = None
+        self,
+        spec: ProbeSpec,
+        found: dict[str, str],
+        pass_from: TracedPoint | None = None,
+        shared: SharedUpdates | None = None,
     ) -> None:
         import torch
 
@@ -70,16 +76,17 @@ class TracedPoint:
 
         torch.manual_seed(0)  # as a probe's worker does
         roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
-        traced = None
-        if pass_from is not None and pass_from.pass_ is not None:
-            traced = composed_steps(spec, roofline, pass_from.pass_)
-            if traced is None:
-                roofline.reset()
-        if traced is None:
+        self.pass_ = pass_from.pass_ if pass_from is not None else None
+        updates = (shared or SharedUpdates(None)).updates(spec) if self.pass_ else None
+        log = composed_steps(updates, self.pass_, roofline) if updates and self.pass_ else None
+        if updates is not None and log is not None:
+            self.log, (self.params, self.trainable) = log, updates.counts
+        else:
+            roofline.reset()
             traced = traced_steps(spec, roofline)
-        run, self.log, self.pass_ = traced.run, traced.log, traced.pass_
+            run, self.log, self.pass_ = traced.run, traced.log, traced.pass_
+            self.params, self.trainable = run.param_count, run.trainable_param_count
         self.spec, self.found, self.cost = spec, found, roofline.cost
-        self.params, self.trainable = run.param_count, run.trainable_param_count
         self.record = record(spec.knobs["batch_size"], self.log, roofline, *self.counts)
         self._result: ProbeResult | None = None
 
@@ -126,9 +133,16 @@ class _Scan:
     """One structure's scan: its traced points, its curve, its answer over `lo`..`hi`."""
 
     def __init__(
-        self, spec: ProbeSpec, lo: int, hi: int, found: dict[str, str], spare_bytes: int = 0
+        self,
+        spec: ProbeSpec,
+        lo: int,
+        hi: int,
+        found: dict[str, str],
+        spare_bytes: int = 0,
+        shared: SharedUpdates | None = None,
     ) -> None:
         self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
+        self.updates = shared  # where setups and updates are shared (TracedPoint)
         self.spare = spare_bytes  # the lighter point leaves this much more free than the best
         self.traced: dict[int, TracedPoint] = {}
         self.lender: _Scan | None = None  # the first structure of its group, once it has scanned
@@ -147,7 +161,9 @@ class _Scan:
             donor = (
                 lender.traced.get(batch) if lender and same_pass(lender.spec, self.spec) else None
             )
-            self.traced[batch] = TracedPoint(at_batch(self.spec, batch), self.found, donor)
+            self.traced[batch] = TracedPoint(
+                at_batch(self.spec, batch), self.found, donor, self.updates
+            )
         return self.traced[batch]
 
     def fits(self, batch: int, log: StepLog, spare: int = 0) -> bool:
@@ -250,14 +266,18 @@ def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
 
 
 def scan_group(
-    items: list[tuple[ProbeSpec, int]], hi: int, spare_bytes: int = 0
+    items: list[tuple[ProbeSpec, int]],
+    hi: int,
+    spare_bytes: int = 0,
+    shared: SharedUpdates | None = None,
 ) -> list[ScanResult]:
     """Scans of structures that differ only in knobs that do not change what a sample adds (the
     optimizer, say), each over its `lo`..`hi`. Each is traced at `hi` first; one that needs a
     curve borrows the first structure's growth where their steps agree
     (BatchCurve.shared_with), the first tracing its curve's three batches once, on the first
     need; where they do not agree, it traces its own three. With `spare_bytes`, each answered
-    from a curve also reports its lighter point (`_reported`)."""
+    from a curve also reports its lighter point (`_reported`). `shared`: where the setup and
+    updates of structures assembled from another's pass are kept for the search's other scans."""
     from autofit.probe.worker import versions
 
     found = versions()
@@ -265,7 +285,7 @@ def scan_group(
     scans: list[tuple[_Scan, ScanResult]] = []
     lender: _Scan | None = None
     for spec, lo in items:
-        one = _Scan(spec, lo, hi, found, spare_bytes)
+        one = _Scan(spec, lo, hi, found, spare_bytes, shared)
         try:
             answer = one.run(start, lender)
         except Exception as exc:  # a crash is this structure's answer, as a probe's would be
@@ -319,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     items = [(ProbeSpec(**item["spec"]), item["lo"]) for item in request["structures"]]
     hi = request["hi"]
     try:
-        answers = scan_group(items, hi, request.get("spare_bytes", 0))
+        root = request.get("updates_dir")
+        shared = SharedUpdates(Path(root) if root else None)
+        answers = scan_group(items, hi, request.get("spare_bytes", 0), shared)
     except Exception as exc:  # before any structure's scan began: each has crashed
         answers = [_crashed(spec, lo, hi, exc) for spec, lo in items]
     write_atomically(result_path, json.dumps([answer.to_dict() for answer in answers]))

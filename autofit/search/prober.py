@@ -11,6 +11,7 @@ from autofit.models import ModelPreset
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
 from autofit.probe.runner import SCAN_TRACES, run_probe, run_scans
+from autofit.probe.shared_updates import search_directory
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
 from autofit.search.claims import Busy
 from autofit.search.recorder import Claim, StudyRecorder, probe_key, scan_key
@@ -43,6 +44,8 @@ class Prober:
         self.fingerprints = (preset.fingerprint(), gpu.fingerprint())  # the same for every probe
         # every knob's default: the engine checks combinations with them filled in
         self.defaults = {name: knob.default for name, knob in registry().items()}
+        # the setup and updates its scans trace, shared between them (removed with the prober)
+        self.updates_dir = search_directory(self) if self.scans else None
 
     def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
         """The result for these knob values, and whether it was reused from the study."""
@@ -123,7 +126,11 @@ class Prober:
             return answers
         try:
             scanned = run_scans(
-                [(spec, lo) for _, spec, lo, _ in todo], hi, self.launcher, spare_bytes
+                [(spec, lo) for _, spec, lo, _ in todo],
+                hi,
+                self.launcher,
+                spare_bytes,
+                self.updates_dir,
             )
         except BaseException:
             for *_, claim in todo:

@@ -17,8 +17,9 @@ full steps keeps, to the byte (tests/test_first_step.py holds them side by side)
 
 A structure that differs from another only in what its update does (the optimizer, an EMA copy:
 knobs whose `changes_the_pass` is False) runs the same pass, so its log is assembled from its own
-setup and updates, both traced from gradients made directly (`updates_only`), and the other's
-pass: a search traces one pass for all the optimizers of a structure (autofit/probe/scan.py).
+setup and updates, both traced from gradients made directly (autofit/backends/simulate.py
+`traced_updates`), and the other's pass: a search traces one pass for all the optimizers of a
+structure (autofit/probe/scan.py), and their setups and updates once (autofit/probe/shared_updates.py).
 
 `cut` checks what that rests on and returns None when it does not hold (the caller then traces
 both steps whole): the pass gives every trainable parameter a gradient, and frees everything
