@@ -126,11 +126,13 @@ class TrainingRun(RunState):
 
     def can_update_without_a_pass(self) -> bool:
         """Whether the first step's update can be traced from gradients made directly
-        (`update_without_a_pass`): the run's own loop updates after backward from each trainable
-        parameter's gradient and drops them, with no loss scaler (whose state its first backward
-        makes) and no weights on the host (whose gradients backward moves there)."""
+        (`update_without_a_pass`): the run's own loop (or ZeRO's emulation, where it says so)
+        updates after backward from each trainable parameter's gradient and drops them, with no
+        loss scaler (whose state its first backward makes) and no weights on the host (whose
+        gradients backward moves there)."""
+        stepper = self.stepper
         return (
-            self.stepper is None
+            (stepper is None or getattr(stepper.optimizer, "updates_without_a_pass", False))
             and self.scaler is None
             and self.workload.grads_set_to_none
             and not self.host_parameters
@@ -143,7 +145,7 @@ class TrainingRun(RunState):
         lacks that pass: autofit/simulator/first_step.py puts the next step's in its place."""
         start = self.position()
         with self.in_phase("backward"):
-            for param in self.trainable_parameters():
+            for param in self.trainable_parameters() if self._reads_gradients() else ():
                 param.grad = torch.empty_like(param)
         grads = self._gradients()
         update = self.position()
@@ -151,10 +153,15 @@ class TrainingRun(RunState):
         updated = self.position()
         return StepMarks(start, update, updated, updated, grads)
 
+    def _reads_gradients(self) -> bool:
+        """Whether the update reads each trainable parameter's gradient (not ZeRO-2's, which
+        reads the share backward reduced them into)."""
+        return getattr(getattr(self._stepper, "optimizer", None), "reads_gradients", True)
+
     def _gradients(self) -> tuple[int | None, ...]:
-        """Each trainable parameter's gradient, tagged as such: its allocation id in the
-        tracker's log (None without one, or without a gradient)."""
-        grads = [p.grad for p in self.trainable_parameters()]
+        """Each trainable parameter's gradient the update reads, tagged as such: its allocation
+        id in the tracker's log (None without one, or without a gradient)."""
+        grads = [p.grad for p in self.trainable_parameters()] if self._reads_gradients() else []
         self.tag([g for g in grads if g is not None], "gradients")
         tracker = self.tracker
         if tracker is None:

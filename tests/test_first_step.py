@@ -83,6 +83,10 @@ CASES = [
     ("tiny_sana", "a40", {"optimizer": "lion", "validation": "on"}),
     ("tiny_sana", "a40", {"encoders": "online"}),
     ("tiny_mlp", "l4", {"train_mode": "lora", "precision": "bf16_pure"}),
+    # ZeRO on the GPU: stage 1 updates from the gradients, stage 2 from the share they are
+    # reduced into as backward makes them (and frees them)
+    ("tiny_sana", "a40", {"zero_stage": 1}),
+    ("tiny_sana", "a40", {"zero_stage": 2, "checkpointing": True}),
 ]
 
 
@@ -126,7 +130,9 @@ def test_a_structure_that_differs_in_its_update_is_assembled_from_another_s_pass
     [
         {"precision": "fp16"},  # the loss scaler's state is made by its first backward
         {"fused_backward": "parameter", "optimizer": "adafactor"},  # the update runs in backward
-        {"zero_stage": 2},  # DeepSpeed drives the update
+        # ZeRO-Offload's backward moves each gradient to the host; ZeRO-3's gathers weights
+        {"zero_stage": 2, "offload_optimizer": "cpu"},
+        {"zero_stage": 3},
         {"swap_blocks": 1},  # backward moves the swapped blocks' gradients to the host
     ],
     ids=str,
@@ -185,6 +191,7 @@ def test_phase_changes_in_their_least_form_say_the_same_phases() -> None:
     "model,knobs",
     [
         ("sana_600m", {"resolution": 512}),
+        ("sana_600m", {"resolution": 512, "zero_stage": 2}),
         ("sd35_medium", {"resolution": 512, "checkpointing": True}),
         ("sdxl", {"resolution": 512}),
         ("sana_1600m", {"resolution": 1024, "precision": "bf16_pure", "optimizer": "adamw_bf16"}),
