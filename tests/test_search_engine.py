@@ -259,3 +259,24 @@ def test_a_combination_starts_once_its_parents_are_answered_not_its_whole_wave()
 
         child = {**combination.knobs, "resolution": combination.resolution}
         assert max(of(parent)) < min(of(child)), combination  # the parent answered first
+
+
+def test_the_launcher_is_warmed_before_the_space_is_checked() -> None:
+    """A fork server's imports take seconds: the search starts them before it checks the space
+    and records what it leaves out, not at its first probe."""
+    events: list[str] = []
+
+    class Warmed(CurveProber):
+        def warm(self) -> None:
+            events.append("warm")
+
+        def record_pruned(self, knobs: dict[str, Any], reason: str) -> None:
+            events.append("pruned")
+
+        def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
+            events.append("probe")
+            return super().__call__(knobs)
+
+    Search(space(), Warmed()).run()  # type: ignore[arg-type]
+    assert events[0] == "warm" and events.count("warm") == 1
+    assert "pruned" in events and "probe" in events

@@ -67,6 +67,10 @@ class Launcher(Protocol):
 
     def close(self) -> None: ...
 
+    def warm(self) -> None:
+        """Get ready for the first `start` now, while the caller does something else (a fork
+        server's imports); nothing for a launcher that starts each worker fresh."""
+
 
 def _timeout_word(timeout_s: float | None) -> str:
     return "none" if timeout_s is None else repr(float(timeout_s))
@@ -141,6 +145,9 @@ class SpawnLauncher(_StopsOnError):
 
     def close(self) -> None:
         pass
+
+    def warm(self) -> None:
+        pass  # each worker is a fresh interpreter: nothing to start ahead
 
     def stop(self, reason: str) -> None:
         with self._lock:

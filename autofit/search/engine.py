@@ -307,6 +307,11 @@ class Search:
 
     def run(self) -> SearchResult:
         started = time.perf_counter()
+        # The launcher's imports (a fork server's: torch and the model's library, seconds) run
+        # while the space is checked and the combinations left out are recorded.
+        warm = getattr(self.prober, "warm", None)
+        if warm is not None:
+            warm()
         combinations = self.combinations()
         runnable: list[Combination] = []
         for combination in combinations:

@@ -47,6 +47,10 @@ class Prober:
         # the setup and updates its scans trace, shared between them (removed with the prober)
         self.updates_dir = search_directory(self) if self.scans else None
 
+    def warm(self) -> None:
+        """Get the launcher ready for the first probe (Launcher.warm) while the caller works."""
+        self.launcher.warm()
+
     def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
         """The result for these knob values, and whether it was reused from the study."""
         # make_spec fills every knob left out with its default
