@@ -116,13 +116,12 @@ class TrainingRun(RunState):
         """How far the tracked run has got (none without a tracker)."""
         tracker, traffic = self.tracker, self.traffic
         if tracker is None:
-            return Position(0, ())
-        off_gpu = (
-            len(tracker.host_events), traffic.link_bytes, traffic.peer_bytes,
-            traffic.host_compute_bytes, traffic.nvme_bytes, traffic.nvme_step_bytes,
-            len(traffic.exchanges),
-        )  # fmt: skip
-        return Position(len(tracker.events), off_gpu, *self.priced())
+            return Position(0)
+        moved = (traffic.link_bytes, traffic.peer_bytes, traffic.host_compute_bytes)
+        elsewhere = (traffic.nvme_bytes, traffic.nvme_step_bytes, len(traffic.exchanges))
+        return Position(
+            len(tracker.events), len(tracker.host_events), moved, elsewhere, *self.priced()
+        )
 
     def can_update_without_a_pass(self) -> bool:
         """Whether the first step's update can be traced from gradients made directly

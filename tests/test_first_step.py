@@ -83,10 +83,15 @@ CASES = [
     ("tiny_sana", "a40", {"optimizer": "lion", "validation": "on"}),
     ("tiny_sana", "a40", {"encoders": "online"}),
     ("tiny_mlp", "l4", {"train_mode": "lora", "precision": "bf16_pure"}),
-    # ZeRO on the GPU: stage 1 updates from the gradients, stage 2 from the share they are
-    # reduced into as backward makes them (and frees them)
+    # ZeRO: stage 1 updates from the gradients, stage 2 from the share they are reduced into as
+    # backward makes them (and frees them), on the GPU or, offloaded, on the host (each
+    # gradient crosses the host link in backward)
     ("tiny_sana", "a40", {"zero_stage": 1}),
     ("tiny_sana", "a40", {"zero_stage": 2, "checkpointing": True}),
+    ("tiny_sana", "a40", {"zero_stage": 2, "offload_optimizer": "cpu"}),
+    # saved activations copied to pinned host memory in forward and back in backward: the pass
+    # takes and gives back host memory
+    ("tiny_sana", "a40", {"offload_activations": "cpu", "checkpointing": True}),
 ]
 
 
@@ -125,14 +130,26 @@ def test_a_structure_that_differs_in_its_update_is_assembled_from_another_s_pass
     assert _differences(composed, _traced(probe, "whole")) == []
 
 
+def test_a_structure_is_assembled_from_a_pass_that_uses_the_host() -> None:
+    """A pass that copies saved activations to pinned host memory and back, with another
+    optimizer's setup and updates (and an EMA copy on the host): its host events are copied
+    into both steps, and the bytes it moves priced with the update's."""
+    knobs = {"batch_size": 3, "resolution": 128, "offload_activations": "cpu"}
+    lender_probe = make("tiny_sana", "a40", **knobs)
+    lender = simulate.traced_steps(
+        lender_probe, RooflineCounter(lender_probe.gpu_spec, keep_kernels=True)
+    )
+    assert lender.pass_ is not None and lender.pass_.host_events and lender.pass_.moved[0] > 0
+    probe = make("tiny_sana", "a40", **knobs, optimizer="came", ema="cpu")
+    assert _differences(_traced(probe, "composed", lender.pass_), _traced(probe, "whole")) == []
+
+
 @pytest.mark.parametrize(
     "knobs",
     [
         {"precision": "fp16"},  # the loss scaler's state is made by its first backward
         {"fused_backward": "parameter", "optimizer": "adafactor"},  # the update runs in backward
-        # ZeRO-Offload's backward moves each gradient to the host; ZeRO-3's gathers weights
-        {"zero_stage": 2, "offload_optimizer": "cpu"},
-        {"zero_stage": 3},
+        {"zero_stage": 3},  # its pass gathers the weights it partitions
         {"swap_blocks": 1},  # backward moves the swapped blocks' gradients to the host
     ],
     ids=str,
@@ -191,7 +208,7 @@ def test_phase_changes_in_their_least_form_say_the_same_phases() -> None:
     "model,knobs",
     [
         ("sana_600m", {"resolution": 512}),
-        ("sana_600m", {"resolution": 512, "zero_stage": 2}),
+        ("sana_600m", {"resolution": 512, "zero_stage": 2, "offload_optimizer": "cpu"}),
         ("sd35_medium", {"resolution": 512, "checkpointing": True}),
         ("sdxl", {"resolution": 512}),
         ("sana_1600m", {"resolution": 1024, "precision": "bf16_pure", "optimizer": "adamw_bf16"}),

@@ -146,7 +146,7 @@ def test_real_deepspeed_zero3_with_lora_holds_the_emulated_model_states() -> Non
     fake_run, fake = simulate.trace(spec("tiny_sana", **knobs))
     adapters = real_run.trainable_param_count
     assert adapters == fake_run.trainable_param_count
-    live = [sum(t.sizes[a] for a in t._live.values()) for t in (real, fake)]
+    live = [sum(t.sizes[a] for a in t.live_at(len(t.events) - 1)) for t in (real, fake)]
     assert live[0] - live[1] == 2 * adapters - 4 * adapters + 2 * 512
 
 
@@ -165,7 +165,7 @@ def test_real_deepspeed_zero2_with_lora_frees_what_the_emulation_keeps_after_the
     real_run, real = cpu.trace(spec("tiny_sana", backend="cpu", **knobs))
     fake_run, fake = simulate.trace(spec("tiny_sana", **knobs))
     adapters = real_run.trainable_param_count
-    live = [sum(t.sizes[a] for a in t._live.values()) for t in (real, fake)]
+    live = [sum(t.sizes[a] for a in t.live_at(len(t.events) - 1)) for t in (real, fake)]
     bucket = round_allocation(REDUCE_BUCKET_ELEMENTS * 2)
     assert live[1] - live[0] == bucket + 6 * adapters - small * 512
     assert real.live_bytes("optimizer_state") == 2 * round_allocation(4 * adapters) + 512

@@ -135,9 +135,16 @@ def composed_steps(updates: Updates, pass_: Pass, roofline: RooflineCounter) -> 
     steps = assemble(updates.log, updates.first, updates.second, pass_, updates.kernels)
     if steps is None:
         return None
+    link, peer, host_compute = pass_.moved  # what the pass moves, and the update
+    traffic = dataclasses.replace(
+        updates.traffic,
+        link_bytes=updates.traffic.link_bytes + link,
+        peer_bytes=updates.traffic.peer_bytes + peer,
+        host_compute_bytes=updates.traffic.host_compute_bytes + host_compute,
+    )
     roofline.kernels[:] = steps.kernels
-    roofline.traffic = updates.traffic
-    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, updates.traffic)
+    roofline.traffic = traffic
+    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, traffic)
     return steps.log
 
 

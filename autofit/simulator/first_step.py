@@ -13,7 +13,8 @@ the log the two full steps would have recorded:
 
 Every allocation of a copied pass that is not a gradient gets an id of its own; ids are then
 numbered in allocation order, as a tracker numbers them, so the log is the one a tracker of two
-full steps keeps, to the byte (tests/test_first_step.py holds them side by side).
+full steps keeps, to the byte (tests/test_first_step.py holds them side by side). Host memory the
+pass takes and gives back (offloaded activations) is copied the same way, on the host's log.
 
 A structure that differs from another only in what its update does (the optimizer, an EMA copy:
 knobs whose `changes_the_pass` is False) runs the same pass, so its log is assembled from its own
@@ -22,11 +23,14 @@ setup and updates, both traced from gradients made directly (autofit/backends/si
 structure (autofit/probe/scan.py), and their setups and updates once (autofit/probe/shared_updates.py).
 
 `cut` checks what that rests on and returns None when it does not hold (the caller then traces
-both steps whole): the pass gives every trainable parameter a gradient, and frees everything
-else it allocates within the step, outside the update (a pass that made state on its first call,
-such as a cache, would keep it: the first pass of the two would make it, the second would not);
-neither the pass nor the tail touches host memory or moves bytes off the GPU. `assemble` checks
-that the gradients the updates were given are the pass's, size for size.
+both steps whole): the pass gives every gradient the update reads (each trainable parameter's;
+none for ZeRO-2, whose backward reduces them into a share of its own), and frees everything else
+it allocates within the step, outside the update, on the GPU and on the host (a pass that made
+state on its first call, such as a cache, would keep it: the first pass of the two would make
+it, the second would not); neither the pass nor the tail reaches NVMe or waits on block swap's
+exchanges, whose places in the step are priced. The bytes the pass moves (over the host link,
+say) are kept with it, for the price of a step assembled from it. `assemble` checks that the
+gradients the updates were given are the pass's, size for size.
 """
 
 from __future__ import annotations
@@ -58,15 +62,32 @@ class Pass:
     ops: int
     tail_ops: int
     priced: bool  # whether the kernels were kept (else none are here)
+    # Host memory the pass and tail take and give back (ZeRO-Offload's gradients on their way
+    # to the host), ids of their own as above, the phase of each event; the bytes they move.
+    host_events: tuple[int, ...] = ()
+    host_tail: tuple[int, ...] = ()
+    host_raw_sizes: tuple[int, ...] = ()
+    host_pinned: tuple[bool | None, ...] = ()
+    host_phases: tuple[str, ...] = ()
+    host_tail_phases: tuple[str, ...] = ()
+    moved: tuple[int, int, int] = (0, 0, 0)  # link, peer, host compute bytes (Position.moved)
 
 
 def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass | None:
     """The pass and tail of `step`, traced whole in `log` (its priced kernels `kernels`, when
     kept); None where the module docstring's conditions do not hold."""
-    if step.start.off_gpu != step.update.off_gpu or step.updated.off_gpu != step.end.off_gpu:
-        return None  # the pass or the tail touches host memory, or moves bytes off the GPU
+    start, update, updated, end = step.start, step.update, step.updated, step.end
+    if start.elsewhere != update.elsewhere or updated.elsewhere != end.elsewhere:
+        return None  # the pass or the tail reaches NVMe, or waits on block swap's exchanges
     if None in step.grads:
         return None
+    host = log.host_events
+    host_body = host[start.host_events : update.host_events]
+    host_tail = host[updated.host_events : end.host_events]
+    if {e for e in (*host_body, *host_tail) if e >= 0} != {
+        ~e for e in (*host_body, *host_tail) if e < 0
+    }:
+        return None  # host memory the pass keeps, or that it frees and did not take
     events = log.events
     body = events[step.start.events : step.update.events]
     tail = events[step.updated.events : step.end.events]
@@ -90,7 +111,19 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
     def priced(lo: int, hi: int, at: int) -> tuple[Kernel, ...]:
         return tuple(dataclasses.replace(k, at=k.at - at) for k in (kernels or [])[lo:hi])
 
-    start, update, updated, end = step.start, step.update, step.updated, step.end
+    host_ids: dict[int, int] = {}
+    for event in (*host_body, *host_tail):
+        if event >= 0:
+            host_ids[event] = len(host_ids)
+
+    def host_own(run: Sequence[int]) -> tuple[int, ...]:
+        return tuple(host_ids[e] if e >= 0 else ~host_ids[~e] for e in run)
+
+    phases = log.host_event_phases
+    moved = tuple(
+        (a - b) + (c - d)
+        for a, b, c, d in zip(update.moved, start.moved, end.moved, updated.moved, strict=True)
+    )
     return Pass(
         own(body), own(tail),
         tuple(log.raw_sizes[a] for a in ids), tuple(log.categories[a] for a in ids),
@@ -100,6 +133,11 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         priced(start.kernels, update.kernels, start.events),
         priced(updated.kernels, end.kernels, updated.events),
         update.ops - start.ops, end.ops - updated.ops, kernels is not None,
+        host_own(host_body), host_own(host_tail),
+        tuple(log.host_raw_sizes[h] for h in host_ids), tuple(log.host_pinned[h] for h in host_ids),
+        tuple(phases[start.host_events : update.host_events]),
+        tuple(phases[updated.host_events : end.host_events]),
+        moved,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -129,6 +167,8 @@ def assemble(
     made = events[first.start.events : first.update.events]
     if first.end.events != second.start.events or sorted(made) != sorted(first.grads):
         return None  # something ran between the steps, or more was made than the gradients
+    if first.start.host_events != first.update.host_events:
+        return None  # making the gradients took host memory
     sizes = [pass_.raw_sizes[g] for g in pass_.grads]
     for grads in (first.grads, second.grads):
         if len(grads) != len(sizes) or [log.raw_sizes[g] for g in grads] != sizes:  # type: ignore[index]
@@ -143,6 +183,22 @@ def assemble(
     kept = [*events[: second.start.events], *events[second.update.events : second.updated.events]]
     kept += events[second.end.events :]
     if any((e if e >= 0 else ~e) in gone for e in kept):
+        return None
+    host = log.host_events
+    host_gone = {
+        e
+        for e in (
+            *host[second.start.host_events : second.update.host_events],
+            *host[second.updated.host_events : second.end.host_events],
+        )
+        if e >= 0
+    }
+    host_kept = [
+        *host[: second.start.host_events],
+        *host[second.update.host_events : second.updated.host_events],
+        *host[second.end.host_events :],
+    ]
+    if any((e if e >= 0 else ~e) in host_gone for e in host_kept):
         return None
     raw_sizes, categories = list(log.raw_sizes), list(log.categories)
     spliced: list[int] = []
@@ -169,23 +225,54 @@ def assemble(
     def priced(part: Sequence[Kernel], at: int) -> None:
         steady.extend(dataclasses.replace(k, at=k.at + at) for k in part)
 
+    host_log = _HostSplice(log, pass_)
     recorded(0, first.start.events)
+    host_log.recorded(0, first.start.host_events)
     for step in (first, second):
         # the pass's gradients are the ones this step's update was given
         names = dict(zip(pass_.grads, step.grads, strict=True))  # type: ignore[arg-type]
         if step is second:
             priced(pass_.kernels, len(spliced))
         copied(pass_.events, pass_.phases, names)
+        host_log.copied(pass_.host_events, pass_.host_phases, {})
         update_at = len(spliced)
         recorded(step.update.events, step.updated.events)
+        host_log.recorded(step.update.host_events, step.updated.host_events)
         if step is second:
             own = (kernels or [])[second.update.kernels : second.updated.kernels]
             priced(own, update_at - second.update.events)
             priced(pass_.tail_kernels, len(spliced))
         copied(pass_.tail, pass_.tail_phases, names)
+        host_log.copied(pass_.host_tail, pass_.host_tail_phases, {})
     recorded(second.end.events, len(events), last=True)
+    host_log.recorded(second.end.host_events, len(log.host_events))
     ops = pass_.ops + (second.updated.ops - second.update.ops) + pass_.tail_ops
-    return Assembled(_numbered(raw_sizes, categories, spliced, phases, log), steady, ops)
+    return Assembled(_numbered(raw_sizes, categories, spliced, phases, host_log), steady, ops)
+
+
+class _HostSplice:
+    """The host log of the assembled steps, written as `assemble` writes the GPU's: parts of
+    `log` as recorded, and copies of `pass_`'s with ids of their own."""
+
+    def __init__(self, log: StepLog, pass_: Pass) -> None:
+        self.log, self.pass_ = log, pass_
+        self.raw_sizes, self.pinned = list(log.host_raw_sizes), list(log.host_pinned)
+        self.events: list[int] = []
+        self.phases: list[str] = []
+
+    def recorded(self, lo: int, hi: int) -> None:
+        self.events.extend(self.log.host_events[lo:hi])
+        self.phases.extend(self.log.host_event_phases[lo:hi])
+
+    def copied(self, run: Sequence[int], phases: Sequence[str], names: dict[int, int]) -> None:
+        for event in run:
+            own = event if event >= 0 else ~event
+            if own not in names:
+                names[own] = len(self.raw_sizes)
+                self.raw_sizes.append(self.pass_.host_raw_sizes[own])
+                self.pinned.append(self.pass_.host_pinned[own])
+            self.events.append(names[own] if event >= 0 else ~names[own])
+        self.phases.extend(phases)
 
 
 def _phases(log: StepLog, lo: int, hi: int, last: bool = False) -> list[tuple[int, str]]:
@@ -200,19 +287,28 @@ def _numbered(
     categories: Sequence[int],
     events: Sequence[int],
     phase_changes: Sequence[tuple[int, str]],
-    log: StepLog,
+    host: _HostSplice,
 ) -> StepLog:
-    """The log with ids numbered in allocation order, as a tracker numbers them, and its phase
-    changes in their least form (compact_phases); the host's as `log` recorded them."""
-    order: dict[int, int] = {}
-    for event in events:
-        if event >= 0:
-            order[event] = len(order)
-    ids = list(order)
+    """The log with ids numbered in allocation order, the GPU's and the host's, as a tracker
+    numbers them, and its phase changes in their least form (compact_phases)."""
+    order, ids = _allocation_order(events)
+    host_order, host_ids = _allocation_order(host.events)
     return StepLog.counted(
         [raw_sizes[aid] for aid in ids],
         [categories[aid] for aid in ids],
         [order[e] if e >= 0 else ~order[~e] for e in events],
         compact_phases(phase_changes),
-        log.host_raw_sizes, log.host_pinned, log.host_events, log.host_event_phases,
+        [host.raw_sizes[h] for h in host_ids],
+        [host.pinned[h] for h in host_ids],
+        [host_order[e] if e >= 0 else ~host_order[~e] for e in host.events],
+        host.phases,
     )  # fmt: skip
+
+
+def _allocation_order(events: Sequence[int]) -> tuple[dict[int, int], list[int]]:
+    """Each allocated id's place in allocation order, and the ids in that order."""
+    order: dict[int, int] = {}
+    for event in events:
+        if event >= 0:
+            order[event] = len(order)
+    return order, list(order)

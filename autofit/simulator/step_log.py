@@ -71,12 +71,16 @@ class HostReport:
 
 
 class Position(NamedTuple):
-    """How far a tracked run had got: the GPU events its log held, what it had done off the GPU
-    (host events and bytes moved, which stand still while it does nothing there), and the
-    kernels priced and ops dispatched so far in the step being priced."""
+    """How far a tracked run had got: the GPU events its log held; what it had done off the GPU,
+    which stands still while it does nothing there: its host events, the bytes it had `moved`
+    (over the host link, to the other GPUs, through the host's CPU) and what it had done
+    `elsewhere` (bytes to and from NVMe, in the step and in the update; block swap's
+    exchanges); and the kernels priced and ops dispatched so far in the step being priced."""
 
     events: int
-    off_gpu: tuple[int, ...]
+    host_events: int = 0
+    moved: tuple[int, int, int] = (0, 0, 0)
+    elsewhere: tuple[int, int, int] = (0, 0, 0)
     kernels: int = 0
     ops: int = 0
 

@@ -140,11 +140,11 @@ class ZeroEmulation:
             self.collective_bytes *= 2
         for param in self.params:
             param.register_post_accumulate_grad_hook(self._reduce_scatter)
-        # Stages 1 and 2 on the GPU update from buffers made here, so a first step's update can
-        # be traced without its pass (TrainingRun.update_without_a_pass): stage 1 from each
-        # weight's gradient, stage 2 from the share backward reduced them into, freeing them.
-        # Stage 3 gathers weights in its pass, and offload moves the gradients to the host there.
-        self.updates_without_a_pass = stage < 3 and not self.offload
+        # Stages 1 and 2 update from buffers made here, so a first step's update can be traced
+        # without its pass (TrainingRun.update_without_a_pass): stage 1 from each weight's
+        # gradient, stage 2 from the share backward reduced them into (on the GPU or, offloaded,
+        # the host), freeing them. Stage 3 gathers weights in its pass.
+        self.updates_without_a_pass = stage < 3
         self.reads_gradients = stage < 2
 
     # -- stage 3: weights partitioned, gathered around each module -------------------------------
