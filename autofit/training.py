@@ -131,7 +131,10 @@ class TrainingRun(RunState):
         gradients backward moves there)."""
         stepper = self.stepper
         return (
-            (stepper is None or getattr(stepper.optimizer, "updates_without_a_pass", False))
+            (
+                stepper is None
+                or getattr(getattr(stepper, "optimizer", None), "updates_without_a_pass", False)
+            )
             and self.scaler is None
             and self.workload.grads_set_to_none
             and not self.host_parameters

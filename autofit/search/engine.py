@@ -344,7 +344,7 @@ class Search:
             waves[len(_savings(combination.knobs, self.space))].append(combination)
         searched = {(_frozen(c.knobs), c.resolution) for c in runnable}
         groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
-        self._run(_WaveQueue(groups, lambda group: self._parents_answered(group, searched)))
+        self._run(_GroupQueue(groups, lambda group: self._parents_answered(group, searched)))
         results = list(self._results)
         space = self.space
         fastest, best = fastest_and_best(
@@ -391,7 +391,7 @@ class Search:
                     return False
         return True
 
-    def _run(self, queue: _WaveQueue) -> None:
+    def _run(self, queue: _GroupQueue) -> None:
         if self.jobs == 1:
             self._work(queue)
             return
@@ -407,7 +407,7 @@ class Search:
             raise
         pool.shutdown()
 
-    def _work(self, queue: _WaveQueue) -> None:
+    def _work(self, queue: _GroupQueue) -> None:
         """Searches the queue's combinations one after another. One whose next probe another
         worker is running (`Busy`) is set aside and taken up again later (its probes so far are
         remembered), so this worker probes other combinations meanwhile and waits only when
@@ -431,7 +431,7 @@ class Search:
                     queue.done()
 
 
-class _WaveQueue:
+class _GroupQueue:
     """The combinations still to search, in groups searched together, shared by the search's
     threads: those not yet tried first, in order, each once `ready` says so (the groups it
     waits for have their answers); then those set aside as busy, each no sooner than `POLL_S`

@@ -20,7 +20,8 @@ A structure that differs from another only in what its update does (the optimize
 knobs whose `changes_the_pass` is False) runs the same pass, so its log is assembled from its own
 setup and updates, both traced from gradients made directly (autofit/backends/simulate.py
 `traced_updates`), and the other's pass: a search traces one pass for all the optimizers of a
-structure (autofit/probe/scan.py), and their setups and updates once (autofit/probe/shared_updates.py).
+structure (autofit/probe/scan.py), and their setups and updates once for all its structures
+(autofit/probe/shared_updates.py).
 
 `cut` checks what that rests on and returns None when it does not hold (the caller then traces
 both steps whole): the pass gives every gradient the update reads (each trainable parameter's;
@@ -62,8 +63,9 @@ class Pass:
     ops: int
     tail_ops: int
     priced: bool  # whether the kernels were kept (else none are here)
-    # Host memory the pass and tail take and give back (ZeRO-Offload's gradients on their way
-    # to the host), ids of their own as above, the phase of each event; the bytes they move.
+    # Host memory the pass and tail take and give back (activations offloaded in forward and
+    # brought back in backward), ids of their own as above, the phase of each event; and the
+    # bytes they move (ZeRO-Offload's gradients on their way to the host).
     host_events: tuple[int, ...] = ()
     host_tail: tuple[int, ...] = ()
     host_raw_sizes: tuple[int, ...] = ()
