@@ -154,6 +154,11 @@ def test_a_search_s_updates_live_as_long_as_its_prober(tmp_path: Any) -> None:
     assert root is not None and root.is_dir()
     measured = Prober(preset, gpu, "cuda", 0.05, 60, recorder, launcher=None)  # type: ignore[arg-type]
     assert measured.updates_dir is None  # real probes measure every batch
+    measured.close()
     del prober
     gc.collect()
     assert not root.exists()
+    closed = Prober(preset, gpu, "simulate", 0.05, 60, recorder, launcher=None)  # type: ignore[arg-type]
+    assert closed.updates_dir is not None and closed.updates_dir.is_dir()
+    closed.close()  # as an interrupted search does, which ends without the interpreter's teardown
+    assert not closed.updates_dir.exists()

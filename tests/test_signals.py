@@ -59,7 +59,9 @@ def _hanging_search(folder: Path, timeout_s: float = 600) -> tuple[subprocess.Po
     hangs = folder / "hangs"
     hangs.mkdir()
     (folder / "space.yaml").write_text(SPACE)
+    (folder / "tmp").mkdir()  # the search's temporary files, to see that none is left
     env = {**os.environ, "PYTHONPATH": str(TESTS), "AUTOFIT_TEST_HANG_DIR": str(hangs)}
+    env["TMPDIR"] = str(folder / "tmp")
     proc = subprocess.Popen(
         [sys.executable, "-m", "autofit", "search", "model=custom", "gpu=l4", "space=space.yaml",
          "model.entry=custom_models.hanging:build", "jobs=2", f"timeout_s={timeout_s}"],
@@ -117,6 +119,8 @@ def test_a_stop_signal_ends_the_search_and_all_its_probes_within_2_s(
     # The two queued probes never started, and neither killed probe is anyone's answer.
     assert len(list(hangs.glob("*.pids"))) == 2
     assert _recorded_probes(folder) == 0
+    # What the scans shared (autofit/probe/shared_updates.py) went with the search.
+    assert not list((folder / "tmp").glob("autofit-updates-*"))
 
 
 def test_sigkill_of_the_search_and_its_group_leaves_no_probe_running(tmp_path: Path) -> None:

@@ -290,10 +290,13 @@ def run_config(cfg: Any) -> int:
                 preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher,
                 host_budget,
             )  # fmt: skip
-            result = Search(
-                space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
-                left_out=left_out,
-            ).run()  # fmt: skip
+            try:
+                result = Search(
+                    space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
+                    left_out=left_out,
+                ).run()  # fmt: skip
+            finally:
+                prober.close()
     except Interrupted as exc:  # the launcher's exit has ended every probe; say what is kept
         exc.note = (
             f"{progress.done - progress.reused} probes finished and are in study {study_name}; "

@@ -19,6 +19,7 @@ import pickle
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,9 +68,8 @@ class SharedUpdates:
         return updates
 
 
-def search_directory(owner: object) -> Path:
-    """A directory for one search's shared updates, removed with `owner` (or when the process
-    exits)."""
+def search_directory(owner: object) -> tuple[Path, Callable[[], object]]:
+    """A directory for one search's shared updates, and what removes it now; it is removed with
+    `owner` too, or when the process exits."""
     root = Path(tempfile.mkdtemp(prefix="autofit-updates-"))
-    weakref.finalize(owner, shutil.rmtree, root, ignore_errors=True)
-    return root
+    return root, weakref.finalize(owner, shutil.rmtree, root, ignore_errors=True)

@@ -44,8 +44,16 @@ class Prober:
         self.fingerprints = (preset.fingerprint(), gpu.fingerprint())  # the same for every probe
         # every knob's default: the engine checks combinations with them filled in
         self.defaults = {name: knob.default for name, knob in registry().items()}
-        # the setup and updates its scans trace, shared between them (removed with the prober)
-        self.updates_dir = search_directory(self) if self.scans else None
+        # the setup and updates its scans trace, shared between them (removed by `close`, or
+        # with the prober)
+        self.updates_dir, self._remove_updates = (
+            search_directory(self) if self.scans else (None, lambda: None)
+        )
+
+    def close(self) -> None:
+        """Remove what the prober keeps for its scans (a search that is interrupted ends its
+        process without the interpreter's teardown, so it must be said)."""
+        self._remove_updates()
 
     def warm(self) -> None:
         """Get the launcher ready for the first probe (Launcher.warm) while the caller works."""
