@@ -37,7 +37,8 @@ gradients the updates were given are the pass's, size for size.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from autofit.simulator.roofline import Kernel
@@ -102,24 +103,11 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         # Something of the pass lives on into the update or beyond it (state its first call
         # makes, which a first pass would make and a second would not), or a gradient is missing.
         return None
-    ids: dict[int, int] = {}
-    for event in (*body, *tail):
-        if event >= 0:
-            ids[event] = len(ids)
-
-    def own(run: Sequence[int]) -> tuple[int, ...]:
-        return tuple(ids[e] if e >= 0 else ~ids[~e] for e in run)
+    ids = _allocation_order((*body, *tail))
+    host_ids = _allocation_order((*host_body, *host_tail))
 
     def priced(lo: int, hi: int, at: int) -> tuple[Kernel, ...]:
         return tuple(dataclasses.replace(k, at=k.at - at) for k in (kernels or [])[lo:hi])
-
-    host_ids: dict[int, int] = {}
-    for event in (*host_body, *host_tail):
-        if event >= 0:
-            host_ids[event] = len(host_ids)
-
-    def host_own(run: Sequence[int]) -> tuple[int, ...]:
-        return tuple(host_ids[e] if e >= 0 else ~host_ids[~e] for e in run)
 
     phases = log.host_event_phases
     moved = tuple(
@@ -127,7 +115,7 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         for a, b, c, d in zip(update.moved, start.moved, end.moved, updated.moved, strict=True)
     )
     return Pass(
-        own(body), own(tail),
+        tuple(_renamed(body, ids)), tuple(_renamed(tail, ids)),
         tuple(log.raw_sizes[a] for a in ids), tuple(log.categories[a] for a in ids),
         tuple(ids[g] for g in step.grads),
         tuple(_phases(log, start.events, update.events)),
@@ -135,7 +123,7 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         priced(start.kernels, update.kernels, start.events),
         priced(updated.kernels, end.kernels, updated.events),
         update.ops - start.ops, end.ops - updated.ops, kernels is not None,
-        host_own(host_body), host_own(host_tail),
+        tuple(_renamed(host_body, host_ids)), tuple(_renamed(host_tail, host_ids)),
         tuple(log.host_raw_sizes[h] for h in host_ids), tuple(log.host_pinned[h] for h in host_ids),
         tuple(phases[start.host_events : update.host_events]),
         tuple(phases[updated.host_events : end.host_events]),
@@ -176,31 +164,11 @@ def assemble(
         if len(grads) != len(sizes) or [log.raw_sizes[g] for g in grads] != sizes:  # type: ignore[index]
             return None
     # The second step's pass and tail as traced (the pass itself, or its gradients made
-    # directly) give way to the copies: what they allocated must not be seen elsewhere.
-    dropped = [
-        *events[second.start.events : second.update.events],
-        *events[second.updated.events : second.end.events],
-    ]
-    gone = {e for e in dropped if e >= 0} - set(second.grads)
-    kept = [*events[: second.start.events], *events[second.update.events : second.updated.events]]
-    kept += events[second.end.events :]
-    if any((e if e >= 0 else ~e) in gone for e in kept):
-        return None
-    host = log.host_events
-    host_gone = {
-        e
-        for e in (
-            *host[second.start.host_events : second.update.host_events],
-            *host[second.updated.host_events : second.end.host_events],
-        )
-        if e >= 0
-    }
-    host_kept = [
-        *host[: second.start.host_events],
-        *host[second.update.host_events : second.updated.host_events],
-        *host[second.end.host_events :],
-    ]
-    if any((e if e >= 0 else ~e) in host_gone for e in host_kept):
+    # directly) give way to the copies: what they allocated must not be seen elsewhere, on the
+    # GPU (but the gradients, which the update reads) or on the host.
+    gpu = [p.events for p in (second.start, second.update, second.updated, second.end)]
+    host = [p.host_events for p in (second.start, second.update, second.updated, second.end)]
+    if _dropped_seen(events, gpu, set(second.grads)) or _dropped_seen(log.host_events, host):
         return None
     raw_sizes, categories = list(log.raw_sizes), list(log.categories)
     spliced: list[int] = []
@@ -215,14 +183,14 @@ def assemble(
         run: Sequence[int], run_phases: Sequence[tuple[int, str]], names: dict[int, int]
     ) -> None:
         """A part of the pass, its ids named as `names` says (new ones added to it)."""
-        for event in run:
-            own = event if event >= 0 else ~event
-            if own not in names:
-                names[own] = len(raw_sizes)
-                raw_sizes.append(pass_.raw_sizes[own])
-                categories.append(pass_.categories[own])
+
+        def fresh(own: int) -> int:
+            raw_sizes.append(pass_.raw_sizes[own])
+            categories.append(pass_.categories[own])
+            return len(raw_sizes) - 1
+
         phases.extend((index + len(spliced), phase) for index, phase in run_phases)
-        spliced.extend(names[e] if e >= 0 else ~names[~e] for e in run)
+        spliced.extend(_copied(run, names, fresh))
 
     def priced(part: Sequence[Kernel], at: int) -> None:
         steady.extend(dataclasses.replace(k, at=k.at + at) for k in part)
@@ -267,13 +235,12 @@ class _HostSplice:
         self.phases.extend(self.log.host_event_phases[lo:hi])
 
     def copied(self, run: Sequence[int], phases: Sequence[str], names: dict[int, int]) -> None:
-        for event in run:
-            own = event if event >= 0 else ~event
-            if own not in names:
-                names[own] = len(self.raw_sizes)
-                self.raw_sizes.append(self.pass_.host_raw_sizes[own])
-                self.pinned.append(self.pass_.host_pinned[own])
-            self.events.append(names[own] if event >= 0 else ~names[own])
+        def fresh(own: int) -> int:
+            self.raw_sizes.append(self.pass_.host_raw_sizes[own])
+            self.pinned.append(self.pass_.host_pinned[own])
+            return len(self.raw_sizes) - 1
+
+        self.events.extend(_copied(run, names, fresh))
         self.phases.extend(phases)
 
 
@@ -293,24 +260,48 @@ def _numbered(
 ) -> StepLog:
     """The log with ids numbered in allocation order, the GPU's and the host's, as a tracker
     numbers them, and its phase changes in their least form (compact_phases)."""
-    order, ids = _allocation_order(events)
-    host_order, host_ids = _allocation_order(host.events)
+    order, host_order = _allocation_order(events), _allocation_order(host.events)
     return StepLog.counted(
-        [raw_sizes[aid] for aid in ids],
-        [categories[aid] for aid in ids],
-        [order[e] if e >= 0 else ~order[~e] for e in events],
+        [raw_sizes[aid] for aid in order],
+        [categories[aid] for aid in order],
+        _renamed(events, order),
         compact_phases(phase_changes),
-        [host.raw_sizes[h] for h in host_ids],
-        [host.pinned[h] for h in host_ids],
-        [host_order[e] if e >= 0 else ~host_order[~e] for e in host.events],
+        [host.raw_sizes[h] for h in host_order],
+        [host.pinned[h] for h in host_order],
+        _renamed(host.events, host_order),
         host.phases,
     )  # fmt: skip
 
 
-def _allocation_order(events: Sequence[int]) -> tuple[dict[int, int], list[int]]:
-    """Each allocated id's place in allocation order, and the ids in that order."""
+def _dropped_seen(
+    events: Sequence[int], at: Sequence[int], spared: AbstractSet[int] = frozenset()
+) -> bool:
+    """Whether an allocation of a step's pass or tail (`at`: the step's start, update, updated
+    and end in `events`), but those in `spared`, is seen outside them."""
+    start, update, updated, end = at
+    dropped = {e for e in (*events[start:update], *events[updated:end]) if e >= 0} - spared
+    kept = (*events[:start], *events[update:updated], *events[end:])
+    return any((e if e >= 0 else ~e) in dropped for e in kept)
+
+
+def _allocation_order(events: Sequence[int]) -> dict[int, int]:
+    """Each allocated id's place in allocation order (the dict iterates them in that order)."""
     order: dict[int, int] = {}
     for event in events:
         if event >= 0:
             order[event] = len(order)
-    return order, list(order)
+    return order
+
+
+def _renamed(events: Sequence[int], names: dict[int, int]) -> list[int]:
+    """`events` with each id as `names` gives it (a free stays a free)."""
+    return [names[e] if e >= 0 else ~names[~e] for e in events]
+
+
+def _copied(events: Sequence[int], names: dict[int, int], fresh: Callable[[int], int]) -> list[int]:
+    """`_renamed`, where an id `names` lacks first gets `fresh(id)`, added to `names`."""
+    for event in events:
+        own = event if event >= 0 else ~event
+        if own not in names:
+            names[own] = fresh(own)
+    return _renamed(events, names)
