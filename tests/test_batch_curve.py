@@ -164,25 +164,30 @@ def test_the_scan_finds_the_largest_batch_a_grid_finds() -> None:
         assert _same(result.to_dict(), direct) == {}
 
 
-def test_the_scan_reports_the_largest_batch_that_leaves_more_room() -> None:
-    """With spare bytes asked for, the scan also reports the largest batch whose peak is at
-    least that much under the best's (the best rule's lighter candidate), as a direct probe of
-    it says, and the batch above it is not that light."""
-    from autofit.probe.scan import scan_group
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+def test_the_scan_reports_every_batch_the_best_rule_weighs(floor: float) -> None:
+    """With a window asked for (ScanWindow), the scan also reports each batch that fits within
+    the tolerance of the structure's fastest and at least as fast as the floor, as a direct probe
+    of it says; the others a grid finds fitting are slower than that."""
+    from autofit.probe.spec import ScanWindow
 
     probe = make("tiny_sana", "a40", resolution=512)  # about 28 MiB more per sample
-    grid = {b: execute(at_batch(probe, b)) for b in (6, 10, 11)}
-    budget = (grid[10].peak_bytes + grid[11].peak_bytes) // 2
+    edge = {b: execute(at_batch(probe, b)) for b in (10, 11)}
+    budget = (edge[10].peak_bytes + edge[11].peak_bytes) // 2
     tight = dataclasses.replace(probe, margin=1 - budget / probe.gpu_spec.memory_bytes)
-    spare = grid[10].peak_bytes - grid[6].peak_bytes - 1  # what batch 6 frees, all but a byte
-    (answer,) = scan_group([(tight, 2)], 12, spare)
-    best, above, lighter = answer.results
-    assert (best.config["batch_size"], above.config["batch_size"]) == (10, 11)
-    batch = lighter.config["batch_size"]
-    assert batch == 6 and lighter.source == "replayed"
-    assert _same(lighter.to_dict(), execute(at_batch(tight, batch)).to_dict()) == {}
-    assert lighter.peak_bytes <= best.peak_bytes - spare
-    assert execute(at_batch(tight, batch + 1)).peak_bytes > best.peak_bytes - spare
+    grid = {b: execute(at_batch(tight, b)) for b in range(1, 13)}
+    fitting = {b: r for b, r in grid.items() if r.outcome is Outcome.OK}
+    fastest = max(r.samples_per_s for r in fitting.values())
+    tolerance = 0.5  # wide, so the window holds several batches
+    (answer,) = scan_group([(tight, 4)], 12, ScanWindow(1, tolerance, floor * fastest * 0.9))
+    least = max(floor * fastest * 0.9, (1 - tolerance) * fastest)
+    expected = {b for b, r in fitting.items() if r.samples_per_s >= least}
+    reported = {r.config["batch_size"]: r for r in answer.results}
+    assert answer.best_batch == 10 and {10, 11} <= set(reported)
+    assert set(reported) - {11} == expected | {10} and len(expected) > 1
+    assert answer.window_floor == floor * fastest * 0.9
+    for batch, result in reported.items():
+        assert _same(result.to_dict(), grid[batch].to_dict()) == {}, batch
 
 
 def test_a_step_that_is_not_affine_is_caught() -> None:
@@ -272,9 +277,8 @@ def test_runs_of_frees_compare_in_one_order() -> None:
 
 def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: Path) -> None:
     """Two structures that differ in the optimizer, over batches 1 to 400,000: each scan is
-    kept as three trials (b*, which fits, b* + 1, which does not, and the lighter point the
-    best rule weighs), marked replayed; the answer is what probes of those batches say; the
-    same command again reuses the scans, the lighter points with them."""
+    kept as its trials (b*, which fits, and b* + 1, which does not), marked replayed; the answer
+    is what probes of those batches say; the same command again reuses the scans."""
     import json
 
     import optuna
@@ -283,6 +287,7 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     (tmp_path / "space.yaml").write_text(
         "batch_size: {min: 1, max: 400000}\nresolution: [x1]\n"
         "knobs:\n  precision: [bf16_pure]\n  optimizer: [adamw, lion]\n"
+        "target: {memory_gain: 1}\n"  # only the fastest: thousands of batches are within 3%
     )
     args = ("search", "model=tiny_mlp", "gpu=l4", "backend=simulate", "space=space.yaml",
             "study=wide", "jobs=1")  # fmt: skip
@@ -293,12 +298,11 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     )
     trials = sorted(study.trials, key=lambda t: (t.params["optimizer"], t.params["batch_size"]))
     assert [(t.params["optimizer"], t.state.name, t.user_attrs["source"]) for t in trials] == [
-        ("adamw", "COMPLETE", "replayed"), ("adamw", "COMPLETE", "replayed"),
-        ("adamw", "FAIL", "replayed"), ("lion", "COMPLETE", "replayed"),
+        ("adamw", "COMPLETE", "replayed"), ("adamw", "FAIL", "replayed"),
         ("lion", "COMPLETE", "replayed"), ("lion", "FAIL", "replayed"),
     ]  # fmt: skip
-    lighter, best, above = (trials[i].params["batch_size"] for i in range(3))
-    assert above == best + 1 and 1000 < best < 400000 and lighter < best
+    best, above = (trials[i].params["batch_size"] for i in range(2))
+    assert above == best + 1 and 1000 < best < 400000
     probe = make("tiny_mlp", "l4", precision="bf16_pure", optimizer="adamw")
     assert execute(at_batch(probe, best)).outcome is Outcome.OK
     assert execute(at_batch(probe, best + 1)).outcome is Outcome.OOM
@@ -306,8 +310,8 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     again = in_process(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     summary = json.loads((tmp_path / "results" / "wide" / "summary.json").read_text())
-    assert summary["new_probes"] == 0 and summary["reused_probes"] == 6
-    assert len(optuna.load_study(study_name="wide", storage=study._storage).trials) == 6
+    assert summary["new_probes"] == 0 and summary["reused_probes"] == 4
+    assert len(optuna.load_study(study_name="wide", storage=study._storage).trials) == 4
 
 
 _FIRST_AND_NEXT = """
@@ -341,3 +345,52 @@ def test_a_process_first_trace_is_the_step_its_next_trace_is() -> None:
     )  # fmt: skip
     first, then, same = done.stdout.split()
     assert same == "True", f"{first} events in a process's first trace, {then} in its next"
+
+
+@pytest.mark.parametrize("tolerance", [0.03, 0.2])
+def test_a_simulated_search_ends_with_the_best_a_grid_of_every_batch_gives(
+    tmp_path: Path, tolerance: float
+) -> None:
+    """The scans report the batches the best rule weighs (below each largest batch, and below a
+    memory-saving structure's range), so the search's best is the rule's pick from a grid of
+    every batch of every combination, a probe each. At 0.2 the rule prefers a lighter run."""
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.launcher import launcher_for
+    from autofit.search.engine import Search
+    from autofit.search.pareto import BestRule, fastest_and_best
+    from autofit.search.prober import Prober
+    from autofit.search.recorder import StudyRecorder
+    from autofit.search.space import SearchSpace
+
+    probe = make("tiny_sana", "a40", resolution=512)
+    edge = [execute(at_batch(probe, b)).peak_bytes for b in (10, 11)]
+    margin = 1 - (edge[0] + edge[1]) // 2 / probe.gpu_spec.memory_bytes  # batch 10 fits, 11 not
+    rule = BestRule(tolerance, 0.05)
+    space = SearchSpace(
+        name="grid", min_batch=1, max_batch=14, resolutions=(512,),
+        knobs={"precision": ("bf16_pure",), "optimizer": ("adamw", "adamw8bit"),
+               "checkpointing": (False, True)},
+        target_resolution=512, target_min_batch=1, best_rule=rule,
+    )  # fmt: skip
+    grid = [
+        execute(at_batch(dataclasses.replace(make("tiny_sana", "a40", resolution=512, **dict(knobs)), margin=margin), b))
+        for knobs in space.combinations()
+        for b in range(1, 15)
+    ]  # fmt: skip
+    fastest, best = fastest_and_best(grid, 512, 1, rule)
+    assert best is not None and (best is fastest) == (tolerance == 0.03)
+
+    preset, gpu = load_preset("tiny_sana"), load_gpu("a40")
+    recorder = StudyRecorder(f"sqlite:///{tmp_path / 'study.db'}", "grid", {})
+    with launcher_for("simulate", preset.family) as launcher:
+        prober = Prober(preset, gpu, "simulate", margin, 300, recorder, launcher)
+        try:
+            found = Search(space, prober, jobs=2).run()
+        finally:
+            prober.close()
+            recorder.close()
+    assert found.best is not None
+    keys = ("precision", "optimizer", "checkpointing", "batch_size")
+    assert {k: found.best.config[k] for k in keys} == {k: best.config[k] for k in keys}
+    assert _same(found.best.to_dict(), best.to_dict()) == {}

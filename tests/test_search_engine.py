@@ -111,7 +111,9 @@ def test_pruned_combinations_are_recorded_with_the_reason() -> None:
 
 
 def test_the_best_is_the_fastest_fitting_at_the_target_resolution() -> None:
-    result = Search(space(), CurveProber()).run()  # type: ignore[arg-type]
+    # the rule's preference for a lighter run off (test_the_best_is_what_the_rule_picks...)
+    searched = dataclasses.replace(space(), best_rule=BestRule(0.03, 1.0))
+    result = Search(searched, CurveProber()).run()  # type: ignore[arg-type]
     fitting = [
         r for r in result.results if r.outcome is Outcome.OK and r.config["resolution"] == 1024
     ]
@@ -190,7 +192,8 @@ def test_the_best_rule_prefers_a_nearly_as_fast_run_with_clearly_more_headroom()
     assert fastest_and_best([fastest, lighter, lightest], 1024, 1, rule)[1] is lightest
     assert best_config([fastest, lightest], 1024, 1, BestRule(0.02, 0.05)) is fastest  # too slow
     assert best_config([fastest, lighter], 1024, 1, BestRule(0.03, 1.0)) is fastest  # off
-    assert BestRule(0.03, 1.0).spare_bytes(BUDGET) == 0
+    assert not BestRule(0.03, 1.0).prefers_lighter and BestRule().prefers_lighter
+    assert BestRule(0.03).floor(fastest) == pytest.approx(9.7) and BestRule().floor(None) == 0
 
 
 def test_the_best_line_shows_headroom_provenance_and_the_run_it_was_preferred_to() -> None:
@@ -246,7 +249,9 @@ def test_a_combination_starts_once_its_parents_are_answered_not_its_whole_wave()
             return super().__call__(knobs)
 
     prober = Slow()
-    result = Search(space(), prober, jobs=2).run()  # type: ignore[arg-type]
+    # without the best rule's look below the largest batches, which comes after every answer
+    searched = dataclasses.replace(space(), best_rule=BestRule(0.03, 1.0))
+    result = Search(searched, prober, jobs=2).run()  # type: ignore[arg-type]
     assert child_started.is_set()
     calls = [(tuple(sorted(c.items())), c) for c in prober.calls]
     for combination in result.combinations:
@@ -280,3 +285,26 @@ def test_the_launcher_is_warmed_before_the_space_is_checked() -> None:
     Search(space(), Warmed()).run()  # type: ignore[arg-type]
     assert events[0] == "warm" and events.count("warm") == 1
     assert "pruned" in events and "probe" in events
+
+
+@pytest.mark.parametrize("tolerance", [0.03, 0.10])
+def test_the_best_is_what_the_rule_picks_from_every_batch_of_every_combination(
+    tolerance: float,
+) -> None:
+    """Measured batch by batch (as a real backend is), the search ends with the best the rule
+    takes from a grid of every batch of every combination: below its largest batch it probes,
+    of each combination that may hold it, the lightest run as fast as the rule's floor."""
+    rule = BestRule(tolerance, 0.05)
+    searched = dataclasses.replace(space(), best_rule=rule)
+    prober = CurveProber()
+    result = Search(searched, prober, jobs=2).run()  # type: ignore[arg-type]
+    grid = [
+        CurveProber()({**dict(knobs), "resolution": resolution, "batch_size": batch})[0]
+        for resolution in searched.resolutions
+        for knobs in searched.combinations()
+        for batch in range(1, searched.max_batch + 1)
+    ]
+    fastest, best = fastest_and_best(grid, 1024, 1, rule)
+    assert best is not fastest and best.config["batch_size"] < fastest.config["batch_size"]
+    assert result.best is not None and result.best.config == best.config
+    assert len(prober.calls) == len({tuple(sorted(c.items())) for c in prober.calls})

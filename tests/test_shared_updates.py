@@ -136,7 +136,7 @@ def test_a_scan_group_shares_its_members_updates(tmp_path: Any) -> None:
     for resolution, checkpointing in ((64, False), (128, True)):
         group = [(probe, 1) for probe in _group(resolution, checkpointing)]
         kept = SharedUpdates(tmp_path)
-        answers = scan_group(group, 64, 0, kept)
+        answers = scan_group(group, 64, None, kept)
         assert [a.best_batch for a in answers] == [64] * 3  # each fits at the top
         assert (kept.traced, kept.reused) == ((2, 0) if resolution == 64 else (0, 2))
 

@@ -25,7 +25,7 @@ from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
 from autofit.probe.scan import at_batch
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +104,11 @@ def run_scans(
     items: list[tuple[ProbeSpec, int]],
     hi: int,
     launcher: Launcher | None = None,
-    spare_bytes: int = 0,
+    window: ScanWindow | None = None,
     updates_dir: Path | None = None,
 ) -> list[ScanResult]:
     """Scan structures (each a spec and the smallest batch `lo` of its range `lo`..`hi`) in one
-    subprocess (autofit/probe/scan.py `scan_group`; `spare_bytes`: its lighter points;
+    subprocess (autofit/probe/scan.py `scan_group`; `window`: the batches the best rule weighs;
     `updates_dir`: where scans of one search share setup-and-update traces,
     autofit/probe/shared_updates.py). Each structure traces at most four
     batches, so the scans may take four times a probe's `timeout_s` each; scans that run past
@@ -126,7 +126,7 @@ def run_scans(
                 {
                     "structures": structures,
                     "hi": hi,
-                    "spare_bytes": spare_bytes,
+                    "window": dataclasses.asdict(window) if window else None,
                     "updates_dir": str(updates_dir) if updates_dir else None,
                 }
             )  # fmt: skip

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from autofit.paths import write_atomically
 from autofit.probe.shared_updates import SharedUpdates
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 
 if TYPE_CHECKING:
     from autofit.simulator.batch_curve import BatchCurve
@@ -44,6 +44,9 @@ def at_batch(spec: ProbeSpec, batch: int) -> ProbeSpec:
 # there (tiny_sana allocates 1247 times at batch 1, 1273 at 2 and 3). The curve starts at 2;
 # batch 1 is traced by itself when the answer needs it.
 FIRST_CURVE_BATCH = 2
+# The most batches a scan reports for the best rule's window (ScanWindow): a small model whose
+# speed has long levelled off may have thousands within the tolerance.
+WINDOW_LIMIT = 16
 
 
 def curve_batches(lo: int, hi: int) -> list[int]:
@@ -130,7 +133,8 @@ def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) ->
 
 
 class _Scan:
-    """One structure's scan: its traced points, its curve, its answer over `lo`..`hi`."""
+    """One structure's scan: its traced points, its curve, its answer over `lo`..`hi`, and with a
+    `window`, the batches in it (ScanWindow), from its `min_batch` up."""
 
     def __init__(
         self,
@@ -138,12 +142,13 @@ class _Scan:
         lo: int,
         hi: int,
         found: dict[str, str],
-        spare_bytes: int = 0,
+        window: ScanWindow | None = None,
         shared: SharedUpdates | None = None,
     ) -> None:
         self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
         self.updates = shared  # where setups and updates are shared (TracedPoint)
-        self.spare = spare_bytes  # the lighter point leaves this much more free than the best
+        self.window = window
+        self._threshold = float("inf")  # the window's least samples/s, once known
         self.traced: dict[int, TracedPoint] = {}
         self.lender: _Scan | None = None  # the first structure of its group, once it has scanned
         self.curve: BatchCurve | None = None
@@ -152,6 +157,13 @@ class _Scan:
         gpu = spec.gpu_spec
         self.workspace = [gpu.cublas_workspace_bytes]
         self.limit = spec.budget_bytes - gpu.cuda_context_bytes  # the allocator's
+
+    @property
+    def lowest(self) -> int:
+        """The smallest batch the scan looks at: `lo`, or the window's least batch below it (a
+        memory-saving structure's range starts above its parent's largest batch, but the best
+        rule weighs it at every batch)."""
+        return self.lo if self.window is None else min(self.lo, max(self.window.min_batch, 1))
 
     def traced_at(self, batch: int) -> TracedPoint:
         """This structure traced at `batch`: assembled from the pass of the lender's trace at
@@ -166,15 +178,14 @@ class _Scan:
             )
         return self.traced[batch]
 
-    def fits(self, batch: int, log: StepLog, spare: int = 0) -> bool:
+    def fits(self, batch: int, log: StepLog) -> bool:
         """Whether `batch`, whose step is `log`, comes out `ok`: what the outcome of its result
-        says (GPU budget, then host budget), without the search for its least limit; with
-        `spare`, whether it does so leaving that many bytes of the GPU budget free."""
+        says (GPU budget, then host budget), without the search for its least limit."""
         from autofit.backends.base import model_host_memory
         from autofit.simulator.batch_curve import gpu_fits
 
         allocator = self.spec.knobs.get("allocator", "default")
-        if not gpu_fits(log, self.workspace, self.limit - spare, allocator):
+        if not gpu_fits(log, self.workspace, self.limit, allocator):
             return False
         host_budget = self.spec.host_memory_bytes
         return host_budget is None or (
@@ -183,31 +194,51 @@ class _Scan:
 
     def run(self, start: int, lender: _Scan | None) -> ScanResult:
         """The answer over `lo`..`hi`, with the traces it needs from `start`: the top of the
-        range first (when it fits, no batch above it is there to find); then a curve, lent by
-        `lender` (a structure with the same forward and backward, which fits its own curve
-        when first asked) where their steps agree, or fitted through three traces of its own.
-        Traces that do not lie on one line are reported as they are, batch by batch."""
-        from autofit.simulator.batch_curve import NotAffine
-
+        range first (when it fits, no batch above it is there to find, and without a window it
+        is the answer); then a curve, lent by `lender` (a structure with the same forward and
+        backward, which fits its own curve when first asked) where their steps agree, or fitted
+        through three traces of its own. Traces that do not lie on one line are reported as
+        they are, batch by batch."""
         self.lender = lender
         batches = curve_batches(start, self.hi)
         if len(batches) < 3:  # the range is too short for a curve: trace every batch
-            fitting = [b for b in range(self.hi, self.lo - 1, -1) if self._fits_traced(b)]
-            best = max(fitting, default=None)
-            return _reported(self.lo, self.hi, best, lambda b: self.traced_at(b).result(), [])
-        if self._fits_traced(self.hi):
-            return _reported(self.lo, self.hi, self.hi, lambda b: self.traced_at(b).result(), [])
+            fitting = [b for b in range(self.hi, self.lowest - 1, -1) if self._fits_traced(b)]
+            best = max((b for b in fitting if b >= self.lo), default=None)
+
+            def traced(batch: int) -> ProbeResult:
+                return self.traced_at(batch).result()
+
+            window = self._window(
+                max(fitting, default=None), self.lowest, lambda b: _speed(traced(b)),
+                lambda b: b in fitting,
+            )  # fmt: skip
+            return self._reported(best, traced, window)
+        top_fits = self._fits_traced(self.hi)
+        if top_fits and (
+            self.window is None or _speed(self.traced_at(self.hi).result()) < self.window.floor
+        ):  # the answer, and no batch below it is as fast as the window's floor
+            return self._reported(self.hi, lambda b: self.traced_at(b).result(), [])
+        if self._curve(start, lender) is None:
+            if top_fits:  # the answer, but not the window below it: the caller looks for it
+                return self._reported(self.hi, lambda b: self.traced_at(b).result(), None)
+            return self._not_affine(self.reason)
+        return self.answer()
+
+    def _curve(self, start: int, lender: _Scan | None) -> BatchCurve | None:
+        """The structure's curve: the lender's growth where their steps agree, else its own;
+        None when the traces do not lie on one line (`reason` says why)."""
+        from autofit.simulator.batch_curve import NotAffine
+
         if lender is not None:
             lent = lender.own_curve(start)
             if lent is None:  # the same forward and backward do not lie on one line here either
-                return self._not_affine(f"{lender.reason} (the first structure of its group)")
+                self.reason = f"{lender.reason} (the first structure of its group)"
+                return None
             try:
-                self.curve, self.shared = lent.shared_with(self.traced[self.hi].record), True
+                self.curve, self.shared = lent.shared_with(self.traced_at(self.hi).record), True
             except NotAffine as exc:
                 log.info("%s: tracing %s itself", exc, self.spec.knobs)
-        if self.curve is None and self.own_curve(start) is None:
-            return self._not_affine(self.reason)
-        return self.answer()
+        return self.curve or self.own_curve(start)
 
     def own_curve(self, start: int) -> BatchCurve | None:
         """This structure's curve through its traces at `curve_batches(start, hi)`, fitted the
@@ -232,13 +263,16 @@ class _Scan:
 
     def answer(self) -> ScanResult:
         """The largest batch that fits, from the curve, and the points reported."""
+        from autofit.probe.worker import samples_per_second
+
         curve, spec = self.curve, self.spec
         assert curve is not None
 
-        def fits(batch: int, spare: int = 0) -> bool:
+        @functools.cache
+        def fits(batch: int) -> bool:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
-                return self.fits(batch, self.traced_at(batch).log, spare)
-            return self.fits(batch, curve.log_at(batch), spare)
+                return self.fits(batch, self.traced_at(batch).log)
+            return self.fits(batch, curve.log_at(batch))
 
         @functools.cache
         def result_at(batch: int) -> ProbeResult:
@@ -246,18 +280,74 @@ class _Scan:
                 return self.traced_at(batch).result()
             return replayed_point(curve, at_batch(spec, batch), self.found)
 
+        @functools.cache
+        def speed(batch: int) -> float:
+            if batch in self.traced:
+                step_s = self.traced[batch].cost.step_seconds
+            else:
+                step_s = curve.cost_at(batch, spec.gpu_spec).step_seconds
+            return samples_per_second(at_batch(spec, batch).knobs, step_s) or 0.0
+
         room = self.limit - sum(self.workspace)
         best = curve.largest_fitting(self.lo, self.hi, room, fits)
-        lighter = None
-        if best is not None and self.spare > 0:
-            # what the best leaves free, and `spare` more
-            spare = self.spare + self.spec.budget_bytes - (result_at(best).peak_bytes or 0)
-            # not batch 1 for it alone: that is a trace of its own
-            lowest = self.lo if self.lo in self.traced else max(self.lo, FIRST_CURVE_BATCH)
-            lighter = curve.largest_fitting(
-                lowest, best - 1, room - spare, lambda b: fits(b, spare)
-            )
-        return _reported(self.lo, self.hi, best, result_at, [], lighter)
+        first = max(self.lowest, FIRST_CURVE_BATCH)
+        # a memory-saving structure may fit nothing above its parent, and still hold a run the
+        # best rule prefers below it
+        top = best if best is not None or first >= self.lo else (
+            curve.largest_fitting(first, self.lo - 1, room, fits)
+        )  # fmt: skip
+        window = self._window(top, first, speed, fits)
+        if window and min(window) == FIRST_CURVE_BATCH and self.lowest < FIRST_CURVE_BATCH:
+            # Batch 1 is a program of its own, traced only where the window reaches batch 2
+            if fits(1) and _speed(result_at(1)) >= self._threshold:
+                window.append(1)
+        return self._reported(best, result_at, window)
+
+    def _window(
+        self,
+        top: int | None,
+        first: int,
+        speed: Callable[[int], float],
+        fits: Callable[[int], bool],
+    ) -> list[int] | None:
+        """The batches from `first` to `top` (the largest that fits) in the window (ScanWindow):
+        each that fits at least as fast as the threshold, which the structure's fastest run,
+        at `top`, sets. A roofline step's time per sample does not grow with the batch (each
+        kernel's bytes and FLOPs are a constant part and one per sample), so no smaller batch
+        runs faster, and those in the window are the batches from the least that is fast
+        enough up. None: more than WINDOW_LIMIT of them, too many to report (the caller looks
+        for the one the rule takes once it knows the floor)."""
+        if self.window is None or top is None:
+            return []
+        self._threshold = self.window.threshold(speed(top))
+        if speed(top) < self._threshold:
+            return []
+        low, high = first, top  # the least batch as fast as the threshold, by bisection
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if speed(middle) >= self._threshold else (middle + 1, high)
+        if top - low + 1 > WINDOW_LIMIT:
+            return None
+        return [b for b in range(low, top + 1) if fits(b)]
+
+    def _reported(
+        self,
+        best: int | None,
+        result_at: Callable[[int], ProbeResult],
+        window: list[int] | None,
+    ) -> ScanResult:
+        """The scan's answer with the points it reports: the best batch and the one above it,
+        or `lo` when none fits; and the window's batches (None: too many to report, or not
+        known), for the search's best rule (autofit/search/pareto.py BestRule)."""
+        points = [self.lo] if best is None else [best] + ([best + 1] if best < self.hi else [])
+        points += sorted(b for b in window or () if b not in points)
+        results = [result_at(b) for b in points]
+        floor = None if self.window is None or window is None else self.window.floor
+        return ScanResult(self.lo, self.hi, best, results, [], window_floor=floor)
+
+
+def _speed(result: ProbeResult) -> float:
+    return result.samples_per_s or 0.0
 
 
 def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
@@ -268,24 +358,26 @@ def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:
 def scan_group(
     items: list[tuple[ProbeSpec, int]],
     hi: int,
-    spare_bytes: int = 0,
+    window: ScanWindow | None = None,
     shared: SharedUpdates | None = None,
 ) -> list[ScanResult]:
     """Scans of structures that differ only in knobs that do not change what a sample adds (the
     optimizer, say), each over its `lo`..`hi`. Each is traced at `hi` first; one that needs a
     curve borrows the first structure's growth where their steps agree
     (BatchCurve.shared_with), the first tracing its curve's three batches once, on the first
-    need; where they do not agree, it traces its own three. With `spare_bytes`, each answered
-    from a curve also reports its lighter point (`_reported`). `shared`: where the setup and
-    updates of structures assembled from another's pass are kept for the search's other scans."""
+    need; where they do not agree, it traces its own three. With a `window` (ScanWindow), each
+    also reports the batches in it, from the window's least batch: the curves start there.
+    `shared`: where the setup and updates of structures assembled from another's pass are kept
+    for the search's other scans."""
     from autofit.probe.worker import versions
 
     found = versions()
-    start = max(min(lo for _, lo in items), FIRST_CURVE_BATCH)
     scans: list[tuple[_Scan, ScanResult]] = []
     lender: _Scan | None = None
-    for spec, lo in items:
-        one = _Scan(spec, lo, hi, found, spare_bytes, shared)
+    ones = [_Scan(spec, lo, hi, found, window, shared) for spec, lo in items]
+    start = max(min(one.lowest for one in ones), FIRST_CURVE_BATCH)
+    for one in ones:
+        spec, lo = one.spec, one.lo
         try:
             answer = one.run(start, lender)
         except Exception as exc:  # a crash is this structure's answer, as a probe's would be
@@ -304,22 +396,6 @@ def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:
         traceback.format_exc()[-4000:], "simulate",
     )  # fmt: skip
     return ScanResult(lo, hi, None, [failed], [], False, f"the scan crashed: {exc}")
-
-
-def _reported(
-    lo: int,
-    hi: int,
-    best: int | None,
-    result_at: Callable[[int], ProbeResult],
-    traced: list[int],
-    lighter: int | None = None,
-) -> ScanResult:  # `traced` is filled in by the caller
-    """The scan's answer with the points it reports: the best batch and the one above it, or
-    `lo` when none fits; and `lighter`, the largest batch that leaves the spare bytes more free
-    than the best, for the search's best rule (autofit/search/pareto.py BestRule) to weigh against the best."""
-    points = [lo] if best is None else [best] + ([best + 1] if best < hi else [])
-    points += [lighter] if lighter is not None else []
-    return ScanResult(lo, hi, best, [result_at(b) for b in points], traced)
 
 
 def _result(result: ProbeResult, source: str, found: dict[str, str]) -> ProbeResult:
@@ -341,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = request.get("updates_dir")
         shared = SharedUpdates(Path(root) if root else None)
-        answers = scan_group(items, hi, request.get("spare_bytes", 0), shared)
+        window = request.get("window")
+        answers = scan_group(items, hi, ScanWindow(**window) if window else None, shared)
     except Exception as exc:  # before any structure's scan began: each has crashed
         answers = [_crashed(spec, lo, hi, exc) for spec, lo in items]
     write_atomically(result_path, json.dumps([answer.to_dict() for answer in answers]))

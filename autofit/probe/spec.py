@@ -151,16 +151,35 @@ class ProbeResult:
         tmp.replace(path)  # atomic: a reader never sees half a result
 
 
+@dataclass(frozen=True)
+class ScanWindow:
+    """What a scan at the target resolution reports for the best rule (autofit/search/pareto.py
+    BestRule): every batch from `min_batch` up that fits and runs at least `floor` samples/s and
+    within `tolerance` of the structure's own fastest. The search's floor, (1 - tolerance) of the
+    fastest run of all, is at least as high as either, so each run the rule could choose is then
+    reported. `floor`: what the search knew when it asked (0: nothing yet)."""
+
+    min_batch: int
+    tolerance: float
+    floor: float = 0.0
+
+    def threshold(self, own_fastest: float) -> float:
+        """The least samples/s a reported batch of a structure whose fastest is `own_fastest`
+        runs at."""
+        return max(self.floor, (1 - self.tolerance) * own_fastest)
+
+
 @dataclass
 class ScanResult:
     """What a scan of one structure over batches `lo`..`hi` found (autofit/probe/scan.py).
 
     `best_batch`: the largest batch that fits (None: none does). `results`: the points the search
-    reports: the best batch and the one above it (or `lo` when none fits), and with spare bytes
-    asked for, the largest batch that leaves them free (the lighter point), each with its figures
-    and `source`; with `affine` false (the traces did not lie on one line, `reason` says why),
-    the traced points instead, and `best_batch` is not known: the caller probes batch by batch.
-    `traced`: the batches traced."""
+    reports: the best batch and the one above it (or `lo` when none fits), and with a window
+    asked for, the batches in it (ScanWindow), each with its figures and `source`; with `affine`
+    false (the traces did not lie on one line, `reason` says why), the traced points instead,
+    and `best_batch` is not known: the caller probes batch by batch. `traced`: the batches
+    traced. `window_floor`: the floor of the window whose batches are all reported (None: no
+    window was, and the caller looks for them itself)."""
 
     lo: int
     hi: int
@@ -170,6 +189,7 @@ class ScanResult:
     affine: bool = True
     reason: str = ""
     shared: bool = False  # its curve grew as another structure's (batch_curve.shared_with)
+    window_floor: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "results": [r.to_dict() for r in self.results]}

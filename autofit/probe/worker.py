@@ -14,6 +14,7 @@ import sys
 import traceback
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import autofit
 from autofit.backends import measure, resolve
@@ -42,6 +43,13 @@ def versions() -> dict[str, str]:
     return found
 
 
+def samples_per_second(knobs: dict[str, Any], step_time_s: float) -> float | None:
+    """A run's throughput: every GPU of the run trains its own micro-batch of `batch_size`."""
+    if step_time_s <= 0:
+        return None
+    return knobs["batch_size"] * knobs.get("world_size", 1) / step_time_s
+
+
 def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
     from autofit.models import ModelPreset
 
@@ -58,12 +66,7 @@ def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
         outcome, phase = Outcome.OK, measured.phase
     preset = ModelPreset.from_dict(spec.model)
     units = preset.units_per_sample(spec.knobs["resolution"])
-    # Every GPU of the run trains its own micro-batch.
-    samples_per_s = (
-        batch * spec.knobs.get("world_size", 1) / measured.step_time_s
-        if measured.step_time_s > 0
-        else None
-    )
+    samples_per_s = samples_per_second(spec.knobs, measured.step_time_s)
     return ProbeResult(
         outcome=outcome,
         backend=measured.backend,

@@ -30,7 +30,7 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
-from autofit.probe.spec import Outcome, ProbeResult, ScanResult
+from autofit.probe.spec import Outcome, ProbeResult, ScanResult, ScanWindow
 from autofit.results import Status
 from autofit.search.claims import POLL_S, Busy
 from autofit.search.pareto import fastest_and_best, pareto_front
@@ -129,6 +129,8 @@ class Search:
         self._best: dict[tuple[Any, ...], int | None] = {}  # (knobs, resolution) -> b*
         self._over_host: set[tuple[Any, ...]] = set()  # (knobs, resolution, batch): oom_host
         self._observed: dict[tuple[Any, ...], Observation] = {}  # (knobs, resolution, batch)
+        # (knobs, resolution) -> the floor of the window a scan reported whole (ScanWindow)
+        self._windows: dict[tuple[Any, ...], float] = {}
 
     # -- probing -------------------------------------------------------------------------------
 
@@ -213,7 +215,7 @@ class Search:
         answers = self.prober.scan(
             [({**c.knobs, "resolution": c.resolution}, found[0] + 1) for c, found in todo],
             self.space.max_batch,
-            self.space.best_rule.spare_bytes(self.budget),
+            self._scan_window(group[0].resolution),
         )
         busy = []
         for (combination, found), answer in zip(todo, answers, strict=True):
@@ -266,6 +268,10 @@ class Search:
         traces do not lie on one line, and the planner must probe batch by batch."""
         if not reused:
             combination.probes += len(answer.traced)
+        if answer.window_floor is not None:
+            self._windows[(_frozen(combination.knobs), combination.resolution)] = (
+                answer.window_floor
+            )
         plan = LargestBatch(best_batch=answer.best_batch)
         for result in answer.results:
             batch = result.config["batch_size"]
@@ -288,6 +294,87 @@ class Search:
             log.warning("%s: %s; probing it batch by batch", combination.label(), answer.reason)
             return None
         return plan
+
+    # -- the runs the best rule weighs ----------------------------------------------------------
+
+    def _fastest(self) -> ProbeResult | None:
+        space = self.space
+        with self._lock:
+            results = list(self._results)
+        return fastest_and_best(results, space.target_resolution, space.target_min_batch)[0]
+
+    def _scan_window(self, resolution: int) -> ScanWindow | None:
+        """What scans at `resolution` report for the best rule: at the target resolution, where
+        the rule may prefer a lighter run than the fastest, every batch within its tolerance,
+        above the floor that the fastest run found so far sets (ScanWindow)."""
+        space, rule = self.space, self.space.best_rule
+        if resolution != space.target_resolution or not rule.prefers_lighter:
+            return None
+        floor = rule.floor(self._fastest())
+        return ScanWindow(space.target_min_batch, rule.speed_tolerance, floor)
+
+    def _unweighed(self, runnable: list[Combination], floor: float) -> list[Combination]:
+        """The combinations at the target resolution that may hold a run the best rule weighs
+        (as fast as `floor`) that the search has not looked at: those probed batch by batch,
+        and those scanned with a lower floor than theirs (in another search, whose fastest was
+        slower), whose own fastest run reaches the floor; and those pruned because a parent
+        already fits the largest batch, where that parent reaches it (a memory-saving setting
+        costs speed at every batch, so it cannot run faster than its parent)."""
+        space = self.space
+        found = []
+        for combination in runnable:
+            key = (_frozen(combination.knobs), combination.resolution)
+            if combination.resolution != space.target_resolution:
+                continue
+            if self._windows.get(key, float("inf")) <= floor:
+                continue  # its scan reported every batch as fast as the floor
+            if combination.status is Status.PRUNED:
+                parents = [
+                    {**combination.knobs, name: baseline}
+                    for name, baseline in _savings(combination.knobs, space).items()
+                ]
+                if any(self._reaches(p, floor) for p in parents):
+                    found.append(combination)
+            elif self._reaches(combination.knobs, floor):
+                found.append(combination)
+        return found
+
+    def _reaches(self, knobs: dict[str, Any], floor: float) -> bool:
+        """Whether a fitting run of these knobs at the target resolution runs as fast as `floor`."""
+        frozen, resolution = _frozen(knobs), self.space.target_resolution
+        with self._lock:
+            seen = [o for (k, r, _), o in self._observed.items() if k == frozen and r == resolution]
+        return any(o.fits and (o.samples_per_s or 0.0) >= floor for o in seen)
+
+    def _weigh(self, combination: Combination, floor: float) -> list[Combination]:
+        """Probe the combination for the run the best rule weighs for it, of its runs as fast as
+        `floor` the one that holds the least (the faster of equal ones), by bisection below its
+        largest batch: a roofline step's time per sample does not grow with the batch, so the
+        runs as fast are the batches from the least that is up; and the memory a step holds
+        does not fall as its batch grows, so the one that holds the least is the largest batch
+        that holds what that least one does. Probes already made are not made again."""
+        probe = self._probe(combination)
+        key = (_frozen(combination.knobs), combination.resolution)
+        top = self._best.get(key) or self.space.max_batch  # a pruned one: its parent's
+
+        def fast(batch: int) -> bool:  # a batch that does not fit says to look lower
+            seen = probe(batch)
+            return not seen.fits or (seen.samples_per_s or 0.0) >= floor
+
+        if not fast(top):
+            return []
+        least = _first_true(fast, self.space.target_min_batch, top)
+        while least < top and not probe(least).fits:  # the least that also fits
+            least += 1
+        peak = probe(least).peak_bytes or 0
+
+        def heavier(batch: int) -> bool:
+            seen = probe(batch)
+            return not seen.fits or (seen.peak_bytes or 0) > peak
+
+        if heavier(top):
+            _first_true(heavier, least + 1, top)
+        return []
 
     def _prune(self, combination: Combination, reason: str) -> None:
         combination.status, combination.reason = Status.PRUNED, reason
@@ -344,9 +431,18 @@ class Search:
             waves[len(_savings(combination.knobs, self.space))].append(combination)
         searched = {(_frozen(c.knobs), c.resolution) for c in runnable}
         groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
-        self._run(_GroupQueue(groups, lambda group: self._parents_answered(group, searched)))
-        results = list(self._results)
+        search = self._search_group if self.scans else self._search_one
+        self._run(
+            _GroupQueue(groups, lambda group: self._parents_answered(group, searched)), search
+        )
         space = self.space
+        if space.best_rule.prefers_lighter:
+            # The runs the best rule weighs that the search has not seen: every batch as fast
+            # as the floor the fastest run sets, of each combination that may hold one.
+            floor = space.best_rule.floor(self._fastest())
+            weigh = self._unweighed(runnable, floor)
+            self._run(_GroupQueue([[c] for c in weigh]), lambda g: self._weigh(g[0], floor))
+        results = list(self._results)
         fastest, best = fastest_and_best(
             results, space.target_resolution, space.target_min_batch, space.best_rule
         )
@@ -391,13 +487,21 @@ class Search:
                     return False
         return True
 
-    def _run(self, queue: _GroupQueue) -> None:
+    def _search_one(self, group: list[Combination]) -> list[Combination]:
+        self._search(group[0])
+        return []
+
+    def _run(
+        self, queue: _GroupQueue, search: Callable[[list[Combination]], list[Combination]]
+    ) -> None:
+        """Searches the queue's groups with `search` (which returns the combinations of a group
+        another worker is probing now, to come back to), in `jobs` threads."""
         if self.jobs == 1:
-            self._work(queue)
+            self._work(queue, search)
             return
         pool = ThreadPoolExecutor(self.jobs)
         try:
-            for future in [pool.submit(self._work, queue) for _ in range(self.jobs)]:
+            for future in [pool.submit(self._work, queue, search) for _ in range(self.jobs)]:
                 future.result()
         except BaseException:
             # An interrupt or a failed probe: start no queued combination, and do not wait here
@@ -407,18 +511,16 @@ class Search:
             raise
         pool.shutdown()
 
-    def _work(self, queue: _GroupQueue) -> None:
+    def _work(
+        self, queue: _GroupQueue, search: Callable[[list[Combination]], list[Combination]]
+    ) -> None:
         """Searches the queue's combinations one after another. One whose next probe another
         worker is running (`Busy`) is set aside and taken up again later (its probes so far are
         remembered), so this worker probes other combinations meanwhile and waits only when
         every one left is busy elsewhere."""
         while (group := queue.next()) is not None:
             try:
-                if self.scans:
-                    busy = self._search_group(group)
-                else:
-                    self._search(group[0])
-                    busy = []
+                busy = search(group)
             except Busy:
                 queue.later(group)
             except BaseException:
@@ -438,7 +540,9 @@ class _GroupQueue:
     after."""
 
     def __init__(
-        self, groups: list[list[Combination]], ready: Callable[[list[Combination]], bool]
+        self,
+        groups: list[list[Combination]],
+        ready: Callable[[list[Combination]], bool] = lambda group: True,
     ) -> None:
         self._fresh = deque(groups)
         self._ready = ready
@@ -497,6 +601,15 @@ class _GroupQueue:
         with self._changed:
             self._aborted = True
             self._changed.notify_all()
+
+
+def _first_true(holds: Callable[[int], bool], low: int, high: int) -> int:
+    """The least batch in `low`..`high` for which `holds`, by bisection: it holds at `high` and
+    at every batch above the least one."""
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle + 1, high)
+    return low
 
 
 def _nothing_to_search(combinations: list[Combination], space: str) -> str:

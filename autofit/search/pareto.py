@@ -66,9 +66,14 @@ class BestRule:
             shares[name] = float(value)
         return replace(self, **shares)
 
-    def spare_bytes(self, budget: int) -> int:
-        """What a run must leave free, beyond the fastest's, to be preferred (0: never)."""
-        return int(self.memory_gain * budget) if self.memory_gain < 1 else 0
+    @property
+    def prefers_lighter(self) -> bool:
+        """Whether a run other than the fastest can be the best."""
+        return self.memory_gain < 1
+
+    def floor(self, fastest: ProbeResult | None) -> float:
+        """The least samples/s of a run the rule weighs against `fastest` (0: none yet)."""
+        return (fastest.samples_per_s or 0.0) * (1 - self.speed_tolerance) if fastest else 0.0
 
     def describe(self) -> str:
         return (
@@ -92,7 +97,7 @@ def fastest_and_best(
     if not candidates:
         return None, None
     fastest = min(candidates, key=_rank)
-    floor = (fastest.samples_per_s or 0.0) * (1 - rule.speed_tolerance)
+    floor = rule.floor(fastest)
     freed = rule.memory_gain * fastest.budget_bytes
     lighter = [
         r

@@ -36,6 +36,7 @@ class Observation:
     fits: bool | None  # None: the probe failed (crash or timeout) and says nothing about memory
     peak_bytes: int | None = None
     phase_peaks: Mapping[str, int] | None = None
+    samples_per_s: float | None = None  # where it fits
 
     @classmethod
     def of(cls, batch: int, result: ProbeResult) -> Observation:
@@ -43,7 +44,9 @@ class Observation:
         the host budget (oom_host) does not fit either; its GPU peak, under the GPU's budget,
         says nothing of where the host's boundary is, so it is kept out of the lines."""
         if result.outcome in (Outcome.OK, Outcome.OOM):
-            return cls(batch, result.outcome is Outcome.OK, result.peak_bytes, result.phase_peaks)
+            fits = result.outcome is Outcome.OK
+            speed = result.samples_per_s if fits else None
+            return cls(batch, fits, result.peak_bytes, result.phase_peaks, speed)
         if result.outcome is Outcome.OOM_HOST:
             return cls(batch, False)
         return cls(batch, None)

@@ -12,7 +12,7 @@ from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
 from autofit.probe.runner import SCAN_TRACES, run_probe, run_scans
 from autofit.probe.shared_updates import search_directory
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 from autofit.search.claims import Busy
 from autofit.search.recorder import Claim, StudyRecorder, probe_key, scan_key
 
@@ -92,7 +92,10 @@ class Prober:
         return self._scan and self.backend == "simulate"
 
     def scan(
-        self, structures: list[tuple[dict[str, Any], int]], hi: int, spare_bytes: int = 0
+        self,
+        structures: list[tuple[dict[str, Any], int]],
+        hi: int,
+        window: ScanWindow | None = None,
     ) -> list[tuple[ScanResult, bool] | None]:
         """For each structure (its knobs, batch size aside, and the smallest batch `lo` of its
         range): the largest batch in `lo`..`hi` that fits, and whether it came from the study;
@@ -100,12 +103,13 @@ class Prober:
         scanned together in one subprocess, which lends the first one's curve to the others
         where their steps agree (autofit/probe/scan.py).
 
-        `spare_bytes`: each also reports the largest batch that leaves that much of the budget
-        free, for the best rule (autofit/search/pareto.py BestRule).
+        `window`: each also reports the batches in it (ScanWindow), for the best rule
+        (autofit/search/pareto.py BestRule).
 
         The study keeps a scan as the trial of its first reported point (the best batch, or `lo`
-        failing) under the scan's key, with the batches of the others; each other point (the
-        batch above the best, the lighter one) is a trial of its own under its probe key."""
+        failing) under the scan's key, with the batches of the others and the window's floor;
+        each other point (the batch above the best, those in the window) is a trial of its own
+        under its probe key."""
         fingerprints = (self.backend, self.budget, *self.fingerprints, self.host_budget)
         answers: list[tuple[ScanResult, bool] | None] = []
         todo: list[tuple[int, ProbeSpec, int, Claim]] = []
@@ -114,7 +118,7 @@ class Prober:
                 self.preset, self.gpu, {**knobs, "batch_size": lo}, self.backend, self.margin,
                 self.timeout_s, self.host_budget,
             )  # fmt: skip
-            key = scan_key(spec.knobs, lo, hi, *fingerprints, spare_bytes=spare_bytes)
+            key = scan_key(spec.knobs, lo, hi, *fingerprints, window=window)
             stored = self.recorder.finished(key)
             claim = None
             if stored is None:
@@ -128,8 +132,10 @@ class Prober:
                 if claim is None:
                     stored = self.recorder.finished(key)
             if stored is not None:
-                reported = self.recorder.reported(key)
-                answers.append((_stored_scan(self, stored, lo, hi, fingerprints, reported), True))
+                reported, floor = self.recorder.reported(key)
+                found = _stored_scan(self, stored, lo, hi, fingerprints, reported)
+                found.window_floor = floor
+                answers.append((found, True))
                 continue
             assert claim is not None
             todo.append((len(answers), spec, lo, claim))
@@ -141,7 +147,7 @@ class Prober:
                 [(spec, lo) for _, spec, lo, _ in todo],
                 hi,
                 self.launcher,
-                spare_bytes,
+                window,
                 self.updates_dir,
             )
         except BaseException:
@@ -166,7 +172,7 @@ class Prober:
         first, *others = answer.results
         for result in others:
             self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
-        claim.record(first, reported=[r.config["batch_size"] for r in others])
+        claim.record(first, [r.config["batch_size"] for r in others], answer.window_floor)
         return answer
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.knobs import REGISTRY, completed
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.probe.spec import Outcome, ProbeResult, ScanWindow
 from autofit.search.claims import (
     CLAIM_ATTR,
     HEARTBEAT_ATTR,
@@ -59,6 +59,9 @@ _INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
 # Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
 # died or the machine was busy: a rerun probes them again unless told to keep them.
 REPORTED_ATTR = "reported"  # a scan's trial: the batches of its other reported points
+# a scan's trial: the floor of the window whose batches it reported (autofit/probe/spec.py
+# ScanWindow); none, where it reported none
+WINDOW_FLOOR_ATTR = "window_floor"
 RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
 
 
@@ -97,17 +100,19 @@ def probe_key(
 
 
 def scan_key(
-    knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any, spare_bytes: int = 0
+    knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any, window: ScanWindow | None = None
 ) -> str:
     """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
     probe key of the structure (`fingerprints` as `probe_key` takes them), its batch size
-    replaced by the range, and the spare bytes its lighter point leaves (autofit/probe/scan.py;
-    none: the key a scan had before it reported one)."""
+    replaced by the range, and the least batch and the tolerance of its window
+    (autofit/probe/spec.py ScanWindow; none: the key a scan had before it reported one). Not the
+    window's floor, which depends on what the search knew when it asked: the study keeps it with
+    the scan (WINDOW_FLOOR_ATTR), and the search looks for itself below it."""
     structure = {k: v for k, v in knobs.items() if k != "batch_size"}
     key = json.loads(probe_key(structure, *fingerprints))
     key["scan"] = [lo, hi]
-    if spare_bytes:
-        key["spare"] = spare_bytes
+    if window is not None:
+        key["window"] = [window.min_batch, window.tolerance]
     return json.dumps(key, sort_keys=True)
 
 
@@ -268,13 +273,15 @@ class StudyRecorder:
             result = self._usable(key)
         return result
 
-    def reported(self, key: str) -> list[int] | None:
+    def reported(self, key: str) -> tuple[list[int] | None, float | None]:
         """The batches of a stored scan's other reported points (None: stored before scans named
-        them)."""
+        them), and the floor of the window they hold (None: none)."""
         with self._lock:
             trial = self._probes.get(key)
-        found = None if trial is None else trial.user_attrs.get(REPORTED_ATTR)
-        return [int(b) for b in found] if isinstance(found, list) else None
+        attrs = {} if trial is None else trial.user_attrs
+        found, floor = attrs.get(REPORTED_ATTR), attrs.get(WINDOW_FLOOR_ATTR)
+        batches = [int(b) for b in found] if isinstance(found, list) else None
+        return batches, None if floor is None else float(floor)
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -335,6 +342,7 @@ class StudyRecorder:
         result: ProbeResult,
         claimed: set[str],
         reported: list[int] | None = None,
+        window_floor: float | None = None,
     ) -> None:
         """Writes the probe's result into its claim: the trial `record_probe` would add."""
         from optuna.exceptions import UpdateFinishedTrialError
@@ -344,6 +352,8 @@ class StudyRecorder:
         frozen = self._trial_of(key, result)
         if reported is not None:
             frozen.user_attrs[REPORTED_ATTR] = list(reported)
+        if window_floor is not None:
+            frozen.user_attrs[WINDOW_FLOOR_ATTR] = window_floor
         self.heartbeat.drop(trial_id)
         storage = self._storage
         try:
@@ -470,10 +480,15 @@ class Claim:
         self.recorder, self.trial_id, self.key = recorder, trial_id, key
         self.params = params  # the params the claim's trial was created with
 
-    def record(self, result: ProbeResult, reported: list[int] | None = None) -> None:
-        """Writes `result`; `reported`: for a scan, the batches of its other reported points
-        (StudyRecorder.reported)."""
-        self.recorder._finish(self.trial_id, self.key, result, self.params, reported)
+    def record(
+        self,
+        result: ProbeResult,
+        reported: list[int] | None = None,
+        window_floor: float | None = None,
+    ) -> None:
+        """Writes `result`; for a scan, `reported`: the batches of its other reported points,
+        and `window_floor`: the floor of the window they hold (StudyRecorder.reported)."""
+        self.recorder._finish(self.trial_id, self.key, result, self.params, reported, window_floor)
 
     def release(self) -> None:
         """Gives the probe back unanswered (autofit is stopping): another worker, or the next
