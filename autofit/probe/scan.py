@@ -6,7 +6,8 @@ that fits, it is the answer. Otherwise a batch curve (autofit/simulator/batch_cu
 every batch: the first structure of a group fits its own through three traces (2, 3 and the
 largest); the others, which differ only in knobs that add nothing per sample, take the first's
 growth where their steps agree. Each scan finds the largest batch that fits and reports that
-batch and the one above it with the figures a probe of each would give. Where the traces do not
+batch and the one above it with the figures a probe of each would give, and with a window
+(ScanWindow, at the search's target resolution) every batch the search's best rule weighs. Where the traces do not
 lie on one line it says so and reports the traced points: the parent then probes batch by batch.
 A crash is reported as a probe's would be: a `crash` result with its traceback, for the
 structure being scanned.

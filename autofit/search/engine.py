@@ -14,6 +14,9 @@ batch, are searched by the planner, probe by probe, with estimates of the memory
 shared between combinations whose per-sample memory is the same. Other
 workers may share the study: a combination whose next probe one of them is running is set aside
 and taken up again once the others are started, so each worker probes what no other is probing.
+Last, where the best rule (autofit/search/pareto.py) may prefer a lighter run than the fastest,
+the search probes each combination's lightest run as fast as the rule's floor that no scan
+reported (`_unweighed`, `_weigh`).
 """
 
 from __future__ import annotations
@@ -316,10 +319,11 @@ class Search:
     def _unweighed(self, runnable: list[Combination], floor: float) -> list[Combination]:
         """The combinations at the target resolution that may hold a run the best rule weighs
         (as fast as `floor`) that the search has not looked at: those probed batch by batch,
-        and those scanned with a lower floor than theirs (in another search, whose fastest was
-        slower), whose own fastest run reaches the floor; and those pruned because a parent
-        already fits the largest batch, where that parent reaches it (a memory-saving setting
-        costs speed at every batch, so it cannot run faster than its parent)."""
+        those whose window was too wide to report, and those whose scan reported it down to a
+        higher floor only (a scan another search stored, whose fastest run was faster), where
+        their own fastest run reaches the floor; and those pruned because a parent already fits
+        the largest batch, where that parent reaches it (a memory-saving setting costs speed at
+        every batch, so it cannot run faster than its parent)."""
         space = self.space
         found = []
         for combination in runnable:
