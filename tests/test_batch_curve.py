@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import custom_preset, with_blocks
@@ -347,6 +348,58 @@ def test_a_process_first_trace_is_the_step_its_next_trace_is() -> None:
     assert same == "True", f"{first} events in a process's first trace, {then} in its next"
 
 
+def _tight_tiny_sana() -> float:
+    """The margin at which tiny_sana at 512 px on an A40 fits batch 10 and not 11."""
+    probe = make("tiny_sana", "a40", resolution=512)
+    edge = [execute(at_batch(probe, b)).peak_bytes for b in (10, 11)]
+    return 1 - (edge[0] + edge[1]) // 2 / probe.gpu_spec.memory_bytes
+
+
+def _grid_space(rule: Any, **knobs: tuple[Any, ...]) -> Any:
+    from autofit.search.space import SearchSpace
+
+    return SearchSpace(
+        name="grid", min_batch=1, max_batch=14, resolutions=(512,), knobs=knobs,
+        target_resolution=512, target_min_batch=1, best_rule=rule,
+    )  # fmt: skip
+
+
+def _grid_best(space: Any, margin: float) -> Any:
+    """The best rule's pick from every batch of every combination of `space`, a probe each."""
+    from autofit.search.pareto import fastest_and_best
+
+    grid = [
+        execute(at_batch(dataclasses.replace(make("tiny_sana", "a40", resolution=512, **dict(knobs)), margin=margin), b))
+        for knobs in space.combinations()
+        for b in range(space.min_batch, space.max_batch + 1)
+    ]  # fmt: skip
+    return fastest_and_best(grid, 512, 1, space.best_rule)
+
+
+def _searched(space: Any, margin: float, storage: Path) -> Any:
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.launcher import launcher_for
+    from autofit.search.engine import Search
+    from autofit.search.prober import Prober
+    from autofit.search.recorder import StudyRecorder
+
+    preset, gpu = load_preset("tiny_sana"), load_gpu("a40")
+    recorder = StudyRecorder(f"sqlite:///{storage}", "grid", {})
+    with launcher_for("simulate", preset.family) as launcher:
+        prober = Prober(preset, gpu, "simulate", margin, 300, recorder, launcher)
+        try:
+            return Search(space, prober, jobs=2).run()
+        finally:
+            prober.close()
+            recorder.close()
+
+
+def _same_run(one: Any, other: Any) -> bool:
+    keys = ("precision", "optimizer", "checkpointing", "batch_size")
+    return {k: one.config[k] for k in keys} == {k: other.config[k] for k in keys}
+
+
 @pytest.mark.parametrize("tolerance", [0.03, 0.2])
 def test_a_simulated_search_ends_with_the_best_a_grid_of_every_batch_gives(
     tmp_path: Path, tolerance: float
@@ -354,43 +407,32 @@ def test_a_simulated_search_ends_with_the_best_a_grid_of_every_batch_gives(
     """The scans report the batches the best rule weighs (below each largest batch, and below a
     memory-saving structure's range), so the search's best is the rule's pick from a grid of
     every batch of every combination, a probe each. At 0.2 the rule prefers a lighter run."""
-    from autofit.gpus import load_gpu
-    from autofit.models import load_preset
-    from autofit.probe.launcher import launcher_for
-    from autofit.search.engine import Search
-    from autofit.search.pareto import BestRule, fastest_and_best
-    from autofit.search.prober import Prober
-    from autofit.search.recorder import StudyRecorder
-    from autofit.search.space import SearchSpace
+    from autofit.search.pareto import BestRule
 
-    probe = make("tiny_sana", "a40", resolution=512)
-    edge = [execute(at_batch(probe, b)).peak_bytes for b in (10, 11)]
-    margin = 1 - (edge[0] + edge[1]) // 2 / probe.gpu_spec.memory_bytes  # batch 10 fits, 11 not
-    rule = BestRule(tolerance, 0.05)
-    space = SearchSpace(
-        name="grid", min_batch=1, max_batch=14, resolutions=(512,),
-        knobs={"precision": ("bf16_pure",), "optimizer": ("adamw", "adamw8bit"),
-               "checkpointing": (False, True)},
-        target_resolution=512, target_min_batch=1, best_rule=rule,
+    margin = _tight_tiny_sana()
+    space = _grid_space(
+        BestRule(tolerance, 0.05), precision=("bf16_pure",), optimizer=("adamw", "adamw8bit"),
+        checkpointing=(False, True),
     )  # fmt: skip
-    grid = [
-        execute(at_batch(dataclasses.replace(make("tiny_sana", "a40", resolution=512, **dict(knobs)), margin=margin), b))
-        for knobs in space.combinations()
-        for b in range(1, 15)
-    ]  # fmt: skip
-    fastest, best = fastest_and_best(grid, 512, 1, rule)
+    fastest, best = _grid_best(space, margin)
     assert best is not None and (best is fastest) == (tolerance == 0.03)
-
-    preset, gpu = load_preset("tiny_sana"), load_gpu("a40")
-    recorder = StudyRecorder(f"sqlite:///{tmp_path / 'study.db'}", "grid", {})
-    with launcher_for("simulate", preset.family) as launcher:
-        prober = Prober(preset, gpu, "simulate", margin, 300, recorder, launcher)
-        try:
-            found = Search(space, prober, jobs=2).run()
-        finally:
-            prober.close()
-            recorder.close()
-    assert found.best is not None
-    keys = ("precision", "optimizer", "checkpointing", "batch_size")
-    assert {k: found.best.config[k] for k in keys} == {k: best.config[k] for k in keys}
+    found = _searched(space, margin, tmp_path / "study.db")
+    assert found.best is not None and _same_run(found.best, best)
     assert _same(found.best.to_dict(), best.to_dict()) == {}
+
+
+def test_a_scan_stored_with_a_higher_floor_is_looked_below(tmp_path: Path) -> None:
+    """A search whose fastest run is slower than the one that stored its scans (here: without
+    bf16_pure) has a lower floor than their windows: it probes below them, and still ends with
+    the grid's best."""
+    from autofit.search.pareto import BestRule
+
+    margin, rule = _tight_tiny_sana(), BestRule(0.2, 0.05)
+    both = _grid_space(rule, precision=("bf16_pure", "bf16"), checkpointing=(False, True))
+    first = _searched(both, margin, tmp_path / "study.db")
+    assert first.best is not None and first.best.config["precision"] == "bf16_pure"
+    alone = _grid_space(rule, precision=("bf16",), checkpointing=(False, True))
+    found = _searched(alone, margin, tmp_path / "study.db")
+    assert found.reused_probes > 0 and found.new_probes > 0  # the scans, and probes below them
+    _, best = _grid_best(alone, margin)
+    assert found.best is not None and _same_run(found.best, best)
