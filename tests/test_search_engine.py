@@ -287,15 +287,16 @@ def test_the_launcher_is_warmed_before_the_space_is_checked() -> None:
     assert "pruned" in events and "probe" in events
 
 
-@pytest.mark.parametrize("tolerance", [0.03, 0.10])
+@pytest.mark.parametrize("tolerance,max_batch", [(0.03, 64), (0.10, 64), (0.35, 16)])
 def test_the_best_is_what_the_rule_picks_from_every_batch_of_every_combination(
-    tolerance: float,
+    tolerance: float, max_batch: int
 ) -> None:
     """Measured batch by batch (as a real backend is), the search ends with the best the rule
     takes from a grid of every batch of every combination: below its largest batch it probes,
-    of each combination that may hold it, the lightest run as fast as the rule's floor."""
+    of each combination that may hold it, the lightest run as fast as the rule's floor. At 0.35
+    over batches up to 16 that is a checkpointed run the search pruned (its parent fits 16)."""
     rule = BestRule(tolerance, 0.05)
-    searched = dataclasses.replace(space(), best_rule=rule)
+    searched = dataclasses.replace(space(max_batch), best_rule=rule)
     prober = CurveProber()
     result = Search(searched, prober, jobs=2).run()  # type: ignore[arg-type]
     grid = [
@@ -305,6 +306,7 @@ def test_the_best_is_what_the_rule_picks_from_every_batch_of_every_combination(
         for batch in range(1, searched.max_batch + 1)
     ]
     fastest, best = fastest_and_best(grid, 1024, 1, rule)
-    assert best is not fastest and best.config["batch_size"] < fastest.config["batch_size"]
+    assert best is not fastest and best.config["batch_size"] <= fastest.config["batch_size"]
     assert result.best is not None and result.best.config == best.config
+    assert best.config["checkpointing"] == (max_batch == 16)
     assert len(prober.calls) == len({tuple(sorted(c.items())) for c in prober.calls})
