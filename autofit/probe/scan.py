@@ -7,8 +7,9 @@ every batch: the first structure of a group fits its own through three traces (2
 largest); the others, which differ only in knobs that add nothing per sample, take the first's
 growth where their steps agree. Each scan finds the largest batch that fits and reports that
 batch and the one above it with the figures a probe of each would give, and with a window
-(ScanWindow, at the search's target resolution) every batch the search's best rule weighs. Where the traces do not
-lie on one line it says so and reports the traced points: the parent then probes batch by batch.
+(ScanWindow, at the search's target resolution) every batch the search's best rule weighs.
+Where the traces do not lie on one line it says so and reports the traced points: the parent
+then probes batch by batch.
 A crash is reported as a probe's would be: a `crash` result with its traceback, for the
 structure being scanned.
 """
@@ -287,7 +288,7 @@ class _Scan:
                 step_s = self.traced[batch].cost.step_seconds
             else:
                 step_s = curve.cost_at(batch, spec.gpu_spec).step_seconds
-            return samples_per_second(at_batch(spec, batch).knobs, step_s) or 0.0
+            return samples_per_second({**spec.knobs, "batch_size": batch}, step_s) or 0.0
 
         room = self.limit - sum(self.workspace)
         best = curve.largest_fitting(self.lo, self.hi, room, fits)
