@@ -147,11 +147,14 @@ def test_probes_whose_search_and_server_cannot_end_them_end_at_their_timeout(
     tmp_path: Path,
 ) -> None:
     # The search is SIGKILLed while its fork server is stopped (SIGSTOP), so neither can kill
-    # the hanging probes: each worker's own watchdog must end its group at timeout_s plus grace.
+    # the hanging probes: each worker's own watchdog must end its group at its deadline plus
+    # grace. The search is simulated, so its workers are scans of two structures each (the
+    # optimizers share one), whose deadline is SCAN_TRACES traces of each at timeout_s.
+    from autofit.probe.runner import SCAN_TRACES
     from autofit.probe.tether import GRACE_S
 
     folder = tmp_path.resolve()
-    timeout_s = 10.0
+    timeout_s = 5.0
     proc, hangs = _hanging_search(folder, timeout_s=timeout_s)
     probes = [int(p.stem) for p in hangs.glob("*.pids")]
     started = min(p.stat().st_mtime for p in hangs.glob("*.pids"))
@@ -160,7 +163,8 @@ def test_probes_whose_search_and_server_cannot_end_them_end_at_their_timeout(
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = started + timeout_s + GRACE_S + 2  # the pids file comes after the start
+        # the pids file comes after the start
+        deadline = started + SCAN_TRACES * 2 * timeout_s + GRACE_S + 2
         while _left(folder) != [server] and time.time() < deadline:
             time.sleep(0.1)
         assert _left(folder) == [server], f"probes {probes} outlived their timeout"
