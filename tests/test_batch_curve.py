@@ -376,7 +376,7 @@ def _grid_best(space: Any, margin: float) -> Any:
     return fastest_and_best(grid, 512, 1, space.best_rule)
 
 
-def _searched(space: Any, margin: float, storage: Path) -> Any:
+def _searched(space: Any, margin: float, storage: Path, jobs: int = 2) -> Any:
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
     from autofit.probe.launcher import launcher_for
@@ -389,7 +389,7 @@ def _searched(space: Any, margin: float, storage: Path) -> Any:
     with launcher_for("simulate", preset.family) as launcher:
         prober = Prober(preset, gpu, "simulate", margin, 300, recorder, launcher)
         try:
-            return Search(space, prober, jobs=2).run()
+            return Search(space, prober, jobs=jobs).run()
         finally:
             prober.close()
             recorder.close()
@@ -429,8 +429,15 @@ def test_a_scan_stored_with_a_higher_floor_is_looked_below(tmp_path: Path) -> No
 
     margin, rule = _tight_tiny_sana(), BestRule(0.2, 0.05)
     both = _grid_space(rule, precision=("bf16_pure", "bf16"), checkpointing=(False, True))
-    first = _searched(both, margin, tmp_path / "study.db")
+    # one job: bf16_pure is scanned first, so bf16's scans are given its floor (with two, they
+    # may run at once, and bf16's be given none)
+    first = _searched(both, margin, tmp_path / "study.db", jobs=1)
     assert first.best is not None and first.best.config["precision"] == "bf16_pure"
+    import optuna
+
+    study = optuna.load_study(study_name="grid", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    floors = [t.user_attrs.get("window_floor") for t in study.trials]
+    assert any(floors) and 0.0 in floors  # bf16_pure's first scan was given none, bf16's one
     alone = _grid_space(rule, precision=("bf16",), checkpointing=(False, True))
     found = _searched(alone, margin, tmp_path / "study.db")
     assert found.reused_probes > 0 and found.new_probes > 0  # the scans, and probes below them

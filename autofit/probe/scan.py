@@ -150,7 +150,6 @@ class _Scan:
         self.spec, self.lo, self.hi, self.found = spec, lo, hi, found
         self.updates = shared  # where setups and updates are shared (TracedPoint)
         self.window = window
-        self._threshold = float("inf")  # the window's least samples/s, once known
         self.traced: dict[int, TracedPoint] = {}
         self.lender: _Scan | None = None  # the first structure of its group, once it has scanned
         self.curve: BatchCurve | None = None
@@ -301,7 +300,8 @@ class _Scan:
         window = self._window(top, first, speed, fits)
         if window and min(window) == FIRST_CURVE_BATCH and self.lowest < FIRST_CURVE_BATCH:
             # Batch 1 is a program of its own, traced only where the window reaches batch 2
-            if fits(1) and _speed(result_at(1)) >= self._threshold:
+            assert self.window is not None and top is not None
+            if fits(1) and _speed(result_at(1)) >= self.window.threshold(speed(top)):
                 window.append(1)
         return self._reported(best, result_at, window)
 
@@ -321,13 +321,13 @@ class _Scan:
         for the one the rule takes once it knows the floor)."""
         if self.window is None or top is None:
             return []
-        self._threshold = self.window.threshold(speed(top))
-        if speed(top) < self._threshold:
+        threshold = self.window.threshold(speed(top))
+        if speed(top) < threshold:
             return []
         low, high = first, top  # the least batch as fast as the threshold, by bisection
         while low < high:
             middle = (low + high) // 2
-            low, high = (low, middle) if speed(middle) >= self._threshold else (middle + 1, high)
+            low, high = (low, middle) if speed(middle) >= threshold else (middle + 1, high)
         if top - low + 1 > WINDOW_LIMIT:
             return None
         return [b for b in range(low, top + 1) if fits(b)]
