@@ -191,6 +191,22 @@ def test_the_scan_reports_every_batch_the_best_rule_weighs(floor: float) -> None
         assert _same(result.to_dict(), grid[batch].to_dict()) == {}, batch
 
 
+def test_a_window_too_wide_to_report_is_left_to_the_search() -> None:
+    """tiny_mlp's speed levels off after a few hundred samples: over batches 1 to 2,000, well
+    over WINDOW_LIMIT batches are within 3% of its fastest. The scan reports its answer alone and
+    no window floor, so the search looks for the rule's run itself (Search._weigh)."""
+    from autofit.probe.scan import WINDOW_LIMIT
+    from autofit.probe.spec import ScanWindow
+
+    probe = make("tiny_mlp", "l4", precision="bf16_pure")
+    (answer,) = scan_group([(probe, 1)], 2000, ScanWindow(1, 0.03, 0.0))
+    assert answer.best_batch == 2000 and answer.window_floor is None
+    assert [r.config["batch_size"] for r in answer.results] == [2000]
+    fastest = answer.results[0].samples_per_s
+    below = execute(at_batch(probe, 2000 - WINDOW_LIMIT))
+    assert below.outcome is Outcome.OK and below.samples_per_s >= 0.97 * fastest
+
+
 def test_a_step_that_is_not_affine_is_caught() -> None:
     from autofit.gpus import load_gpu
     from autofit.probe.build import make_spec

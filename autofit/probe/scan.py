@@ -46,9 +46,11 @@ def at_batch(spec: ProbeSpec, batch: int) -> ProbeSpec:
 # there (tiny_sana allocates 1247 times at batch 1, 1273 at 2 and 3). The curve starts at 2;
 # batch 1 is traced by itself when the answer needs it.
 FIRST_CURVE_BATCH = 2
-# The most batches a scan reports for the best rule's window (ScanWindow): a small model whose
-# speed has long levelled off may have thousands within the tolerance.
-WINDOW_LIMIT = 16
+# The most batches a scan reports for the best rule's window (ScanWindow): as many as the
+# default spaces' whole range. A replay costs about 35 ms (Sana 1600M), a probe the search would
+# make instead seconds; but a small model whose speed has long levelled off may have thousands
+# of batches within the tolerance, and those the search bisects with probes.
+WINDOW_LIMIT = 64
 
 
 def curve_batches(lo: int, hi: int) -> list[int]:
