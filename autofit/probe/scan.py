@@ -207,23 +207,17 @@ class _Scan:
         if len(batches) < 3:  # the range is too short for a curve: trace every batch
             fitting = [b for b in range(self.hi, self.lowest - 1, -1) if self._fits_traced(b)]
             best = max((b for b in fitting if b >= self.lo), default=None)
-
-            def traced(batch: int) -> ProbeResult:
-                return self.traced_at(batch).result()
-
             window = self._window(
-                max(fitting, default=None), self.lowest, lambda b: _speed(traced(b)),
-                lambda b: b in fitting,
-            )  # fmt: skip
-            return self._reported(best, traced, window)
+                max(fitting, default=None), self.lowest, self._traced_speed, fitting.__contains__
+            )
+            return self._reported(best, self._traced_result, window)
         top_fits = self._fits_traced(self.hi)
-        if top_fits and (
-            self.window is None or _speed(self.traced_at(self.hi).result()) < self.window.floor
-        ):  # the answer, and no batch below it is as fast as the window's floor
-            return self._reported(self.hi, lambda b: self.traced_at(b).result(), [])
+        if top_fits and (self.window is None or self._traced_speed(self.hi) < self.window.floor):
+            # the answer, and no batch below it is as fast as the window's floor
+            return self._reported(self.hi, self._traced_result, [])
         if self._curve(start, lender) is None:
             if top_fits:  # the answer, but not the window below it: the caller looks for it
-                return self._reported(self.hi, lambda b: self.traced_at(b).result(), None)
+                return self._reported(self.hi, self._traced_result, None)
             return self._not_affine(self.reason)
         return self.answer()
 
@@ -264,6 +258,16 @@ class _Scan:
     def _fits_traced(self, batch: int) -> bool:
         return self.fits(batch, self.traced_at(batch).log)
 
+    def _traced_result(self, batch: int) -> ProbeResult:
+        return self.traced_at(batch).result()
+
+    def _traced_speed(self, batch: int) -> float:
+        """The samples/s of `batch`'s trace: its result's, without the rest of the result."""
+        from autofit.probe.worker import samples_per_second
+
+        step_s = self.traced_at(batch).cost.step_seconds
+        return samples_per_second({**self.spec.knobs, "batch_size": batch}, step_s) or 0.0
+
     def answer(self) -> ScanResult:
         """The largest batch that fits, from the curve, and the points reported."""
         from autofit.probe.worker import samples_per_second
@@ -286,9 +290,8 @@ class _Scan:
         @functools.cache
         def speed(batch: int) -> float:
             if batch in self.traced:
-                step_s = self.traced[batch].cost.step_seconds
-            else:
-                step_s = curve.cost_at(batch, spec.gpu_spec).step_seconds
+                return self._traced_speed(batch)
+            step_s = curve.cost_at(batch, spec.gpu_spec).step_seconds
             return samples_per_second({**spec.knobs, "batch_size": batch}, step_s) or 0.0
 
         room = self.limit - sum(self.workspace)
@@ -303,7 +306,7 @@ class _Scan:
         if window and min(window) == FIRST_CURVE_BATCH and self.lowest < FIRST_CURVE_BATCH:
             # Batch 1 is a program of its own, traced only where the window reaches batch 2
             assert self.window is not None and top is not None
-            if fits(1) and _speed(result_at(1)) >= self.window.threshold(speed(top)):
+            if fits(1) and speed(1) >= self.window.threshold(speed(top)):
                 window.append(1)
         return self._reported(best, result_at, window)
 
@@ -348,10 +351,6 @@ class _Scan:
         results = [result_at(b) for b in points]
         floor = None if self.window is None or window is None else self.window.floor
         return ScanResult(self.lo, self.hi, best, results, [], window_floor=floor)
-
-
-def _speed(result: ProbeResult) -> float:
-    return result.samples_per_s or 0.0
 
 
 def scan(spec: ProbeSpec, lo: int, hi: int) -> ScanResult:

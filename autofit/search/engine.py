@@ -100,6 +100,11 @@ def _savings(knobs: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
     return found
 
 
+def _parents(knobs: dict[str, Any], space: SearchSpace) -> list[dict[str, Any]]:
+    """The knobs with one memory-saving setting back at the faster value it saves over."""
+    return [{**knobs, name: baseline} for name, baseline in _savings(knobs, space).items()]
+
+
 def _hint_key(knobs: dict[str, Any], resolution: int) -> tuple[Any, ...]:
     per_sample = {name for name, knob in REGISTRY.items() if knob.per_sample_memory}
     return (resolution, tuple(sorted((k, v) for k, v in knobs.items() if k in per_sample)))
@@ -327,17 +332,13 @@ class Search:
         space = self.space
         found = []
         for combination in runnable:
-            key = (_frozen(combination.knobs), combination.resolution)
             if combination.resolution != space.target_resolution:
                 continue
+            key = (_frozen(combination.knobs), combination.resolution)
             if self._windows.get(key, float("inf")) <= floor:
                 continue  # its scan reported every batch as fast as the floor
             if combination.status is Status.PRUNED:
-                parents = [
-                    {**combination.knobs, name: baseline}
-                    for name, baseline in _savings(combination.knobs, space).items()
-                ]
-                if any(self._reaches(p, floor) for p in parents):
+                if any(self._reaches(p, floor) for p in _parents(combination.knobs, space)):
                     found.append(combination)
             elif self._reaches(combination.knobs, floor):
                 found.append(combination)
@@ -485,8 +486,8 @@ class Search:
         memory-saving setting back at the faster value it saves over) that this search looks
         at has its answer, which `_floor` reads."""
         for combination in group:
-            for name, baseline in _savings(combination.knobs, self.space).items():
-                parent = (_frozen({**combination.knobs, name: baseline}), combination.resolution)
+            for knobs in _parents(combination.knobs, self.space):
+                parent = (_frozen(knobs), combination.resolution)
                 if parent in searched and parent not in self._best:
                     return False
         return True

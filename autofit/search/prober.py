@@ -132,10 +132,10 @@ class Prober:
                 if claim is None:
                     stored = self.recorder.finished(key)
             if stored is not None:
-                reported, floor = self.recorder.reported(key)
-                found = _stored_scan(self, stored, lo, hi, fingerprints, reported)
-                found.window_floor = floor
-                answers.append((found, True))
+                stored_scan = _stored_scan(
+                    self, stored, lo, hi, fingerprints, *self.recorder.reported(key)
+                )
+                answers.append((stored_scan, True))
                 continue
             assert claim is not None
             todo.append((len(answers), spec, lo, claim))
@@ -187,9 +187,11 @@ def _stored_scan(
     hi: int,
     fingerprints: tuple[Any, ...],
     reported: list[int] | None,
+    window_floor: float | None,
 ) -> ScanResult:
     """A scan a study holds, from its first reported point and the others it names (`reported`;
-    None, for a scan stored before it named them: the point above the best), where stored."""
+    None, for a scan stored before it named them: the point above the best), where stored, and
+    the floor of the window those hold (StudyRecorder.reported)."""
     results = [first]
     best = first.config["batch_size"] if first.outcome is Outcome.OK else None
     if first.outcome in (Outcome.CRASH, Outcome.TIMEOUT):
@@ -202,4 +204,4 @@ def _stored_scan(
         )
         if point is not None:
             results.append(point)
-    return ScanResult(lo, hi, best, results, [])
+    return ScanResult(lo, hi, best, results, [], window_floor=window_floor)

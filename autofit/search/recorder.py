@@ -56,12 +56,12 @@ log = logging.getLogger(__name__)
 
 DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
 _INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
-# Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
-# died or the machine was busy: a rerun probes them again unless told to keep them.
 REPORTED_ATTR = "reported"  # a scan's trial: the batches of its other reported points
 # a scan's trial: the floor of the window whose batches it reported (autofit/probe/spec.py
 # ScanWindow); none, where it reported none
 WINDOW_FLOOR_ATTR = "window_floor"
+# Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
+# died or the machine was busy: a rerun probes them again unless told to keep them.
 RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
 
 
