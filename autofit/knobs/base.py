@@ -176,10 +176,12 @@ class Knob:
         return value
 
     def libraries(self, value: Any) -> tuple[str, ...]:
-        """The modules this knob's hooks import for `value`. A run imports them before it is built
-        (TrainingRun), because a simulated build runs under fake mode: a tensor a module makes
-        as it is imported there would be counted as a GPU allocation of the first trace in a
-        process only, and would stay a fake tensor in that module for the rest of it."""
+        """The modules this knob's hooks import for `value`, on any backend. A run imports them
+        before it is built (TrainingRun), because a simulated build runs under fake mode: a
+        tensor a module makes as it is imported there would be counted as a GPU allocation of
+        the first trace in a process only, and would stay a fake tensor in that module for the
+        rest of it. A probe's fresh process leaves out the optional libraries no knob names
+        (autofit/probe/libraries.py): one imported but not named here crashes the probe."""
         return ()
 
     def describe(self) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 from autofit.trainers import DATA_DIR, diffusers_script
+from autofit.workloads import COMPANION_LIBRARIES
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -65,6 +66,10 @@ class Encoders(Knob):
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return bool(preset.companions)  # nothing to cache without frozen encoders
+
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        # (a family whose trainer keeps some resident when cached imports them itself)
+        return COMPANION_LIBRARIES if value == "online" else ()
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "online" and "vae" not in context.model.companions:

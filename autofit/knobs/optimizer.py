@@ -96,16 +96,17 @@ class UpdateRule:
 
     build: Build
     code: str
+    libraries: tuple[str, ...] = ()  # what `build` imports, on some backend (Knob.libraries)
 
 
 RULES = {
     "adamw": UpdateRule(_adamw, "torch.optim.AdamW"),
-    "adamw8bit": UpdateRule(_bnb("AdamW8bit", states=2, paged=False), "bitsandbytes.optim.AdamW8bit"),
-    "paged_adamw8bit": UpdateRule(_bnb("PagedAdamW8bit", states=2, paged=True), "bitsandbytes.optim.PagedAdamW8bit"),
-    "adafactor": UpdateRule(_adafactor, "transformers.optimization.Adafactor(relative_step=False, scale_parameter=False, warmup_init=False)"),
-    "came": UpdateRule(_came, "came_pytorch.CAME"),
-    "lion": UpdateRule(_lion, "lion_pytorch.Lion"),
-    "lion8bit": UpdateRule(_bnb("Lion8bit", states=1, paged=False), "bitsandbytes.optim.Lion8bit"),
+    "adamw8bit": UpdateRule(_bnb("AdamW8bit", states=2, paged=False), "bitsandbytes.optim.AdamW8bit", ("bitsandbytes",)),
+    "paged_adamw8bit": UpdateRule(_bnb("PagedAdamW8bit", states=2, paged=True), "bitsandbytes.optim.PagedAdamW8bit", ("bitsandbytes",)),
+    "adafactor": UpdateRule(_adafactor, "transformers.optimization.Adafactor(relative_step=False, scale_parameter=False, warmup_init=False)", ("transformers",)),
+    "came": UpdateRule(_came, "came_pytorch.CAME", ("came_pytorch",)),
+    "lion": UpdateRule(_lion, "lion_pytorch.Lion", ("lion_pytorch",)),
+    "lion8bit": UpdateRule(_bnb("Lion8bit", states=1, paged=False), "bitsandbytes.optim.Lion8bit", ("bitsandbytes",)),
     "adamw_bf16": UpdateRule(_adamw_bf16, "an AdamW keeping bf16 states with stochastic rounding (SimpleTuner's adamw_bf16)"),
     "sgd": UpdateRule(_sgd, "torch.optim.SGD(momentum=0.9)"),
 }  # fmt: skip
@@ -248,6 +249,9 @@ class Optimizer(Knob):
     reads = ("host_parameters", "host_gradients")
     writes = ("optimizer",)
     after = ("train_mode",)  # it updates the parameters that train
+
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        return RULES[value].libraries
 
     def means(self, value: Any, subject: Subject) -> str:
         if value == "adamw":

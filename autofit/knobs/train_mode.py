@@ -118,8 +118,11 @@ class TrainMode(Knob):
     after = ("base_precision",)  # its adapters wrap the base's layers as that knob stores them
 
     def libraries(self, value: Any) -> tuple[str, ...]:
-        # peft imports bitsandbytes, whose lookup tables are module-level tensors
-        return () if value in ("full", "freeze") else ("peft",)
+        # peft imports bitsandbytes where installed, whose lookup tables are module-level tensors;
+        # a 4-bit base is bitsandbytes' layers (on a GPU; the simulator's layout otherwise)
+        if value in ("full", "freeze"):
+            return ()
+        return ("peft", "bitsandbytes") if value in ("qlora", "qdora") else ("peft",)
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # Freeze tuning trains part of what a full fine-tune trains, in less memory (and no

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.validation_resolution import validation_pixels
 from autofit.trainers import DiffusersScript, diffusers_script
+from autofit.workloads import COMPANION_LIBRARIES
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -177,6 +178,9 @@ class Validation(Knob):
     per_sample_memory = False
     changes_the_pass = False  # it runs after training
     reads = ("companions",)  # the pipeline reuses resident encoders and VAE
+
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        return () if value == "off" else COMPANION_LIBRARIES  # the pipeline loads its own
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value != "off" and "vae" not in context.model.companions:

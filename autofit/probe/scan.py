@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autofit.paths import write_atomically
+from autofit.probe.libraries import crash_message, leave_out_unused
 from autofit.probe.shared_updates import SharedUpdates
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 
@@ -395,7 +396,7 @@ def scan_group(
 
 def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:
     failed = ProbeResult.failed(
-        at_batch(spec, lo), Outcome.CRASH, f"{type(exc).__name__}: {exc}",
+        at_batch(spec, lo), Outcome.CRASH, crash_message(exc),
         traceback.format_exc()[-4000:], "simulate",
     )  # fmt: skip
     return ScanResult(lo, hi, None, [failed], [], False, f"the scan crashed: {exc}")
@@ -417,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     request = json.loads(request_path.read_text())
     items = [(ProbeSpec(**item["spec"]), item["lo"]) for item in request["structures"]]
     hi = request["hi"]
+    left_out = leave_out_unused(spec for spec, _ in items)
+    if left_out:
+        log.info("left out %s: these runs do not use them", ", ".join(left_out))
     try:
         root = request.get("updates_dir")
         shared = SharedUpdates(Path(root) if root else None)

@@ -19,6 +19,7 @@ from typing import Any
 import autofit
 from autofit.backends import measure, resolve
 from autofit.backends.base import Measurement, OutOfMemory
+from autofit.probe.libraries import crash_message, leave_out_unused
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 
 log = logging.getLogger("autofit.probe.worker")
@@ -121,7 +122,7 @@ def execute(spec: ProbeSpec) -> ProbeResult:
         result = ProbeResult.failed(
             spec,
             Outcome.CRASH,
-            f"{type(exc).__name__}: {exc}",
+            crash_message(exc),
             traceback.format_exc()[-4000:],
             backend,
         )
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec_path, result_path = (Path(a) for a in args)
     spec = ProbeSpec.from_json(spec_path.read_text())
+    left_out = leave_out_unused([spec])
+    if left_out:
+        log.info("left out %s: this run does not use them", ", ".join(left_out))
     execute(spec).write(result_path)
     return 0
 

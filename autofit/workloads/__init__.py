@@ -22,6 +22,21 @@ FAMILIES = {
     "custom": "autofit.workloads.custom",
     "mlp": "autofit.workloads.mlp",
 }
+# What building a preset's companions (its text encoders and VAE) imports: a run that may build
+# them imports these before it is built (Knob.libraries), and its probe's process keeps them.
+COMPANION_LIBRARIES = ("transformers", "autofit.workloads.companions")
+# family -> the optional libraries (autofit/probe/libraries.py) its workload imports, which a
+# probe's process keeps; None where they are not known in advance (a user's own model code).
+FAMILY_LIBRARIES: dict[str, tuple[str, ...] | None] = {
+    "sana": (),
+    "sd3": (),
+    "sd3_controlnet": COMPANION_LIBRARIES,  # its text encoders and VAE stay resident
+    "flux": (),
+    "sdxl": (),
+    "llm": ("transformers",),
+    "custom": None,
+    "mlp": (),
+}
 
 
 def workload_for(preset: ModelPreset) -> Workload:

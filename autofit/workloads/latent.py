@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from autofit.workloads import companions as _companions  # noqa: F401  (imports their libraries now)
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import flow_matching
 

@@ -30,6 +30,7 @@ from diffusers import SD3ControlNetModel, SD3Transformer2DModel
 from torch import nn
 
 from autofit.workloads.base import Batch, CheckpointFn
+from autofit.workloads.companions import build_companion  # now: before any fake mode
 from autofit.workloads.latent import Conditions, vae_decode, vae_encode
 from autofit.workloads.sd3 import SD3Workload
 
@@ -108,7 +109,6 @@ class SD3ControlNetWorkload(SD3Workload):
         # requires_grad, as a freshly loaded pipeline leaves them: autocast caches the cast
         # copies of such weights until the call returns, offloaded or not.
         from autofit.knobs.validation_resolution import validation_pixels
-        from autofit.workloads.companions import build_companion
 
         dtype, device = run.dtypes.frozen, run.device
         resolution = validation_pixels(run.knobs, run.preset.resolution)

@@ -1,0 +1,77 @@
+"""The optional libraries a probe's fresh process leaves out because its run does not use them.
+
+diffusers imports peft, transformers and bitsandbytes at its own import whenever they are
+installed (for its LoRA loaders, hooks and quantizers), whether the run uses them or not: about
+2 s of a 6.4 s Sana 1600M probe on two cores (benchmarks/probe_speed.py). A worker started fresh
+marks each one its probe does not use as absent before anything imports it: `sys.modules[name] =
+None`, Python's own way to make an import fail, which `importlib.util.find_spec` (the libraries'
+check for what is installed) reads as not installed. diffusers then takes the code paths it takes
+where they are not installed, which build and run the same model.
+
+What a probe uses is declared, not guessed: the model family's workload (`FAMILY_LIBRARIES` in
+autofit/workloads/__init__.py) and each knob's `libraries` for its value. A library left out and
+imported anyway ends the probe as a crash that says so (`crash_message`), never as a quiet
+difference. A process that has imported a library already (a fork server's child) keeps it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+from autofit.probe.spec import ProbeSpec
+
+# Imported by diffusers whenever installed, each seconds' worth of imports on two cores.
+OPTIONAL = ("peft", "bitsandbytes", "transformers")
+# What one of them imports at its own import, unconditionally: kept wherever it is.
+REQUIRES = {"peft": ("transformers",)}
+
+
+def used_libraries(spec: ProbeSpec) -> set[str] | None:
+    """The optional libraries `spec`'s run may import; None where that is not known (a model
+    family whose code is the user's own)."""
+    from autofit.knobs import REGISTRY, defaults
+    from autofit.workloads import FAMILY_LIBRARIES
+
+    family = FAMILY_LIBRARIES.get(spec.model.get("family", ""), None)
+    if family is None:
+        return None
+    knobs = {**defaults(), **spec.knobs}
+    named = set(family)
+    for knob in REGISTRY.values():
+        named.update(knob.libraries(knobs[knob.name]))
+    used = {name.split(".")[0] for name in named} & set(OPTIONAL)
+    for name in list(used):
+        used.update(REQUIRES.get(name, ()))
+    return used
+
+
+def leave_out_unused(specs: Iterable[ProbeSpec]) -> tuple[str, ...]:
+    """Mark as absent each optional library that none of `specs` uses and this process has not
+    imported; the names left out, in `OPTIONAL`'s order."""
+    used: set[str] = set()
+    for spec in specs:
+        libraries = used_libraries(spec)
+        if libraries is None:
+            return ()
+        used |= libraries
+    left_out = tuple(name for name in OPTIONAL if name not in used and name not in sys.modules)
+    for name in left_out:
+        sys.modules[name] = None  # type: ignore[assignment]
+    return left_out
+
+
+def crash_message(exc: BaseException) -> str:
+    """How a probe's crash reads: its exception, and where it is the import of a library this
+    process left out, that the run uses a library its family and knobs do not declare (a bug of
+    autofit's, not the user's)."""
+    said = f"{type(exc).__name__}: {exc}"
+    name = exc.name if isinstance(exc, ImportError) else None
+    library = name.split(".")[0] if name else ""
+    if library in OPTIONAL and library in sys.modules and sys.modules[library] is None:
+        said += (
+            f" (this probe's process left {library} out as its model family and knobs do not "
+            f"use it, autofit/probe/libraries.py: declare it in FAMILY_LIBRARIES or the knob's "
+            f"libraries())"
+        )
+    return said

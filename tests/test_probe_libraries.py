@@ -1,0 +1,153 @@
+"""A probe's fresh process leaves out the optional libraries its run does not use
+(autofit/probe/libraries.py), and answers exactly as a process holding them all does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autofit.gpus import load_gpu
+from autofit.knobs import REGISTRY, invalid_reason
+from autofit.models import ModelPreset
+from autofit.probe.build import make_spec
+from autofit.probe.libraries import OPTIONAL, used_libraries
+from autofit.probe.runner import run_probe
+from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
+from autofit.probe.worker import execute
+from tests.helpers import custom_preset, spec, with_blocks
+
+PEFT = {"peft", "transformers"}  # peft imports transformers at its own import
+
+
+@pytest.mark.parametrize(
+    ("model", "knobs", "used"),
+    [
+        ("sana_1600m", {}, set()),
+        ("sana_1600m", {"train_mode": "lora"}, PEFT),
+        ("sana_1600m", {"train_mode": "qlora"}, PEFT | {"bitsandbytes"}),
+        ("sana_1600m", {"optimizer": "adafactor"}, {"transformers"}),
+        ("sana_1600m", {"optimizer": "adamw8bit"}, {"bitsandbytes"}),
+        ("sana_1600m", {"encoders": "online"}, {"transformers"}),
+        ("sana_1600m", {"validation": "on"}, {"transformers"}),
+        ("sd3_controlnet", {}, {"transformers"}),  # resident text encoders
+        ("llama3_8b", {"train_mode": "lora"}, PEFT),
+        ("flux_dev", {"train_mode": "lora", "optimizer": "adamw8bit"}, PEFT | {"bitsandbytes"}),
+    ],
+)
+def test_a_probe_uses_what_its_family_and_knobs_declare(
+    model: str, knobs: dict[str, Any], used: set[str]
+) -> None:
+    assert used_libraries(spec(model, **knobs)) == used
+
+
+def test_a_users_own_model_code_may_use_any_library() -> None:
+    with custom_preset("custom_models.tiny:build") as preset:
+        probe = make_spec(preset, load_gpu("a40"), {}, backend="simulate")
+    assert used_libraries(probe) is None
+
+
+def _comparable(result: ProbeResult) -> dict[str, Any]:
+    figures = dataclasses.asdict(result)
+    for varies in ("wall_s", "versions"):
+        figures.pop(varies)
+    return figures
+
+
+def test_a_fresh_worker_leaves_out_what_its_probe_does_not_use_and_answers_the_same(
+    tmp_path: Path,
+) -> None:
+    probe = spec("tiny_sana", batch_size=2)
+    log = tmp_path / "worker.log"
+    fresh = run_probe(probe, log_path=log)
+    assert "left out peft, bitsandbytes, transformers" in log.read_text()
+    assert fresh.outcome is Outcome.OK
+    # This process holds every library (the tests import them): the same answer, to the byte.
+    assert _comparable(fresh) == _comparable(execute(probe))
+
+
+def test_a_library_left_out_and_imported_anyway_is_a_crash_that_says_so(tmp_path: Path) -> None:
+    probe = tmp_path / "spec.json"
+    probe.write_text(spec("tiny_sana").to_json())
+    code = f"""
+import json, pathlib
+from autofit.probe.build import make_spec
+from autofit.probe.libraries import crash_message, leave_out_unused
+from autofit.probe.spec import ProbeSpec
+left = leave_out_unused([ProbeSpec.from_json(pathlib.Path({str(probe)!r}).read_text())])
+try:
+    import peft
+except ImportError as exc:
+    print(json.dumps([left, crash_message(exc)]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    left, message = json.loads(done.stdout)
+    assert left == list(OPTIONAL)
+    assert "left peft out" in message and "declare it" in message
+
+
+# -- every knob value, in a process that left out what it does not declare ----------------------
+
+SWEEP = r"""
+import json, sys
+from autofit.probe.build import make_spec
+from autofit.probe.libraries import crash_message, leave_out_unused
+from autofit.probe.spec import ProbeSpec
+from autofit.probe.worker import execute
+specs = [ProbeSpec.from_json(text) for text in json.load(sys.stdin)]
+left = leave_out_unused(specs)
+answers = []
+for one in specs:
+    result = execute(one)
+    answers.append([result.outcome.value, (result.error or {}).get("message", "")])
+print(json.dumps({"left": left, "answers": answers}))
+"""
+
+
+def _knob_probes() -> list[ProbeSpec]:
+    """One probe per value of every knob with a closed set of values, on a small image model
+    with companions and a one-block language model: each alone, or with a LoRA run where it is
+    a LoRA run's setting."""
+    probes = []
+    for model in (spec("tiny_sana", batch_size=1), with_blocks(spec("llama3_2_1b"), 1)):
+        preset = ModelPreset.from_dict(model.model)
+        for knob in REGISTRY.values():
+            for value in knob.choices or ():
+                for extra in ({}, {"train_mode": "lora"}):
+                    knobs = {**model.knobs, **extra, knob.name: value}
+                    if not invalid_reason(knobs, model.gpu_spec, preset, "simulate"):
+                        probes.append(dataclasses.replace(model, knobs=knobs))
+                        break
+    return probes
+
+
+@pytest.mark.slow
+def test_every_knob_value_runs_where_what_it_does_not_declare_is_left_out() -> None:
+    """Probes grouped by the libraries they declare, each group in a fresh process that left
+    out the rest: none imports a library it left out (which would crash, saying so)."""
+    groups: dict[frozenset[str], list[ProbeSpec]] = {}
+    for probe in _knob_probes():
+        used = used_libraries(probe)
+        assert used is not None
+        groups.setdefault(frozenset(used), []).append(probe)
+    assert frozenset() in groups and len(groups) >= 3
+    for used, probes in groups.items():
+        done = subprocess.run(
+            [sys.executable, "-c", SWEEP],
+            input=json.dumps([probe.to_json() for probe in probes]),
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = json.loads(done.stdout.splitlines()[-1])
+        assert set(said["left"]) == set(OPTIONAL) - used
+        crashed = [
+            (probe.knobs, error)
+            for probe, (outcome, error) in zip(probes, said["answers"], strict=True)
+            if outcome == Outcome.CRASH.value
+        ]
+        assert not crashed, crashed
