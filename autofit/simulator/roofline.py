@@ -36,6 +36,7 @@ from torch.utils.flop_counter import (
 )
 
 from autofit.gpus import GpuSpec
+from autofit.simulator.kernel_outputs import fake_device
 
 if TYPE_CHECKING:
     from autofit.run_state import Exchange
@@ -276,6 +277,9 @@ class RooflineCounter(TorchDispatchMode):
         self.where: Callable[[], int] = lambda: 0  # a kept kernel's `at`
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace != "aten":  # prim.device and friends: metadata queries, not kernels

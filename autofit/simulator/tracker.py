@@ -66,6 +66,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autofit.simulator.kernel_outputs import fake_device
 from autofit.simulator.step_log import (  # noqa: F401  (re-exported: what a tracker records)
     _TEMPORARIES,
     CATEGORIES,
@@ -174,6 +175,9 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if types and _defers_to(types):
             return NotImplemented  # DTensor runs the op on its local tensors, which come here
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         out = func(*args, **(kwargs or {}))
         if func in _RESIZING_OPS:
             self._resized(args[0].untyped_storage())
