@@ -2,10 +2,18 @@
 
     python benchmarks/probe_speed.py [--repeat 3] [--model flux_dev ...]
     python benchmarks/probe_speed.py --against /tmp/base [--repeat 3] [--model sana_1600m]
+    python benchmarks/probe_speed.py --phases [--repeat 3] [--model sana_1600m]
 
 For each case it times `run_probe` (the worker process: interpreter start, imports, model build on
 fake tensors, two training steps, allocator replay) and the whole `autofit probe` command (adds
 Hydra composition and the CLI), and writes the figures to results/benchmarks/probe_speed.json.
+
+`--phases` times what one worker does, in a fresh interpreter as a probe's worker runs, phase by
+phase (medians of `--repeat`): importing what `autofit probe`'s fork server imports before the
+spec arrives (the worker and the backend: torch), leaving out the libraries the run does not use
+(autofit/probe/libraries.py), importing torch._dynamo, then the model family's workload, then
+measuring the probe (build, trace, figures) twice in the same process. It writes
+results/benchmarks/probe_speed_phases.json.
 
 `--against PATH` compares the whole `autofit probe` command of another checkout (a
 `git worktree add PATH <commit>` of the code to compare with) with this one's, side by side: the two
@@ -151,6 +159,58 @@ def against(base: Path, repeat: int, only: list[str] | None, out_dir: Path) -> N
         raise SystemExit(1)
 
 
+# One probe's worker phase by phase, in a fresh interpreter: its spec on stdin, its times out.
+PHASES = r"""
+import json, sys, time
+clock = [time.perf_counter()]
+def lap():
+    clock.append(time.perf_counter())
+    return clock[-1] - clock[-2]
+import autofit.probe.worker, autofit.backends.simulate
+times = {"worker and backend (torch)": lap()}
+from autofit.probe.libraries import leave_out_unused
+from autofit.probe.spec import ProbeSpec
+from autofit.workloads import FAMILIES
+spec = ProbeSpec.from_json(sys.stdin.read())
+left_out = leave_out_unused([spec])
+import torch._dynamo
+times["torch._dynamo"] = lap()
+__import__(FAMILIES[spec.model["family"]])
+times["the model family's workload"] = lap()
+autofit.probe.worker.execute(spec)
+times["build, trace and figures"] = lap()
+autofit.probe.worker.execute(spec)
+times["the same, again in this process"] = lap()
+print(json.dumps({"left_out": left_out, "times": times}))
+"""
+
+
+def phases(repeat: int, only: list[str] | None, out_dir: Path) -> None:
+    rows = []
+    for model, gpu, knobs in CASES:
+        if only and model not in only:
+            continue
+        spec = make_spec(load_preset(model), load_gpu(gpu), knobs, backend="simulate")
+        runs = []
+        for _ in range(repeat):
+            done = subprocess.run(
+                [sys.executable, "-c", PHASES], input=spec.to_json(), capture_output=True,
+                text=True, check=True,
+            )  # fmt: skip
+            runs.append(json.loads(done.stdout.splitlines()[-1]))
+        medians = {
+            phase: statistics.median(run["times"][phase] for run in runs)
+            for phase in runs[0]["times"]
+        }
+        rows.append({"model": model, "gpu": gpu, "knobs": knobs, "left_out": runs[0]["left_out"],
+                     "median_s": medians, "runs": runs})  # fmt: skip
+        left = ", ".join(runs[0]["left_out"]) or "nothing"
+        print(f"{model} on {gpu} (left out: {left}; medians of {repeat}):")
+        for phase, seconds in medians.items():
+            print(f"  {phase:<34} {seconds:6.2f} s")
+    (out_dir / "probe_speed_phases.json").write_text(json.dumps({"cases": rows}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -158,9 +218,15 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, default=None, help="a checkout to compare `autofit probe` with"
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="time one worker's phases, in a fresh interpreter"
+    )
     options = parser.parse_args()
     out_dir = Path("results/benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if options.phases:
+        phases(options.repeat, options.model, out_dir)
+        return
     if options.against is not None:
         against(options.against, options.repeat, options.model, out_dir)
         return
