@@ -20,6 +20,7 @@ from autofit.probe.libraries import OPTIONAL, used_libraries
 from autofit.probe.runner import run_probe
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 from autofit.probe.worker import execute
+from autofit.workloads import FAMILIES, FAMILY_LIBRARIES
 from tests.helpers import custom_preset, spec, with_blocks
 
 PEFT = {"peft", "transformers"}  # peft imports transformers at its own import
@@ -46,17 +47,22 @@ def test_a_probe_uses_what_its_family_and_knobs_declare(
     assert used_libraries(spec(model, **knobs)) == used
 
 
+def test_every_model_family_declares_its_libraries() -> None:
+    assert set(FAMILY_LIBRARIES) == set(FAMILIES)
+
+
 def test_a_users_own_model_code_may_use_any_library() -> None:
     with custom_preset("custom_models.tiny:build") as preset:
         probe = make_spec(preset, load_gpu("a40"), {}, backend="simulate")
     assert used_libraries(probe) is None
 
 
-def _comparable(result: ProbeResult) -> dict[str, Any]:
-    figures = dataclasses.asdict(result)
+def _comparable(result: ProbeResult | dict[str, Any]) -> dict[str, Any]:
+    """A result's fields but its wall time and the library versions it lists; JSON's types."""
+    figures = dataclasses.asdict(result) if isinstance(result, ProbeResult) else dict(result)
     for varies in ("wall_s", "versions"):
         figures.pop(varies)
-    return figures
+    return json.loads(json.dumps(figures))
 
 
 def test_a_fresh_worker_leaves_out_what_its_probe_does_not_use_and_answers_the_same(
@@ -94,26 +100,24 @@ except ImportError as exc:
 # -- every knob value, in a process that left out what it does not declare ----------------------
 
 SWEEP = r"""
-import json, sys
-from autofit.probe.build import make_spec
-from autofit.probe.libraries import crash_message, leave_out_unused
+import dataclasses, json, sys
+from autofit.probe.libraries import leave_out_unused
 from autofit.probe.spec import ProbeSpec
 from autofit.probe.worker import execute
 specs = [ProbeSpec.from_json(text) for text in json.load(sys.stdin)]
 left = leave_out_unused(specs)
-answers = []
-for one in specs:
-    result = execute(one)
-    answers.append([result.outcome.value, (result.error or {}).get("message", "")])
+answers = [dataclasses.asdict(execute(one)) for one in specs]
 print(json.dumps({"left": left, "answers": answers}))
 """
 
 
 def _knob_probes() -> list[ProbeSpec]:
-    """One probe per value of every knob with a closed set of values, on a small image model
-    with companions and a one-block language model: each alone, or with a LoRA run where it is
-    a LoRA run's setting."""
-    probes = []
+    """One probe of every shipped model family at its defaults (two blocks of each block list),
+    and one per value of every knob with a closed set of values, on a small image model with
+    companions and a one-block language model: each alone, or with a LoRA run where it is a LoRA
+    run's setting."""
+    families = ("sd35_medium", "sd3_controlnet", "flux_dev", "sdxl", "tiny_mlp")
+    probes = [with_blocks(spec(model, batch_size=1), 2) for model in families]
     for model in (spec("tiny_sana", batch_size=1), with_blocks(spec("llama3_2_1b"), 1)):
         preset = ModelPreset.from_dict(model.model)
         for knob in REGISTRY.values():
@@ -129,7 +133,8 @@ def _knob_probes() -> list[ProbeSpec]:
 @pytest.mark.slow
 def test_every_knob_value_runs_where_what_it_does_not_declare_is_left_out() -> None:
     """Probes grouped by the libraries they declare, each group in a fresh process that left
-    out the rest: none imports a library it left out (which would crash, saying so)."""
+    out the rest: none imports a library it left out (which would crash, saying so), and each
+    answers as it does in this process, which holds every library."""
     groups: dict[frozenset[str], list[ProbeSpec]] = {}
     for probe in _knob_probes():
         used = used_libraries(probe)
@@ -145,9 +150,6 @@ def test_every_knob_value_runs_where_what_it_does_not_declare_is_left_out() -> N
         assert done.returncode == 0, done.stderr[-3000:]
         said = json.loads(done.stdout.splitlines()[-1])
         assert set(said["left"]) == set(OPTIONAL) - used
-        crashed = [
-            (probe.knobs, error)
-            for probe, (outcome, error) in zip(probes, said["answers"], strict=True)
-            if outcome == Outcome.CRASH.value
-        ]
-        assert not crashed, crashed
+        for probe, answer in zip(probes, said["answers"], strict=True):
+            assert answer["outcome"] != Outcome.CRASH.value, (probe.knobs, answer["error"])
+            assert _comparable(answer) == _comparable(execute(probe)), probe.knobs

@@ -1,12 +1,13 @@
 """The optional libraries a probe's fresh process leaves out because its run does not use them.
 
 diffusers imports peft, transformers and bitsandbytes at its own import whenever they are
-installed (for its LoRA loaders, hooks and quantizers), whether the run uses them or not: about
-2 s of a 6.4 s Sana 1600M probe on two cores (benchmarks/probe_speed.py). A worker started fresh
-marks each one its probe does not use as absent before anything imports it: `sys.modules[name] =
-None`, Python's own way to make an import fail, which `importlib.util.find_spec` (the libraries'
-check for what is installed) reads as not installed. diffusers then takes the code paths it takes
-where they are not installed, which build and run the same model.
+installed (for its LoRA loaders, hooks and quantizers), whether the run uses them or not: leaving
+them out took a whole Sana 1600M probe from 6.5 s to 4.5 s on two cores
+(benchmarks/probe_speed.py --against). A worker started fresh marks each one its probe does not
+use as absent before anything imports it: `sys.modules[name] = None`, Python's own way to make an
+import fail, which `importlib.util.find_spec` (the libraries' check for what is installed) reads as
+not installed. diffusers then takes the code paths it takes where they are not installed, which
+build and run the same model.
 
 What a probe uses is declared, not guessed: the model family's workload (`FAMILY_LIBRARIES` in
 autofit/workloads/__init__.py) and each knob's `libraries` for its value. A library left out and
