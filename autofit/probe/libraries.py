@@ -17,10 +17,13 @@ difference. A process that has imported a library already (a fork server's child
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterable
 
 from autofit.probe.spec import ProbeSpec
+
+log = logging.getLogger("autofit.probe.libraries")
 
 # Imported by diffusers whenever installed, each seconds' worth of imports on two cores.
 OPTIONAL = ("peft", "bitsandbytes", "transformers")
@@ -34,7 +37,7 @@ def used_libraries(spec: ProbeSpec) -> set[str] | None:
     from autofit.knobs import REGISTRY, defaults
     from autofit.workloads import FAMILY_LIBRARIES
 
-    family = FAMILY_LIBRARIES.get(spec.model.get("family", ""), None)
+    family = FAMILY_LIBRARIES.get(spec.model.get("family", ""))
     if family is None:
         return None
     knobs = {**defaults(), **spec.knobs}
@@ -49,7 +52,7 @@ def used_libraries(spec: ProbeSpec) -> set[str] | None:
 
 def leave_out_unused(specs: Iterable[ProbeSpec]) -> tuple[str, ...]:
     """Mark as absent each optional library that none of `specs` uses and this process has not
-    imported; the names left out, in `OPTIONAL`'s order."""
+    imported, and log them; the names left out, in `OPTIONAL`'s order."""
     used: set[str] = set()
     for spec in specs:
         libraries = used_libraries(spec)
@@ -59,6 +62,8 @@ def leave_out_unused(specs: Iterable[ProbeSpec]) -> tuple[str, ...]:
     left_out = tuple(name for name in OPTIONAL if name not in used and name not in sys.modules)
     for name in left_out:
         sys.modules[name] = None  # type: ignore[assignment]
+    if left_out:
+        log.info("left out %s: the run does not use them", ", ".join(left_out))
     return left_out
 
 

@@ -264,14 +264,16 @@ class _Scan:
 
     def _traced_speed(self, batch: int) -> float:
         """The samples/s of `batch`'s trace: its result's, without the rest of the result."""
+        return self._speed(batch, self.traced_at(batch).cost.step_seconds)
+
+    def _speed(self, batch: int, step_s: float) -> float:
+        """The samples/s of `batch` in a step of `step_s`, as its result would say."""
         from autofit.probe.worker import samples_per_second
 
-        step_s = self.traced_at(batch).cost.step_seconds
         return samples_per_second({**self.spec.knobs, "batch_size": batch}, step_s) or 0.0
 
     def answer(self) -> ScanResult:
         """The largest batch that fits, from the curve, and the points reported."""
-        from autofit.probe.worker import samples_per_second
 
         curve, spec = self.curve, self.spec
         assert curve is not None
@@ -292,8 +294,7 @@ class _Scan:
         def speed(batch: int) -> float:
             if batch in self.traced:
                 return self._traced_speed(batch)
-            step_s = curve.cost_at(batch, spec.gpu_spec).step_seconds
-            return samples_per_second({**spec.knobs, "batch_size": batch}, step_s) or 0.0
+            return self._speed(batch, curve.cost_at(batch, spec.gpu_spec).step_seconds)
 
         room = self.limit - sum(self.workspace)
         best = curve.largest_fitting(self.lo, self.hi, room, fits)
@@ -418,9 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     request = json.loads(request_path.read_text())
     items = [(ProbeSpec(**item["spec"]), item["lo"]) for item in request["structures"]]
     hi = request["hi"]
-    left_out = leave_out_unused(spec for spec, _ in items)
-    if left_out:
-        log.info("left out %s: these runs do not use them", ", ".join(left_out))
+    leave_out_unused(spec for spec, _ in items)
     try:
         root = request.get("updates_dir")
         shared = SharedUpdates(Path(root) if root else None)

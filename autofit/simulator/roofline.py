@@ -282,7 +282,7 @@ class RooflineCounter(TorchDispatchMode):
             return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.namespace != "aten":  # prim.device and friends: metadata queries, not kernels
+        if func.namespace != "aten":  # prim.layout and friends: metadata queries, not kernels
             return out
         self.cost.ops += 1
         if func.is_view or func in _NO_KERNEL:
