@@ -6,7 +6,8 @@ combination without it) cannot fit, so its search starts just above the parent's
 and it is pruned, with the reason recorded, when that batch does not fit or the parent already
 fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
 Combinations are searched concurrently (`jobs`), each as soon as its parents have their answers
-(the rest of their wave may still run). Simulated ones are scanned: the
+(the rest of their wave may still run), those at the head of the longest chains of waiting
+combinations first (`_GroupQueue`). Simulated ones are scanned: the
 combinations of a wave whose per-sample memory is the same (they differ in the optimizer, say)
 go to one subprocess, which answers each for every batch from batch curves (autofit/probe/scan.py)
 and reports the largest that fits; the others, and simulated ones whose step is not affine in the
@@ -437,9 +438,8 @@ class Search:
         searched = {(_frozen(c.knobs), c.resolution) for c in runnable}
         groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
         search = self._search_group if self.scans else self._search_one
-        self._run(
-            _GroupQueue(groups, lambda group: self._parents_answered(group, searched)), search
-        )
+        ready = lambda group: self._parents_answered(group, searched)  # noqa: E731
+        self._run(_GroupQueue(groups, ready, _heights(groups, self.space), _shared_updates), search)
         space = self.space
         if space.best_rule.prefers_lighter:
             # The runs the best rule weighs that the search has not seen: every batch as fast
@@ -527,30 +527,43 @@ class Search:
             try:
                 busy = search(group)
             except Busy:
-                queue.later(group)
+                queue.later(group, group)
             except BaseException:
                 queue.abort()
                 raise
             else:
                 if busy:
-                    queue.later(busy)
+                    queue.later(busy, group)
                 else:
-                    queue.done()
+                    queue.done(group)
 
 
 class _GroupQueue:
     """The combinations still to search, in groups searched together, shared by the search's
-    threads: those not yet tried first, in order, each once `ready` says so (the groups it
-    waits for have their answers); then those set aside as busy, each no sooner than `POLL_S`
-    after."""
+    threads: those not yet tried first, each once `ready` says so (the groups it waits for have
+    their answers); then those set aside as busy, each no sooner than `POLL_S` after.
+
+    Of the groups ready, the first in order, but for two preferences (what keeps both cores
+    busy to the end of a search):
+    - not one that shares setup-and-update traces (`shared`, autofit/probe/shared_updates.py)
+      with a group running now, while no group that traces them has finished: the two would
+      trace the same updates at once, each for itself;
+    - then the one with the longest chain of groups waiting on it (`heights`): the groups a
+      chain holds back can only run one after another, and started last they run alone."""
 
     def __init__(
         self,
         groups: list[list[Combination]],
         ready: Callable[[list[Combination]], bool] = lambda group: True,
+        heights: dict[int, int] | None = None,
+        shared: Callable[[list[Combination]], frozenset[Any]] = lambda group: frozenset(),
     ) -> None:
         self._fresh = deque(groups)
         self._ready = ready
+        self._heights = heights or {}  # id(group) -> its chain of waiting groups
+        self._shared = shared
+        self._running: dict[int, frozenset[Any]] = {}  # id(group) -> what it shares
+        self._traced: set[Any] = set()  # what finished groups shared
         self._busy: deque[tuple[float, list[Combination]]] = deque()
         self._active = 0  # combinations being searched now: each may be set aside again
         self._aborted = False
@@ -562,15 +575,13 @@ class _GroupQueue:
             while not self._aborted:
                 group = self._first_ready()
                 if group is not None:
-                    self._active += 1
-                    return group
+                    return self._start(group)
                 if self._busy:
                     due, group = self._busy[0]
                     wait = due - time.monotonic()
                     if wait <= 0:
                         self._busy.popleft()
-                        self._active += 1
-                        return group
+                        return self._start(group)
                     self._changed.wait(wait)
                 elif self._active:
                     self._changed.wait()
@@ -578,34 +589,86 @@ class _GroupQueue:
                     # Nothing runs that could answer what they wait for: every group before
                     # them is done, so their parents are answered or not searched (as after a
                     # wave); take them in order.
-                    self._active += 1
-                    return self._fresh.popleft()
+                    return self._start(self._fresh.popleft())
                 else:
                     return None
             return None
 
-    def _first_ready(self) -> list[Combination] | None:
-        for index, group in enumerate(self._fresh):
-            if self._ready(group):
-                del self._fresh[index]
-                return group
-        return None
+    def _start(self, group: list[Combination]) -> list[Combination]:
+        self._active += 1
+        self._running[id(group)] = self._shared(group)
+        return group
 
-    def later(self, group: list[Combination]) -> None:
+    def _first_ready(self) -> list[Combination] | None:
+        tracing = set().union(*self._running.values()) - self._traced
+
+        def preference(place: int) -> tuple[bool, int, int]:
+            group = self._fresh[place]
+            return bool(self._shared(group) & tracing), -self._heights.get(id(group), 0), place
+
+        ready = [place for place, group in enumerate(self._fresh) if self._ready(group)]
+        if not ready:
+            return None
+        place = min(ready, key=preference)
+        group = self._fresh[place]
+        del self._fresh[place]
+        return group
+
+    def later(self, group: list[Combination], taken: list[Combination]) -> None:
+        """Sets `group` aside, busy (all of `taken`, the group `next` gave, or the part of it
+        another worker is searching)."""
         with self._changed:
             self._active -= 1
+            self._running.pop(id(taken), None)
             self._busy.append((time.monotonic() + POLL_S, group))
             self._changed.notify_all()
 
-    def done(self) -> None:
+    def done(self, group: list[Combination]) -> None:
         with self._changed:
             self._active -= 1
+            self._traced |= self._running.pop(id(group), frozenset())
             self._changed.notify_all()
 
     def abort(self) -> None:
         with self._changed:
             self._aborted = True
             self._changed.notify_all()
+
+
+def _heights(groups: list[list[Combination]], space: SearchSpace) -> dict[int, int]:
+    """For each group (by id), the longest chain of groups that wait on it: 0 for a group no
+    other waits on, else one more than the longest of those that wait on it (a group waits on
+    those holding its combinations' parents, `_parents_answered`)."""
+    holder = {(_frozen(c.knobs), c.resolution): i for i, g in enumerate(groups) for c in g}
+    waiting: list[set[int]] = [set() for _ in groups]
+    for index, group in enumerate(groups):
+        for combination in group:
+            for knobs in _parents(combination.knobs, space):
+                parent = holder.get((_frozen(knobs), combination.resolution))
+                if parent is not None and parent != index:
+                    waiting[parent].add(index)
+    heights: dict[int, int] = {}
+
+    def height(index: int) -> int:
+        if index not in heights:  # parents have fewer savings: no chain comes back
+            heights[index] = max((1 + height(w) for w in waiting[index]), default=0)
+        return heights[index]
+
+    return {id(group): height(index) for index, group in enumerate(groups)}
+
+
+def _shared_updates(group: list[Combination]) -> frozenset[Any]:
+    """What a scan of the group traces to share with other scans of the search: the setup and
+    updates of each combination after the first (which lends them its pass), as
+    autofit/probe/shared_updates.py keys them: the knobs less those that change only the
+    pass."""
+    return frozenset(
+        tuple(sorted(
+            (name, value) for name, value in c.knobs.items()
+            if name not in REGISTRY or not REGISTRY[name].only_in_the_pass(c.knobs)
+        ))
+        for c in group[1:]
+    )  # fmt: skip
 
 
 def _first_true(holds: Callable[[int], bool], low: int, high: int) -> int:
