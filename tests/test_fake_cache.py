@@ -1,6 +1,6 @@
 """RealLayoutFakeMode's dispatch-cache key (autofit/simulator/kernel_outputs.py) tells apart exactly
-the arguments FakeTensorMode's own key tells apart, and a step traced with it is the step traced
-with FakeTensorMode's."""
+the arguments FakeTensorMode's own key tells apart, and a step traced with its key and its outputs
+from the cache is the step traced with FakeTensorMode's."""
 
 from __future__ import annotations
 
@@ -112,13 +112,14 @@ def test_an_op_is_answered_from_the_cache_with_the_key() -> None:
     assert out.shape == (3, 2) and out.untyped_storage().nbytes() == 3 * 2 * 4
 
 
-def test_a_traced_step_is_the_same_with_either_key(monkeypatch: Any) -> None:
+def test_a_traced_step_is_the_same_with_fake_tensor_modes_own_cache(monkeypatch: Any) -> None:
+    """The key, and the outputs made from the cache (`_get_output_tensor_from_cache_entry`):
+    the same step as with FakeTensorMode's, views and in-place ops included."""
     probe = spec("tiny_sana", batch_size=3, optimizer="came", checkpointing=True)
     found = versions()
     ours = TracedPoint(probe, found).record
-    monkeypatch.setattr(
-        RealLayoutFakeMode, "_prep_args_for_hash", FakeTensorMode._prep_args_for_hash
-    )
+    for name in ("_prep_args_for_hash", "_get_output_tensor_from_cache_entry"):
+        monkeypatch.setattr(RealLayoutFakeMode, name, getattr(FakeTensorMode, name))
     theirs = TracedPoint(probe, found).record
     assert (ours.structure, ours.parts, ours.rates) == (
         theirs.structure,
@@ -126,3 +127,34 @@ def test_a_traced_step_is_the_same_with_either_key(monkeypatch: Any) -> None:
         theirs.rates,
     )
     assert ours.numbers.tolist() == theirs.numbers.tolist()
+
+
+def test_an_output_from_the_cache_is_the_output_of_the_op() -> None:
+    """Each op twice: the first dispatched, the second made from its cache entry; the two
+    outputs alike in layout, conjugate and negative bits, and storage (a view's is its
+    input's)."""
+    ops = {
+        "t": lambda x, c: x.t(),
+        "view": lambda x, c: x.view(6, 4),
+        "slice": lambda x, c: x[1:],
+        "mm": lambda x, c: x @ x.t(),
+        "permute_clone": lambda x, c: x.permute(1, 0).contiguous(),
+        "conj_view": lambda x, c: c.conj().view(2, 2),  # keeps the conjugate bit
+        "neg_view": lambda x, c: c._neg_view().view(2, 2),
+        "add_": lambda x, c: x.add_(1.0),
+    }
+    mode = RealLayoutFakeMode()
+    with mode:
+        for name, op in ops.items():
+            outputs = []
+            for _ in range(2):
+                x, c = torch.empty(4, 6), torch.empty(4, dtype=torch.complex64)
+                hits = FakeTensorMode.cache_hits
+                out = op(x, c)
+                outputs.append((
+                    out.shape, out.stride(), out.storage_offset(), out.is_conj(), out.is_neg(),
+                    out.untyped_storage().nbytes(),
+                    out.untyped_storage()._cdata in (x.untyped_storage()._cdata, c.untyped_storage()._cdata),
+                ))  # fmt: skip
+            assert FakeTensorMode.cache_hits > hits, name  # the second came from the cache
+            assert outputs[0] == outputs[1], name
