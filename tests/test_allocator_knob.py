@@ -228,3 +228,49 @@ def test_trainers_without_a_launch_variable_get_a_note(target: str, tmp_path: Pa
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in plan.notes)
     plain = _export(target, "default", tmp_path, **knobs)
     assert not any("PYTORCH_CUDA_ALLOC_CONF" in n for n in plain.notes)
+
+
+def _required_replaying_each(
+    events: list[int], sizes: list[int], persistent: list[int], limit: int, allocator: str
+) -> tuple[int, int, bool, int | None]:
+    """required_memory as its definition reads: every replay from the first event."""
+    plentiful = replay(events, sizes, persistent, allocator=allocator).peak_reserved_bytes
+    if plentiful <= limit:
+        return plentiful, plentiful, True, None
+    capped = replay(events, sizes, persistent, limit, allocator)
+    fits = capped.oom_event is None
+    works, fails = (limit, 0) if fits else (plentiful, limit)
+    while works - fails > 2 * MIB:
+        middle = (works + fails) // 2
+        if replay(events, sizes, persistent, middle, allocator).oom_event is None:
+            works = middle
+        else:
+            fails = middle
+    return plentiful, works, fits, capped.oom_event
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("allocator", sorted(MODELS))
+def test_replays_that_go_on_from_a_copy_answer_as_replays_from_the_start(
+    seed: int, allocator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """required_memory's replays under a limit go on from a copy of the plentiful replay taken
+    where the limit first matters; the answers are those of replaying each from the start, at
+    limits below, at and above the allocated peak, and with persistent allocations over it."""
+    import autofit.simulator.allocator as allocator_module
+
+    events, sizes = _random_log(seed)
+    persistent = [4 * MIB]
+    allocated = _allocated_peak(events, sizes, persistent)
+    copies = []
+    copied = allocator_module._Progress.resumed
+    monkeypatch.setattr(
+        allocator_module._Progress,
+        "resumed",
+        lambda self, cap: copies.append(cap) or copied(self, cap),
+    )
+    for limit in (allocated // 2, allocated - 3 * MIB, allocated, allocated + 7 * MIB, 2 * MIB):
+        need = required_memory(events, sizes, persistent, limit, allocator)
+        expected = _required_replaying_each(events, sizes, persistent, limit, allocator)
+        assert (need.reserved_when_plentiful, need.required, need.fits, need.oom_event) == expected
+    assert copies  # the copies were gone on from, not only made
