@@ -33,6 +33,7 @@ from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, Scan
 
 if TYPE_CHECKING:
     from autofit.simulator.batch_curve import BatchCurve
+    from autofit.simulator.roofline import StepCost
     from autofit.simulator.step_log import StepLog
 
 log = logging.getLogger("autofit.probe.scan")
@@ -124,15 +125,22 @@ def same_pass(one: ProbeSpec, other: ProbeSpec) -> bool:
     return same_run and all(not knobs[k].changes_the_pass for k in differ)
 
 
-def replayed_point(curve: BatchCurve, spec: ProbeSpec, found: dict[str, str]) -> ProbeResult:
-    """What a probe of `spec` would report, answered from `curve` (the same structure)."""
+def replayed_point(
+    curve: BatchCurve,
+    spec: ProbeSpec,
+    found: dict[str, str],
+    log: StepLog | None = None,
+    cost: StepCost | None = None,
+) -> ProbeResult:
+    """What a probe of `spec` would report, answered from `curve` (the same structure); `log`
+    and `cost`: the curve's at its batch, where the caller has them."""
     from autofit.backends.simulate import measurement
     from autofit.probe.worker import to_result
 
     batch = spec.knobs["batch_size"]
     figures = measurement(
-        spec, curve.log_at(batch), curve.cost_at(batch, spec.gpu_spec), curve.param_count,
-        curve.trainable_param_count,
+        spec, log or curve.log_at(batch), cost or curve.cost_at(batch, spec.gpu_spec),
+        curve.param_count, curve.trainable_param_count,
     )  # fmt: skip
     return _result(to_result(spec, figures), "replayed", found)
 
@@ -277,24 +285,28 @@ class _Scan:
 
         curve, spec = self.curve, self.spec
         assert curve is not None
+        # a batch's log and price, made once: whether it fits, its speed and its result read them
+        log_at = functools.cache(curve.log_at)
+        cost_at = functools.cache(lambda batch: curve.cost_at(batch, spec.gpu_spec))
 
         @functools.cache
         def fits(batch: int) -> bool:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
                 return self.fits(batch, self.traced_at(batch).log)
-            return self.fits(batch, curve.log_at(batch))
+            return self.fits(batch, log_at(batch))
 
         @functools.cache
         def result_at(batch: int) -> ProbeResult:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
                 return self.traced_at(batch).result()
-            return replayed_point(curve, at_batch(spec, batch), self.found)
+            point = at_batch(spec, batch)
+            return replayed_point(curve, point, self.found, log_at(batch), cost_at(batch))
 
         @functools.cache
         def speed(batch: int) -> float:
             if batch in self.traced:
                 return self._traced_speed(batch)
-            return self._speed(batch, curve.cost_at(batch, spec.gpu_spec).step_seconds)
+            return self._speed(batch, cost_at(batch).step_seconds)
 
         room = self.limit - sum(self.workspace)
         best = curve.largest_fitting(self.lo, self.hi, room, fits)

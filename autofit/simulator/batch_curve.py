@@ -359,7 +359,9 @@ def gpu_fits(log: StepLog, persistent: Sequence[int], limit: int, allocator: str
     the limit that does not run out), without the search for the least limit."""
     if log.peak + sum(persistent) > limit:
         return False
-    if replay(log.events, log.sizes, persistent, allocator=allocator).peak_reserved_bytes <= limit:
+    plentiful = replay(log.events, log.sizes, persistent, allocator=allocator).peak_reserved_bytes
+    log.plentiful_reserved[tuple(persistent), allocator] = plentiful
+    if plentiful <= limit:
         return True
     return replay(log.events, log.sizes, persistent, limit, allocator).oom_event is None
 

@@ -123,6 +123,10 @@ class StepLog:
         self.peak_event = -1
         self.peak_phase = "setup"
         self.phase_peaks: dict[str, int] = {}  # the allocated peak within each phase
+        # What the allocator model reserves at most replaying these events with no limit, by
+        # (persistent allocations, `allocator` setting), once a replay found it: a scan asks
+        # whether a batch fits, then for its figures, of one log (autofit/probe/scan.py).
+        self.plentiful_reserved: dict[tuple[tuple[int, ...], str], int] = {}
 
     @classmethod
     def counted(
