@@ -358,3 +358,12 @@ def test_a_group_that_would_trace_the_updates_another_is_tracing_waits_for_it() 
     assert queue.next() is other  # not at_1024, whose updates at_512 is tracing
     queue.done(at_512)
     assert queue.next() is at_1024
+
+
+def test_of_groups_alike_otherwise_one_at_the_target_resolution_starts_first() -> None:
+    from autofit.search.engine import _GroupQueue
+
+    at_512, at_1024 = [_combination(512)], [_combination(1024)]
+    queue = _GroupQueue([at_512, at_1024], target=1024)
+    assert queue.next() is at_1024
+    assert queue.next() is at_512

@@ -439,7 +439,9 @@ class Search:
         groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
         search = self._search_group if self.scans else self._search_one
         ready = lambda group: self._parents_answered(group, searched)  # noqa: E731
-        self._run(_GroupQueue(groups, ready, _heights(groups, self.space), _shared_updates), search)
+        heights = _heights(groups, self.space)
+        target = self.space.target_resolution
+        self._run(_GroupQueue(groups, ready, heights, _shared_updates, target), search)
         space = self.space
         if space.best_rule.prefers_lighter:
             # The runs the best rule weighs that the search has not seen: every batch as fast
@@ -549,7 +551,9 @@ class _GroupQueue:
       with a group running now, while no group that traces them has finished: the two would
       trace the same updates at once, each for itself;
     - then the one with the longest chain of groups waiting on it (`heights`): the groups a
-      chain holds back can only run one after another, and started last they run alone."""
+      chain holds back can only run one after another, and started last they run alone;
+    - then one at the target resolution (`target`), whose scans report the batches the best
+      rule weighs, and take the longer for it."""
 
     def __init__(
         self,
@@ -557,11 +561,13 @@ class _GroupQueue:
         ready: Callable[[list[Combination]], bool] = lambda group: True,
         heights: dict[int, int] | None = None,
         shared: Callable[[list[Combination]], frozenset[Any]] = lambda group: frozenset(),
+        target: int | None = None,
     ) -> None:
         self._fresh = deque(groups)
         self._ready = ready
         self._heights = heights or {}  # id(group) -> its chain of waiting groups
         self._shared = shared
+        self._target = target  # the target resolution
         self._running: dict[int, frozenset[Any]] = {}  # id(group) -> what it shares
         self._traced: set[Any] = set()  # what finished groups shared
         self._busy: deque[tuple[float, list[Combination]]] = deque()
@@ -602,9 +608,11 @@ class _GroupQueue:
     def _first_ready(self) -> list[Combination] | None:
         tracing = set().union(*self._running.values()) - self._traced
 
-        def preference(place: int) -> tuple[bool, int, int]:
+        def preference(place: int) -> tuple[bool, int, bool, int]:
             group = self._fresh[place]
-            return bool(self._shared(group) & tracing), -self._heights.get(id(group), 0), place
+            waits = bool(self._shared(group) & tracing)
+            elsewhere = group[0].resolution != self._target
+            return waits, -self._heights.get(id(group), 0), elsewhere, place
 
         ready = [place for place, group in enumerate(self._fresh) if self._ready(group)]
         if not ready:
