@@ -46,9 +46,9 @@ from autofit.simulator.roofline import (
     RooflineCounter,
     StepCost,
     Traffic,
-    _kernel_seconds,
+    device_clock,
     memory_bandwidth,
-    price,
+    price_arrays,
 )
 from autofit.simulator.step_log import StepLog
 
@@ -104,11 +104,10 @@ class StepRecord:
 
 def _clock(kernels: Sequence[Kernel], bandwidth: float) -> list[float]:
     """The roofline's device clock before each kernel and after the last, summed as it sums."""
-    clock, now = [0.0], 0.0
-    for kernel in kernels:
-        now += _kernel_seconds(kernel.nbytes, kernel.flops, kernel.rate, bandwidth)
-        clock.append(now)
-    return clock
+    nbytes = np.fromiter((k.nbytes for k in kernels), np.int64, len(kernels))
+    flops = np.fromiter((k.flops for k in kernels), np.int64, len(kernels))
+    rates = np.fromiter((k.rate for k in kernels), np.float64, len(kernels))
+    return device_clock(nbytes, flops, rates, bandwidth).tolist()
 
 
 def _position(clock: list[float], reading: float) -> int:
@@ -297,20 +296,17 @@ class BatchCurve:
     def cost_at(self, batch: int, gpu: GpuSpec) -> StepCost:
         """The priced step a trace at `batch` would have counted on `gpu`."""
         numbers = self._numbers(batch)
-        kernels = [
-            Kernel(int(b), int(f), rate)
-            for b, f, rate in zip(
-                numbers["kernel_bytes"], numbers["kernel_flops"], self._first.rates, strict=True
-            )
-        ]
+        nbytes, flops = numbers["kernel_bytes"], numbers["kernel_flops"]
+        rates = np.asarray(self._first.rates, dtype=np.float64)
         traffic = dict(zip(_TRAFFIC, (int(v) for v in numbers["traffic"]), strict=True))
         ops, positions = self._first.structure.ops, self._first.structure.exchanges
-        clock = _clock(kernels, memory_bandwidth(gpu))
+        clock = device_clock(nbytes, flops, rates, memory_bandwidth(gpu))
         exchanges = tuple(
-            Exchange(clock[ready], clock[needed], int(link))
+            Exchange(float(clock[ready]), float(clock[needed]), int(link))
             for (ready, needed), link in zip(positions, numbers["exchange_bytes"], strict=True)  # type: ignore[call-overload]
         )
-        return price(gpu, kernels, ops, Traffic(**traffic, exchanges=exchanges))  # type: ignore[arg-type]
+        moved = Traffic(**traffic, exchanges=exchanges)  # type: ignore[arg-type]
+        return price_arrays(gpu, nbytes, flops, rates, ops, moved, clock)
 
     @property
     def param_count(self) -> int:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
@@ -239,17 +240,47 @@ def _kernel_seconds(nbytes: int, flops: int, rate: float, bandwidth: float) -> f
     return max(seconds, KERNEL_FLOOR_S)
 
 
+def device_clock(
+    nbytes: np.ndarray, flops: np.ndarray, rates: np.ndarray, bandwidth: float
+) -> np.ndarray:
+    """The roofline's device clock before each kernel and after the last, for kernels of these
+    bytes, FLOPs and math rates: `_kernel_seconds` of each, summed one after another as a
+    RooflineCounter sums them (a running sum in order, so the same floats; integers below 2**53
+    divide as Python divides them)."""
+    seconds = nbytes.astype(np.float64) / bandwidth
+    math = flops != 0
+    seconds[math] = np.maximum(seconds[math], flops[math].astype(np.float64) / rates[math])
+    seconds = np.maximum(seconds, KERNEL_FLOOR_S)
+    return np.concatenate(([0.0], np.cumsum(seconds)))
+
+
 def price(gpu: GpuSpec, kernels: Sequence[Kernel], ops: int, traffic: Traffic) -> StepCost:
     """The cost a RooflineCounter on `gpu` would have counted for a step of these kernels,
     `ops` dispatched ops and this traffic: the same sums in the same order, so the same floats."""
+    nbytes = np.fromiter((k.nbytes for k in kernels), np.int64, len(kernels))
+    flops = np.fromiter((k.flops for k in kernels), np.int64, len(kernels))
+    rates = np.fromiter((k.rate for k in kernels), np.float64, len(kernels))
+    return price_arrays(gpu, nbytes, flops, rates, ops, traffic)
+
+
+def price_arrays(
+    gpu: GpuSpec,
+    nbytes: np.ndarray,
+    flops: np.ndarray,
+    rates: np.ndarray,
+    ops: int,
+    traffic: Traffic,
+    clock: np.ndarray | None = None,
+) -> StepCost:
+    """`price` of kernels given as arrays of their bytes, FLOPs and rates (`clock`: their
+    `device_clock` on `gpu`, where the caller has it)."""
     counter = RooflineCounter(gpu)
-    cost, bandwidth = counter.cost, memory_bandwidth(gpu)
-    cost.ops = ops
-    for kernel in kernels:
-        cost.flops += kernel.flops
-        cost.bytes += kernel.nbytes
-        cost.kernels += 1
-        cost.device_seconds += _kernel_seconds(kernel.nbytes, kernel.flops, kernel.rate, bandwidth)
+    cost = counter.cost
+    if clock is None:
+        clock = device_clock(nbytes, flops, rates, memory_bandwidth(gpu))
+    cost.ops, cost.kernels = ops, len(nbytes)
+    cost.flops, cost.bytes = int(flops.sum()), int(nbytes.sum())
+    cost.device_seconds = float(clock[-1])
     counter.add_traffic(
         traffic.link_bytes, traffic.host_compute_bytes, traffic.peer_bytes, traffic.exchanges,
         traffic.nvme_bytes, traffic.nvme_step_bytes,
