@@ -50,6 +50,10 @@ class CurveProber:
     def record_pruned(self, knobs: dict[str, Any], reason: str) -> None:
         self.pruned = getattr(self, "pruned", []) + [(knobs, reason)]
 
+    def record_pruned_all(self, notes: list[tuple[dict[str, Any], str]]) -> None:
+        for knobs, reason in notes:
+            self.record_pruned(knobs, reason)
+
     def __call__(self, knobs: dict[str, Any]) -> tuple[ProbeResult, bool]:
         knobs = {**self.defaults, **knobs}
         self.calls.append(knobs)

@@ -125,3 +125,20 @@ def test_a_search_written_before_a_knob_and_a_value_existed_resumes_reports_and_
     assert ("lion8bit", "gpu") in searched
     assert main(["report", "study=nightly"]) == 0
     assert main(["export", "target=accelerate", "study=nightly", "out=new-export"]) == 0
+
+
+def test_pruned_notes_are_recorded_once_each_from_one_read_of_the_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    StudyRecorder(storage, "s", {}).record_pruned({"optimizer": "came"}, "invalid: earlier")
+    recorder = StudyRecorder(storage, "s", {})
+    reads = []
+    read = recorder.refresh
+    monkeypatch.setattr(recorder, "refresh", lambda: reads.append(1) or read())
+    notes = [({"optimizer": name}, f"invalid: {name}") for name in ("adamw", "lion", "came")]
+    recorder.record_pruned_all(notes + notes[:1])  # one twice, one the study holds already
+    assert len(reads) == 1
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    reasons = sorted(t.user_attrs["reason"] for t in trials)
+    assert reasons == ["invalid: adamw", "invalid: earlier", "invalid: lion"]

@@ -407,6 +407,7 @@ class Search:
             warm()
         combinations = self.combinations()
         runnable: list[Combination] = []
+        invalid: list[tuple[dict[str, Any], str]] = []
         for combination in combinations:
             knobs = {
                 **self.prober.defaults,
@@ -418,13 +419,12 @@ class Search:
             ) or self.left_out(knobs)
             if reason:
                 combination.status, combination.reason = Status.INVALID, reason
-                self.prober.recorder.record_pruned(
-                    {**combination.knobs, "resolution": combination.resolution},
-                    f"invalid: {reason}",
-                )
+                knobs = {**combination.knobs, "resolution": combination.resolution}
+                invalid.append((knobs, f"invalid: {reason}"))
                 self.listener.on_combination(combination)
             else:
                 runnable.append(combination)
+        self.prober.recorder.record_pruned_all(invalid)
         if not runnable:
             raise AutofitError(_nothing_to_search(combinations, self.space.name))
         self.listener.on_start(len(runnable))
