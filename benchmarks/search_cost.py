@@ -38,6 +38,7 @@ from autofit.commands.search import left_out_by
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.launcher import launcher_for
+from autofit.probe.libraries import libraries_of
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.engine import Search, SearchResult
 from autofit.search.prober import Prober
@@ -72,7 +73,7 @@ def search(
     space = load_space(space_name, preset)
     backend = resolve("simulate", gpu, gpu.budget_bytes(MARGIN))
     recorder = StudyRecorder(storage, study, {})
-    with launcher_for(backend, preset.family) as launcher:
+    with launcher_for(backend, preset.family, libraries_of(preset.family, space.knobs)) as launcher:
         prober = Prober(preset, gpu, backend, MARGIN, 900, recorder, launcher, scan=scan)
         started = time.perf_counter()
         # what `autofit search` leaves out without trainer= (bf16 under autocast, fp16 on a card

@@ -14,12 +14,14 @@ import pytest
 
 from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, invalid_reason
-from autofit.models import ModelPreset
+from autofit.models import ModelPreset, load_preset
 from autofit.probe.build import make_spec
-from autofit.probe.libraries import OPTIONAL, used_libraries
+from autofit.probe.launcher import launcher_for
+from autofit.probe.libraries import OPTIONAL, libraries_of, used_libraries
 from autofit.probe.runner import run_probe
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 from autofit.probe.worker import execute
+from autofit.search.space import load_space
 from autofit.workloads import FAMILIES, FAMILY_LIBRARIES
 from tests.helpers import custom_preset, spec, with_blocks
 
@@ -55,6 +57,29 @@ def test_a_users_own_model_code_may_use_any_library() -> None:
     with custom_preset("custom_models.tiny:build") as preset:
         probe = make_spec(preset, load_gpu("a40"), {}, backend="simulate")
     assert used_libraries(probe) is None
+
+
+def test_a_searchs_libraries_are_those_of_every_value_of_its_space() -> None:
+    """What a search's fork server keeps: the union over the space's knob values (a knob the
+    space leaves out at its default), as each run of it would use."""
+    assert libraries_of("sana", {"optimizer": ("adamw", "adamw8bit")}) == {"bitsandbytes"}
+    assert libraries_of("sana", {"train_mode": ("full", "lora")}) == PEFT
+    assert libraries_of("llm", {}) == {"transformers"}
+    assert libraries_of("custom", {}) is None
+    default = load_space("default", load_preset("sana_1600m"))
+    assert libraries_of("sana", default.knobs) == {"bitsandbytes", "transformers"}
+
+
+def test_a_fork_server_leaves_out_what_no_run_of_its_search_uses(tmp_path: Path) -> None:
+    """Its children answer a run that does not use the library as a fresh worker does, and one
+    that does ends as a crash that says the library was left out."""
+    plain, lora = spec("tiny_sana", batch_size=2), spec("tiny_sana", train_mode="lora")
+    with launcher_for("simulate", "sana", uses=set()) as launcher:
+        kept = run_probe(plain, launcher=launcher, log_path=tmp_path / "plain.log")
+        crashed = run_probe(lora, launcher=launcher, log_path=tmp_path / "lora.log")
+    assert _comparable(kept) == _comparable(execute(plain))
+    assert crashed.outcome is Outcome.CRASH
+    assert crashed.error is not None and "left peft out" in crashed.error["message"]
 
 
 def _comparable(result: ProbeResult | dict[str, Any]) -> dict[str, Any]:

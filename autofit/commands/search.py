@@ -194,6 +194,7 @@ def run_config(cfg: Any) -> int:
     from autofit.backends import resolve
     from autofit.paths import ensure_writable
     from autofit.probe.launcher import launcher_for
+    from autofit.probe.libraries import libraries_of
     from autofit.report.tables import pareto_table
     from autofit.results import load_study, write_results
     from autofit.search import display
@@ -285,7 +286,8 @@ def run_config(cfg: Any) -> int:
         flush=True,
     )
     try:
-        with launcher_for(backend, preset.family) as launcher:
+        uses = libraries_of(preset.family, space.knobs)  # the fork server leaves out the rest
+        with launcher_for(backend, preset.family, uses) as launcher:
             prober = Prober(
                 preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher,
                 host_budget,

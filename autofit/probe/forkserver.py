@@ -1,7 +1,8 @@
 """The fork server behind `ForkServer` (autofit/probe/launcher.py).
 
-`python -m autofit.probe.forkserver MODULE...` imports the modules, then reads one JSON request
-per line on stdin and answers on stdout:
+`python -m autofit.probe.forkserver [--leave-out=LIBRARY...] MODULE...` marks the libraries
+absent (autofit/probe/libraries.py), imports the modules, then reads one JSON request per line on
+stdin and answers on stdout:
 
 - `{"id", "module", "args", "log", "env", "timeout_s"}`: fork a child that runs
   `python -m <module> <args>` in a session of its own, tied to this server and to its deadline
@@ -30,6 +31,8 @@ from typing import Any
 from autofit.probe.tether import tie
 
 POLL_S = 0.05  # how often the server reaps children and checks its parent
+# An argument that names a library to leave out rather than a module to import.
+LEAVE_OUT = "--leave-out="
 
 
 def _child(request: dict[str, Any], server: int) -> None:
@@ -89,8 +92,14 @@ def _import_watching_parent(preload: list[str], parent: int) -> None:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
+        # Libraries no probe of the search uses, as a fresh probe leaves them out
+        # (autofit/probe/libraries.py): absent before anything imports them.
+        for name in preload:
+            if name.startswith(LEAVE_OUT):
+                sys.modules[name.removeprefix(LEAVE_OUT)] = None  # type: ignore[assignment]
         for module in preload:
-            importlib.import_module(module)
+            if not module.startswith(LEAVE_OUT):
+                importlib.import_module(module)
     finally:
         done.set()
         watcher.join()  # one thread again before the first fork

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from autofit.probe.spec import ProbeSpec
 
@@ -34,16 +35,24 @@ REQUIRES = {"peft": ("transformers",)}
 def used_libraries(spec: ProbeSpec) -> set[str] | None:
     """The optional libraries `spec`'s run may import; None where that is not known (a model
     family whose code is the user's own)."""
-    from autofit.knobs import REGISTRY, defaults
+    family = spec.model.get("family", "")
+    return libraries_of(family, {name: (value,) for name, value in spec.knobs.items()})
+
+
+def libraries_of(family: str, values: Mapping[str, Iterable[Any]]) -> set[str] | None:
+    """The optional libraries runs of the model family may import with any of these knob
+    values (a knob not named at its default), as `used_libraries` says of one run: what a
+    search's fork server needs for every run of its space. None where that is not known."""
+    from autofit.knobs import REGISTRY
     from autofit.workloads import FAMILY_LIBRARIES
 
-    family = FAMILY_LIBRARIES.get(spec.model.get("family", ""))
-    if family is None:
+    declared = FAMILY_LIBRARIES.get(family)
+    if declared is None:
         return None
-    knobs = {**defaults(), **spec.knobs}
-    named = set(family)
+    named = set(declared)
     for knob in REGISTRY.values():
-        named.update(knob.libraries(knobs[knob.name]))
+        for value in values.get(knob.name, (knob.default,)):
+            named.update(knob.libraries(value))
     used = {name.split(".")[0] for name in named} & set(OPTIONAL)
     for name in list(used):
         used.update(REQUIRES.get(name, ()))
