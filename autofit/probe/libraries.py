@@ -12,7 +12,9 @@ build and run the same model.
 What a probe uses is declared, not guessed: the model family's workload (`FAMILY_LIBRARIES` in
 autofit/workloads/__init__.py) and each knob's `libraries` for its value. A library left out and
 imported anyway ends the probe as a crash that says so (`crash_message`), never as a quiet
-difference. A process that has imported a library already (a fork server's child) keeps it.
+difference. A process that has imported a library already (a fork server's child) keeps it; a
+search's fork server leaves out, before its imports, what no run of its space uses
+(`libraries_of`, autofit/probe/launcher.py `launcher_for`).
 """
 
 from __future__ import annotations
