@@ -139,7 +139,9 @@ def replayed_point(
 
     batch = spec.knobs["batch_size"]
     figures = measurement(
-        spec, log or curve.log_at(batch), cost or curve.cost_at(batch, spec.gpu_spec),
+        spec,
+        curve.log_at(batch) if log is None else log,
+        curve.cost_at(batch, spec.gpu_spec) if cost is None else cost,
         curve.param_count, curve.trainable_param_count,
     )  # fmt: skip
     return _result(to_result(spec, figures), "replayed", found)

@@ -484,7 +484,7 @@ def replay(
 
 class _Progress:
     """A replay part-way through an event log: the model, the blocks it holds by allocation id,
-    its reserved peak so far and where, and the next event. `copied` makes one to go on from
+    its reserved peak so far and where, and the next event. `resumed` makes a copy to go on from
     under another limit: `required_memory` replays the common start of its replays once."""
 
     def __init__(self, model: AllocatorModel, held: dict[int, _Block], peak: int, at: int) -> None:
