@@ -545,7 +545,7 @@ class _GroupQueue:
     threads: those not yet tried first, each once `ready` says so (the groups it waits for have
     their answers); then those set aside as busy, each no sooner than `POLL_S` after.
 
-    Of the groups ready, the first in order, but for two preferences (what keeps both cores
+    Of the groups ready, the first in order, but for three preferences (what keeps both cores
     busy to the end of a search):
     - not one that shares setup-and-update traces (`shared`, autofit/probe/shared_updates.py)
       with a group running now, while no group that traces them has finished: the two would
