@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit.gpus import GpuSpec
 from autofit.host import host_ranks, loader
-from autofit.simulator.allocator import Requirement, required_memory
+from autofit.simulator.allocator import required_memory
 from autofit.simulator.step_log import HostReport, StepLog
 
 if TYPE_CHECKING:
@@ -95,11 +95,8 @@ def model_gpu_memory(
     the budget less the CUDA context."""
     workspace = gpu.cublas_workspace_bytes
     limit = budget_bytes - gpu.cuda_context_bytes
-    plentiful = tracker.plentiful_reserved.get(((workspace,), allocator))
-    if plentiful is not None and plentiful <= limit:  # all required_memory would replay
-        need = Requirement(plentiful, plentiful, True, None)
-    else:
-        need = required_memory(tracker.events, tracker.sizes, [workspace], limit, allocator)
+    known = tracker.plentiful_reserved.get(((workspace,), allocator))
+    need = required_memory(tracker.events, tracker.sizes, [workspace], limit, allocator, known)
     over = need.oom_event
     return ModeledMemory(
         peak_allocated_bytes=tracker.peak + workspace,

@@ -19,9 +19,9 @@ import pickle
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autofit.paths import write_atomically
 
@@ -30,17 +30,22 @@ if TYPE_CHECKING:
     from autofit.probe.spec import ProbeSpec
 
 
-def updates_key(spec: ProbeSpec) -> str:
-    """What a run's setup and updates depend on: its model, GPU and knobs, less the knobs that
-    change only its pass in this configuration."""
+def update_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs a configuration's setup and updates depend on: all but those that change only
+    its pass in this configuration (a knob autofit does not know is kept)."""
     from autofit.knobs import registry
 
-    knobs = registry()
-    kept = {
+    known = registry()
+    return {
         name: value
-        for name, value in spec.knobs.items()
-        if name not in knobs or not knobs[name].only_in_the_pass(spec.knobs)
+        for name, value in knobs.items()
+        if name not in known or not known[name].only_in_the_pass(knobs)
     }
+
+
+def updates_key(spec: ProbeSpec) -> str:
+    """What a run's setup and updates depend on: its model, GPU and `update_knobs`."""
+    kept = update_knobs(spec.knobs)
     text = json.dumps([spec.model, spec.gpu, kept], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from autofit.errors import AutofitError
 from autofit.knobs import REGISTRY, invalid_reason
+from autofit.probe.shared_updates import update_knobs
 from autofit.probe.spec import Outcome, ProbeResult, ScanResult, ScanWindow
 from autofit.results import Status
 from autofit.search.claims import POLL_S, Busy
@@ -670,13 +671,7 @@ def _shared_updates(group: list[Combination]) -> frozenset[Any]:
     updates of each combination after the first (which lends them its pass), as
     autofit/probe/shared_updates.py keys them: the knobs less those that change only the
     pass."""
-    return frozenset(
-        tuple(sorted(
-            (name, value) for name, value in c.knobs.items()
-            if name not in REGISTRY or not REGISTRY[name].only_in_the_pass(c.knobs)
-        ))
-        for c in group[1:]
-    )  # fmt: skip
+    return frozenset(tuple(sorted(update_knobs(c.knobs).items())) for c in group[1:])
 
 
 def _first_true(holds: Callable[[int], bool], low: int, high: int) -> int:

@@ -576,9 +576,11 @@ def required_memory(
     persistent: Sequence[int],
     limit: int,
     allocator: str = "default",
+    plentiful_reserved: int | None = None,
 ) -> Requirement:
     """How the run fares with the allocator (setting `allocator`) limited to `limit`, and the
-    least it needs.
+    least it needs. `plentiful_reserved`: what a replay without a limit reserved at most, where
+    the caller has replayed it (within `limit`, the answer needs no replay).
 
     Every replay under a limit of `limit` or more does what the plentiful one does up to the
     first event after which that one reserves more than `limit`: those replays go on from a
@@ -586,6 +588,8 @@ def required_memory(
     largest that fits, which every scan reports) that event comes late, 56% to 68% into Sana
     1600M's steps, and the answer two to three times sooner (benchmarks/required_memory.py);
     far over the budget, about as soon as from the start."""
+    if plentiful_reserved is not None and plentiful_reserved <= limit:
+        return Requirement(plentiful_reserved, plentiful_reserved, True, None)
     started = _Progress.start(allocator, None, persistent)
     assert isinstance(started, _Progress), "nothing runs out of memory without a limit"
     plentiful, crossing = started.run(events, sizes, watch=limit)

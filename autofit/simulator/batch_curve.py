@@ -47,6 +47,7 @@ from autofit.simulator.roofline import (
     StepCost,
     Traffic,
     device_clock,
+    kernel_arrays,
     memory_bandwidth,
     price_arrays,
 )
@@ -104,10 +105,7 @@ class StepRecord:
 
 def _clock(kernels: Sequence[Kernel], bandwidth: float) -> list[float]:
     """The roofline's device clock before each kernel and after the last, summed as it sums."""
-    nbytes = np.fromiter((k.nbytes for k in kernels), np.int64, len(kernels))
-    flops = np.fromiter((k.flops for k in kernels), np.int64, len(kernels))
-    rates = np.fromiter((k.rate for k in kernels), np.float64, len(kernels))
-    return device_clock(nbytes, flops, rates, bandwidth).tolist()
+    return device_clock(*kernel_arrays(kernels), bandwidth).tolist()
 
 
 def _position(clock: list[float], reading: float) -> int:

@@ -254,13 +254,20 @@ def device_clock(
     return np.concatenate(([0.0], np.cumsum(seconds)))
 
 
+def kernel_arrays(kernels: Sequence[Kernel]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernels' bytes, FLOPs and math rates, as arrays (what `device_clock` takes)."""
+    count = len(kernels)
+    return (
+        np.fromiter((k.nbytes for k in kernels), np.int64, count),
+        np.fromiter((k.flops for k in kernels), np.int64, count),
+        np.fromiter((k.rate for k in kernels), np.float64, count),
+    )
+
+
 def price(gpu: GpuSpec, kernels: Sequence[Kernel], ops: int, traffic: Traffic) -> StepCost:
     """The cost a RooflineCounter on `gpu` would have counted for a step of these kernels,
     `ops` dispatched ops and this traffic: the same sums in the same order, so the same floats."""
-    nbytes = np.fromiter((k.nbytes for k in kernels), np.int64, len(kernels))
-    flops = np.fromiter((k.flops for k in kernels), np.int64, len(kernels))
-    rates = np.fromiter((k.rate for k in kernels), np.float64, len(kernels))
-    return price_arrays(gpu, nbytes, flops, rates, ops, traffic)
+    return price_arrays(gpu, *kernel_arrays(kernels), ops, traffic)
 
 
 def price_arrays(
