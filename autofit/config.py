@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.errors import ConfigError, suggest
-from autofit.gpus import FIELD_PATHS, is_gpu_file, load_gpu_file
+from autofit.errors import ConfigError, shown, suggest
+from autofit.gpus import FIELD_PATHS, is_gpu_file, load_gpu, load_gpu_file
+from autofit.models import load_preset
 from autofit.paths import conf_dir, group_options
+from autofit.workloads import check_family
 
 GROUPS = ("model", "gpu")
 _MISSING = object()
+# The name each GPU file's entry is stored under (_gpu_file_choice) -> the file as the user gave
+# it: what a command printed for the user to run again must say (as_given).
+_GPU_FILES: dict[str, str] = {}
 
 
 def _register_knob_defaults() -> None:
@@ -76,9 +81,29 @@ def _check_groups(parsed: list[Any]) -> None:
             if value not in options:
                 also = " (or a path to a GPU file: gpu=path/to/card.yaml)" if group == "gpu" else ""
                 raise ConfigError(
-                    f"unknown {group} '{value}'{suggest(str(value), options)}; "
+                    f"unknown {group} {shown(value)}{suggest(str(value), options)}; "
                     f"valid: {', '.join(options)}{also}"
                 )
+
+
+def _check_group_files(command: str, parsed: list[Any]) -> None:
+    """Read and check every preset and GPU entry Hydra is to compose (the choices given, else
+    the command's default, else the example a missing choice is checked with) before Hydra
+    does: its own reading expands a YAML bomb in full and answers broken YAML with a
+    traceback. A GPU file of the user's is read by _gpu_files."""
+    defaults = _defaults(command)
+    for group in command_groups(command):
+        chosen = [v for o in parsed if o.key_or_group == group for v in _values(o)]
+        if not chosen:
+            chosen = [EXAMPLES[group] if defaults[group] == "???" else defaults[group]]
+        for value in chosen:
+            if group == "gpu":
+                if not is_gpu_file(value):
+                    load_gpu(str(value))
+                continue
+            # Which families there are is autofit/workloads/' to say: models.py, below it,
+            # checks a preset's fields but cannot ask.
+            check_family(load_preset(str(value)).family, f"conf/model/{value}.yaml: ")
 
 
 def _gpu_file_choice(value: str) -> str:
@@ -142,20 +167,24 @@ def _compose(command: str, overrides: list[str]) -> Any:
         ) from None
 
 
-def command_groups(command: str) -> list[str]:
-    """The config groups (model, gpu) that conf/<command>.yaml lists in its defaults."""
+def _defaults(command: str) -> dict[str, str]:
+    """The group choices (model, gpu) conf/<command>.yaml's defaults list makes: a name, or `???`
+    where the user must name one."""
     import re
 
     text = (conf_dir() / f"{command}.yaml").read_text()
-    return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:", text, re.MULTILINE)]
+    found = dict(re.findall(rf"^\s*-\s*({'|'.join(GROUPS)}):\s*(\S+)", text, re.MULTILINE))
+    return {g: found[g] for g in GROUPS if g in found}
+
+
+def command_groups(command: str) -> list[str]:
+    """The config groups (model, gpu) that conf/<command>.yaml lists in its defaults."""
+    return list(_defaults(command))
 
 
 def mandatory_groups(command: str) -> list[str]:
     """The groups conf/<command>.yaml gives no default (`- model: ???`): the user names them."""
-    import re
-
-    text = (conf_dir() / f"{command}.yaml").read_text()
-    return [g for g in GROUPS if re.search(rf"^\s*-\s*{g}:\s*\?\?\?", text, re.MULTILINE)]
+    return [g for g, choice in _defaults(command).items() if choice == "???"]
 
 
 EXAMPLES = {"model": "sana_1600m", "gpu": "a40"}  # what a message offers as an example
@@ -249,6 +278,7 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
     _check_groups(parsed)  # before any composition: a bad model or GPU name costs no Hydra run
+    _check_group_files(command, parsed)
     overrides = _gpu_files(overrides, parsed)
     parsed = _parse(overrides)
     # Keys are checked against the config the group choices give (the first of a sweep's), so

@@ -15,6 +15,17 @@ class ConfigError(AutofitError):
     exit_code = 2
 
 
+# Characters of a user's value an error message quotes: a value read from a file can be as long
+# as the file, and the message is one line.
+SHOWN = 60
+
+
+def shown(value: object) -> str:
+    """`repr(value)` for an error message, cut to SHOWN characters (and the length it had)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
+
+
 def suggest(word: str, options: list[str]) -> str:
     """The words an error adds for a near miss: ` (did you mean 'rtx4090'?)`, or nothing. A
     family's name alone (`sana`, `a100`) offers its members, up to three; else the closest

@@ -3,16 +3,18 @@ or a user's own file in the same format, `gpu=path/to/card.yaml`)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError, suggest, yaml_error
+from autofit.errors import ConfigError, shown, suggest
+from autofit.paths import NAME
+from autofit.yaml_files import read_yaml
 
 MIB = 1 << 20
 MATH_MODES = ("fp32", "tf32", "fp16", "bf16")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # it names studies and result files
 _CAPABILITY = re.compile(r"\d+\.\d+\Z")
 # The NVMe drive ZeRO-Infinity offloads to, in the machine the card sits in, unless its entry
 # says otherwise: one NVMe SSD on PCIe 4.0 x4. Samsung 990 PRO's datasheet gives 7.45 GB/s
@@ -66,7 +68,7 @@ class GpuSpec:
         for key in data:
             if key not in FIELDS:
                 raise ConfigError(
-                    f"{source}: unknown field '{key}'{suggest(str(key), list(FIELDS))}; "
+                    f"{source}: unknown field {shown(key)}{suggest(str(key), list(FIELDS))}; "
                     f"valid fields: {', '.join(FIELDS)}"
                 )
         for key in REQUIRED:
@@ -157,7 +159,7 @@ FIELD_PATHS = [k for k in FIELDS if k != "tflops"] + [f"tflops.{m}" for m in MAT
 _NUMBER = (lambda v: _is_number(v) and v > 0, "a number > 0")
 _SIZE = (lambda v: _is_number(v) and v >= 0, "a number of MiB >= 0")
 _RULES: dict[str, tuple[Any, str]] = {
-    "name": (lambda v: isinstance(v, str) and bool(_NAME.match(v)),
+    "name": (lambda v: isinstance(v, str) and bool(NAME.match(v)),
              "letters, digits, '_', '.' and '-', e.g. rtx4090_laptop"),
     "display": (lambda v: isinstance(v, str), "text, e.g. NVIDIA GeForce RTX 4090"),
     "memory_mib": (lambda v: _is_int(v) and v > 0,
@@ -184,11 +186,18 @@ def _kind(data: Any) -> str:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and _is_number(value)
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or a float that a float holds: YAML's .inf and .nan, or an int of 400 digits, are
+    no figure of a GPU (its sizes become ints of bytes, its speeds divide)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def _capability(value: Any) -> str | None:
@@ -200,7 +209,7 @@ def _capability(value: Any) -> str | None:
 def _check(source: str, key: str, value: Any) -> None:
     test, expected = _RULES[key]
     if not test(value):
-        raise ConfigError(f"{source}: {key}={value!r} is not valid; expected {expected}")
+        raise ConfigError(f"{source}: {key}={shown(value)} is not valid; expected {expected}")
 
 
 def load_gpu(name: str) -> GpuSpec:
@@ -210,8 +219,10 @@ def load_gpu(name: str) -> GpuSpec:
     path = conf_dir() / "gpu" / f"{name}.yaml"
     if not path.exists():
         valid = group_options("gpu")
-        raise ConfigError(f"unknown gpu '{name}'{suggest(name, valid)}; valid: {', '.join(valid)}")
-    return load_gpu_file(path, source=f"gpu {name}")
+        raise ConfigError(
+            f"unknown gpu {shown(name)}{suggest(name, valid)}; valid: {', '.join(valid)}"
+        )
+    return load_gpu_file(path, source=f"conf/gpu/{name}.yaml")
 
 
 def is_gpu_file(value: Any) -> bool:
@@ -221,17 +232,9 @@ def is_gpu_file(value: Any) -> bool:
 
 def load_gpu_file(path: Path, source: str | None = None) -> GpuSpec:
     """A GPU entry from a YAML file, checked field by field."""
-    import yaml
-
     source = source or f"gpu={path}"
     if not path.is_file():
         raise ConfigError(
             f"{source}: no such file (a path to a GPU entry .yaml, relative to {Path.cwd()})"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot be read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise yaml_error(source, exc) from None
-    return GpuSpec.from_dict(data, source)
+    return GpuSpec.from_dict(read_yaml(path, source), source)

@@ -7,10 +7,13 @@ install or a source checkout reads them from the repository root.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
+# What the name of a GPU entry or a preset may be: it names studies and result files.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 def _shipped(name: str) -> Path:

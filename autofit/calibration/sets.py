@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError, yaml_error
+from autofit.errors import ConfigError, shown
 from autofit.paths import conf_dir, named_yaml
+from autofit.yaml_files import read_yaml
 
 CASE_KEYS = ("model", "target", "knobs", "vary")
 
@@ -39,17 +40,12 @@ def set_path(name: str) -> Path:
 def load_set(name: str) -> list[CalibrationCase]:
     """Every configuration of the set, in file order, each checked against the catalogs and the
     knobs (so a typo fails before the first probe, naming the case)."""
-    import yaml
-
     from autofit.gpus import load_gpu
     from autofit.knobs import parse_all
     from autofit.models import load_preset
 
     path = set_path(name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise yaml_error(path, exc) from None
+    data = read_yaml(path, path)
     raw_cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(raw_cases, list) or not raw_cases:
         raise ConfigError(f"{path}: expected a non-empty list under 'cases'")
@@ -59,10 +55,10 @@ def load_set(name: str) -> list[CalibrationCase]:
         where = f"{path}: case {number}"
         if not isinstance(raw, dict) or "model" not in raw:
             raise ConfigError(f"{where}: expected a mapping with a 'model'")
-        unknown = sorted(set(raw) - set(CASE_KEYS))
+        unknown = [key for key in raw if key not in CASE_KEYS]  # keys of any type: no sorting
         if unknown:
             raise ConfigError(
-                f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(CASE_KEYS)}"
+                f"{where}: unknown key {shown(unknown[0])}; valid keys: {', '.join(CASE_KEYS)}"
             )
         load_preset(str(raw["model"]))  # a one-line error naming the valid presets
         if raw.get("target") is not None:

@@ -144,7 +144,7 @@ def _entry(target: str, declared: dict[str, Any]) -> TrainerEntry:
 @cache
 def table() -> dict[str, TrainerEntry]:
     """Every target's entry, by target name."""
-    import yaml
+    from autofit.yaml_files import read_yaml
 
-    declared = yaml.safe_load(TABLE.read_text())
+    declared = read_yaml(TABLE, TABLE.name)
     return {target: _entry(target, entry) for target, entry in declared.items()}

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 from autofit.units import value as text
 
 if TYPE_CHECKING:
@@ -154,15 +154,19 @@ class Knob:
         if self.kind is bool:
             if isinstance(value, bool):
                 return value
-            raise ConfigError(f"{self.name}={value!r} is not valid; valid values: true, false")
+            raise ConfigError(f"{self.name}={shown(value)} is not valid; valid values: true, false")
         if self.kind is int:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{self.name}={value!r} is not valid; expected {self.describe()}")
+                raise ConfigError(
+                    f"{self.name}={shown(value)} is not valid; expected {self.describe()}"
+                )
             if self.minimum is not None and value < self.minimum:
-                raise ConfigError(f"{self.name}={value} is not valid; expected {self.describe()}")
+                raise ConfigError(
+                    f"{self.name}={shown(value)} is not valid; expected {self.describe()}"
+                )
             if choices is not None and value not in choices:
                 raise ConfigError(
-                    f"{self.name}={value} is not valid; valid values: {self.describe()}"
+                    f"{self.name}={shown(value)} is not valid; valid values: {self.describe()}"
                 )
             return value
         if isinstance(value, bool) and choices is not None:
@@ -171,7 +175,7 @@ class Knob:
             value = word if word in choices else value
         if choices is not None and value not in choices:
             raise ConfigError(
-                f"{self.name}={value!r} is not valid; valid values: {', '.join(map(str, choices))}"
+                f"{self.name}={shown(value)} is not valid; valid values: {', '.join(map(str, choices))}"
             )
         return value
 

@@ -10,13 +10,15 @@ from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
 from autofit.probe.spec import DEFAULT_MARGIN, ProbeSpec
+from autofit.workloads import check_family
 
 
 def preset_from_config(data: dict[str, Any]) -> ModelPreset:
-    try:
-        return ModelPreset.from_dict(data)
-    except TypeError as exc:
-        raise ConfigError(f"model config '{data.get('name', '?')}' is malformed: {exc}") from None
+    """The composed `model` entry (a preset, fields overridden or not), checked field by field
+    (ModelPreset.from_dict) and its family known (`model.family=` may name any)."""
+    preset = ModelPreset.from_dict(data)
+    check_family(preset.family)
+    return preset
 
 
 def gpu_from_config(data: dict[str, Any]) -> GpuSpec:

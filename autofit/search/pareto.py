@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 from autofit.probe.spec import Outcome, ProbeResult
 
 
@@ -61,7 +61,7 @@ class BestRule:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise ConfigError(
-                    f"{where}{name}={value!r} is not valid; expected a share from 0 to 1"
+                    f"{where}{name}={shown(value)} is not valid; expected a share from 0 to 1"
                 )
             shares[name] = float(value)
         return replace(self, **shares)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown, suggest
 
 if TYPE_CHECKING:
     from autofit.models import ModelPreset
@@ -39,10 +39,17 @@ FAMILY_LIBRARIES: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def workload_for(preset: ModelPreset) -> Workload:
-    if preset.family not in FAMILIES:
+def check_family(family: Any, where: str = "model.") -> None:
+    """A one-line ConfigError unless `family` is one of FAMILIES; `where` says whose it is (the
+    override `model.family=`, or a preset file's `conf/model/x.yaml: `)."""
+    if family not in FAMILIES:
         raise ConfigError(
-            f"model {preset.name} names family '{preset.family}'; valid families: {', '.join(FAMILIES)}"
+            f"{where}family={shown(family)} is not valid{suggest(str(family), list(FAMILIES))}; "
+            f"valid families: {', '.join(FAMILIES)}"
         )
+
+
+def workload_for(preset: ModelPreset) -> Workload:
+    check_family(preset.family, f"model {preset.name}: ")
     workload_class: type[Workload] = importlib.import_module(FAMILIES[preset.family]).WORKLOAD
     return workload_class(preset)
