@@ -9,6 +9,7 @@ the folder is made its own. Tests import `postgres_server` (a session fixture) f
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -72,6 +73,10 @@ class PostgresServer:
         )  # fmt: skip
         if initdb.returncode != 0:
             raise RuntimeError(f"initdb failed: {initdb.stderr.strip()}")
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server on its cluster (made by `start`), on the same port."""
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
         started = self._run(
             str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
@@ -80,6 +85,11 @@ class PostgresServer:
         if started.returncode != 0:
             log = (self.root / "log").read_text() if (self.root / "log").exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {started.stderr.strip()} {log[-2000:]}")
+
+    def halt(self) -> None:
+        """Stop the server as a crash or a failover does (`-m immediate`: connections cut, no
+        clean shutdown), keeping its data for `resume`."""
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
@@ -102,8 +112,9 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
+@contextlib.contextmanager
+def running_server() -> Iterator[PostgresServer]:
+    """A server of its own, for a test that stops and restarts it."""
     bin_dir = _bin_dir()
     if bin_dir is None:
         pytest.skip(
@@ -116,3 +127,9 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with running_server() as server:
+        yield server

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autofit.search.retry import last_outage_end
+
 WORKER_ATTR = "autofit:worker"
 HEARTBEAT_ATTR = "autofit:heartbeat"
 TIMEOUT_ATTR = "autofit:timeout_s"
@@ -117,6 +119,9 @@ class Liveness:
             last, first, changed = self._seen.get(trial_id, (beat, now, now))
             if beat != last:
                 changed = now
+            # While this worker could not reach the storage it saw no beat: not the claim's
+            # worker's fault (it may have been cut off as well).
+            changed = max(changed, last_outage_end())
             self._seen[trial_id] = (beat, first, changed)
         if now - changed > self.grace_s:
             return f"no heartbeat for {now - changed:.0f} s"
@@ -155,8 +160,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._thread is not None:  # a daemon: one blocked in a storage call is left behind
+            self._thread.join(timeout=0.5)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

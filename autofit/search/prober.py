@@ -161,18 +161,15 @@ class Prober:
     def _record(
         self, answer: ScanResult, claim: Claim, fingerprints: tuple[Any, ...]
     ) -> ScanResult:
+        points = [(probe_key(r.config, *fingerprints), r) for r in answer.results]
         if not answer.affine and not _failed(answer):
             # No curve: the traced points are probes like any; the caller probes batch by batch.
-            claim.release()
-            for result in answer.results:
-                point = probe_key(result.config, *fingerprints)
-                if self.recorder.finished(point) is None:
-                    self.recorder.record_probe(point, result)
+            claim.release(points)
             return answer
-        first, *others = answer.results
-        for result in others:
-            self.recorder.record_probe(probe_key(result.config, *fingerprints), result)
-        claim.record(first, [r.config["batch_size"] for r in others], answer.window_floor)
+        (_, first), *others = points
+        claim.record(
+            first, [r.config["batch_size"] for _, r in others], answer.window_floor, others
+        )
         return answer
 
 

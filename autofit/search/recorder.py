@@ -28,20 +28,22 @@ name (`optimizer~2`), never by changing the stored one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from autofit.errors import ProbeNotFinished
 from autofit.knobs import REGISTRY, completed
 from autofit.probe.spec import Outcome, ProbeResult, ScanWindow
 from autofit.search.claims import (
-    CLAIM_ATTR,
     HEARTBEAT_ATTR,
     TIMEOUT_ATTR,
     WORKER_ATTR,
@@ -50,7 +52,10 @@ from autofit.search.claims import (
     Liveness,
     this_worker,
 )
-from autofit.search.storage import open_study, retrying
+from autofit.search.closing import close_claim
+from autofit.search.retry import PATIENCE_S, retrying
+from autofit.search.storage import open_study, shown
+from autofit.units import many
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,9 @@ WINDOW_FLOOR_ATTR = "window_floor"
 # Outcomes that say nothing of the configuration when autofit itself stopped, its probe server
 # died or the machine was busy: a rerun probes them again unless told to keep them.
 RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
+# How long a stopping search waits to finish its writes and give back its claims: its stop
+# signal gets 2 s in all (README: Reliability).
+CLOSE_S = 1.5
 
 
 def default_storage(results_dir: Path) -> str:
@@ -176,11 +184,15 @@ class StudyRecorder:
         attrs: dict[str, Any],
         retry_failed: bool = True,
         claim_grace_s: float = 60.0,
+        patience_s: float = PATIENCE_S,
     ) -> None:
+        """`patience_s`: how long a call waits for a storage that is away before the search
+        ends, saying so (autofit/search/retry.py)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = open_study(storage_url, study_name, list(DIRECTIONS), attrs)
+        self.patience_s = patience_s
+        self.study = open_study(storage_url, study_name, list(DIRECTIONS), attrs, patience_s)
         # The storage's own calls (BaseStorage's documented interface) where Study has none:
         # a RUNNING trial made from a template, a state change refused on a finished trial.
         self._storage, self._study_id = self.study._storage, self.study._study_id
@@ -198,6 +210,12 @@ class StudyRecorder:
         self._stored: dict[str, Any] = {}  # param name -> the distribution the study fixed
         self._old_failures: set[int] | None = None
         self._closed = False
+        # Writes in flight (a claim made, a result stored): `close` waits for them, so that
+        # what it gives back and what it counts are final.
+        self._writing = threading.Condition()
+        self._in_flight = 0
+        self.recorded = 0  # probes this recorder stored: the claims' results and scans' points
+        self.unsettled = 0  # writes still in flight when `close` stopped waiting for them
         self.refresh()
         self._old_failures = {
             trial._trial_id
@@ -212,7 +230,7 @@ class StudyRecorder:
         unfinished and new trials)."""
         from optuna.trial import TrialState
 
-        trials = retrying(lambda: self.study.get_trials(deepcopy=False))
+        trials = self._retry(lambda: self.study.get_trials(deepcopy=False))
         running: dict[str, list[Any]] = defaultdict(list)
         with self._lock:
             for trial in trials:
@@ -226,6 +244,11 @@ class StudyRecorder:
                         self._stored.setdefault(name, distribution)
                     self._index(trial)
             self._running = dict(running)
+
+    def _retry(self, action: Any, patience_s: float | None = None) -> Any:
+        """A storage call, run again while the storage is away (autofit/search/retry.py)."""
+        patience = self.patience_s if patience_s is None else patience_s
+        return retrying(action, shown(self.storage_url), patience)
 
     def _index(self, trial: Any) -> None:
         """Files a finished trial under its key, or skips it, saying why, when autofit cannot
@@ -308,7 +331,12 @@ class StudyRecorder:
         with self._lock:
             params, distributions = self._params(knobs)
         template = _claim_template(key, params, distributions, timeout_s)
-        trial_id = retrying(lambda: self._storage.create_new_trial(self._study_id, template))
+        with self._write():  # held before `close` looks: it gives back every claim made
+            trial_id = self._retry(lambda: self._storage.create_new_trial(self._study_id, template))
+            self.heartbeat.hold(trial_id)
+        if self._closed:  # made as the search stopped, after `close` stopped waiting for it
+            self._end(trial_id, "released", patience_s=0)
+            raise ProbeNotFinished("the search is stopping: nothing more is stored")
         self.refresh()
         rivals = [t for t in self._running.get(key, ()) if t._trial_id < trial_id]
         if rivals or self._usable(key) is not None:
@@ -316,8 +344,25 @@ class StudyRecorder:
             if rivals:
                 raise Busy(key)
             return None
-        self.heartbeat.hold(trial_id)
         return Claim(self, trial_id, key, set(params))
+
+    def _count(self, stored: int) -> None:
+        with self._writing:
+            self.recorded += stored
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """A write `close` waits for; refused (ProbeNotFinished) once the search is stopping."""
+        with self._writing:
+            if self._closed:
+                raise ProbeNotFinished("the search is stopping: nothing more is stored")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._writing:
+                self._in_flight -= 1
+                self._writing.notify_all()
 
     def _beat(self, trial_id: int) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
@@ -327,13 +372,24 @@ class StudyRecorder:
         except UpdateFinishedTrialError:  # taken over by another worker: nothing to keep alive
             self.heartbeat.drop(trial_id)
 
-    def _end(self, trial_id: int, why: str) -> None:
-        """Ends a claim without a result: PRUNED, which no reader takes for an answer."""
-        from optuna.trial import TrialState
-
+    def _end(
+        self,
+        trial_id: int,
+        why: str,
+        points: list[tuple[str, ProbeResult]] | None = None,
+        patience_s: float | None = None,
+    ) -> None:
+        """Ends a claim without a result: PRUNED, which no reader takes for an answer; with
+        `points`, a scan's traced points (key, result) are stored with it, each as a probe."""
         self.heartbeat.drop(trial_id)
-        retrying(lambda: self._storage.set_trial_system_attr(trial_id, CLAIM_ATTR, why))
-        retrying(lambda: self._storage.set_trial_state_values(trial_id, TrialState.PRUNED))
+        others = [self._trial_of(key, result) for key, result in points or ()]
+        with self._write() if others else contextlib.nullcontext():
+            written = close_claim(
+                self._storage, self._study_id, trial_id,
+                lambda action: self._retry(action, patience_s), None, set(), why,
+                self._unstored(others), self._old_failures,
+            )  # fmt: skip
+            self._count(len(written))
 
     def _finish(
         self,
@@ -343,49 +399,72 @@ class StudyRecorder:
         claimed: set[str],
         reported: list[int] | None = None,
         window_floor: float | None = None,
+        points: list[tuple[str, ProbeResult]] | None = None,
     ) -> None:
-        """Writes the probe's result into its claim: the trial `record_probe` would add."""
+        """Writes the probe's result into its claim (the trial `record_probe` would add) and a
+        scan's other `points` (key, result) as trials of their own, in one step
+        (autofit/search/closing.py); nothing, where another worker took the claim over."""
         from optuna.exceptions import UpdateFinishedTrialError
 
-        if self._closed:  # the search stopped while this probe ran: its claim is given back
-            return
         frozen = self._trial_of(key, result)
         if reported is not None:
             frozen.user_attrs[REPORTED_ATTR] = list(reported)
         if window_floor is not None:
             frozen.user_attrs[WINDOW_FLOOR_ATTR] = window_floor
-        self.heartbeat.drop(trial_id)
-        storage = self._storage
+        others = [self._trial_of(k, r) for k, r in points or ()]
         try:
-            # A scan's claim was made before its batch was known: the point's params it lacks.
-            for name, value in frozen.params.items():
-                if name in claimed:
-                    continue
-                distribution = frozen.distributions[name]
-                retrying(lambda n=name, v=value, d=distribution: storage.set_trial_param(
-                    trial_id, n, d.to_internal_repr(v), d
-                ))  # fmt: skip
-            for name, value in frozen.user_attrs.items():
-                retrying(lambda n=name, v=value: storage.set_trial_user_attr(trial_id, n, v))
-            for name, value in frozen.system_attrs.items():
-                retrying(lambda n=name, v=value: storage.set_trial_system_attr(trial_id, n, v))
-            retrying(lambda: storage.set_trial_state_values(trial_id, frozen.state, frozen.values))
+            # Stopping, the search gives this probe's claim back instead (`close`).
+            with self._write():
+                self.heartbeat.drop(trial_id)
+                written = close_claim(
+                    self._storage, self._study_id, trial_id, self._retry, frozen, claimed, "",
+                    self._unstored(others), self._old_failures,
+                )  # fmt: skip
+                self._count(1 + len(written))
+        except ProbeNotFinished:
+            return
         except UpdateFinishedTrialError:
             log.warning(
                 "study %s: another worker took over the probe %s (this worker's heartbeat had "
-                "lapsed); its result here is not recorded",
+                "lapsed); its result here is not recorded%s",
                 self.name, _describe(result.config),
+                f", nor the {many(len(others), 'other point')} of its scan" if others else "",
             )  # fmt: skip
 
-    def close(self) -> None:
-        """Stops the heartbeat and gives back every claim still held (a search that stops)."""
+    def _unstored(self, trials: list[Any]) -> list[Any]:
+        """Of these trials, those whose probe the study does not already answer as this
+        recorder reads it (stored keys of an older autofit included: normalized_key)."""
+        return [t for t in trials if self._usable(normalized_key(t.user_attrs["key"])) is None]
 
-        self._closed = True
-        for trial_id in self.heartbeat.held():
-            try:
-                self._end(trial_id, "released")
-            except Exception:  # on the way out of an interrupt: it lapses instead
-                pass
+    def close(self, within_s: float = CLOSE_S) -> None:
+        """Stops storing (a search that stops, or ends): waits for the writes in flight, gives
+        back every claim still held, and stops the heartbeat, all within about `within_s`.
+        `recorded` is final once this returns, unless a write outlasted the wait (on a busy
+        database): it is stored whole or not at all, and a claim being made then may be left
+        RUNNING, without a result, to be taken over (autofit/search/claims.py: at once by a
+        worker on this machine, as its worker has exited)."""
+        deadline = time.monotonic() + within_s
+        with self._writing:
+            if self._closed:
+                return
+            self._closed = True
+            while self._in_flight and (left := deadline - time.monotonic()) > 0:
+                self._writing.wait(left)
+            self.unsettled = self._in_flight
+            held = self.heartbeat.held()
+
+        def give_back() -> None:
+            for trial_id in held:
+                try:  # one try each: a storage that is away must not hold up a stopping search
+                    self._end(trial_id, "released", patience_s=0)
+                except Exception:  # on the way out of an interrupt: it lapses instead
+                    pass
+
+        # In a thread of its own: a call the database blocks (a lock held elsewhere) is left
+        # behind rather than waited for; the process's exit ends it, uncommitted.
+        giver = threading.Thread(target=give_back, name="autofit-release", daemon=True)
+        giver.start()
+        giver.join(max(0.1, deadline - time.monotonic()))
         self.heartbeat.stop()
 
     # -- writing -------------------------------------------------------------------------------
@@ -409,7 +488,8 @@ class StudyRecorder:
         """Adds a finished probe as a trial of its own (a single writer's way: a search records
         through `claim`)."""
         frozen = self._trial_of(key, result)
-        retrying(lambda: self.study.add_trial(frozen))
+        self._retry(lambda: self.study.add_trial(frozen))
+        self._count(1)
 
     def _trial_of(self, key: str, result: ProbeResult) -> Any:
         import optuna
@@ -481,7 +561,7 @@ class StudyRecorder:
         frozen = optuna.trial.create_trial(
             params=params, distributions=distributions, state=TrialState.PRUNED, user_attrs=attrs
         )
-        retrying(lambda: self.study.add_trial(frozen))
+        self._retry(lambda: self.study.add_trial(frozen))
 
 
 class Claim:
@@ -496,16 +576,35 @@ class Claim:
         result: ProbeResult,
         reported: list[int] | None = None,
         window_floor: float | None = None,
+        points: list[tuple[str, ProbeResult]] | None = None,
     ) -> None:
         """Writes `result`; for a scan, `reported`: the batches of its other reported points,
-        and `window_floor`: the floor of the window they hold (StudyRecorder.reported)."""
-        self.recorder._finish(self.trial_id, self.key, result, self.params, reported, window_floor)
+        `window_floor`: the floor of the window they hold (StudyRecorder.reported), and
+        `points`: those points (probe key, result), stored with it or not at all."""
+        self.recorder._finish(
+            self.trial_id, self.key, result, self.params, reported, window_floor, points
+        )
 
-    def release(self) -> None:
-        """Gives the probe back unanswered (autofit is stopping): another worker, or the next
-        run, probes it."""
+    def release(self, points: list[tuple[str, ProbeResult]] | None = None) -> None:
+        """Gives the probe back unanswered: autofit is stopping (another worker, or the next
+        run, probes it), or, with `points` (probe key, result), a scan found no curve and its
+        traced points are stored as probes of their own instead, with the release."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        if points is not None:
+            try:
+                self.recorder._end(self.trial_id, "released: no curve", points)
+            except ProbeNotFinished:  # the search is stopping: `close` gives the claim back
+                pass
+            except UpdateFinishedTrialError:
+                log.warning(
+                    "study %s: another worker took over a scan of this worker's (its heartbeat "
+                    "had lapsed); its %s here are not recorded",
+                    self.recorder.name, many(len(points), "point"),
+                )  # fmt: skip
+            return
         try:
-            self.recorder._end(self.trial_id, "released")
+            self.recorder._end(self.trial_id, "released", patience_s=0)
         except Exception:  # on the way out of an error, which it must not hide: it lapses instead
             pass
 
