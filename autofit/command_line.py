@@ -28,6 +28,12 @@ def override(key: str, value: Any) -> str:
     return f"{key}={_quoted(value)}"
 
 
+def key_of(override: str) -> str:
+    """The setting an override sets: `study` of `study='a;b'`, `gpu.memory_mib` of
+    `+gpu.memory_mib=1`."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def command(words: Iterable[str]) -> str:
     """The words as one shell command line, each quoted where the shell would split or expand it:
     in double quotes where nothing in the word is special there (easier to read around the

@@ -54,12 +54,29 @@ def _malformed(text: str, following: list[str], detail: str) -> str:
     if text in ("-m", "--multirun"):
         return f"{text} comes first, right after the command: autofit <command> -m key=a,b ..."
     if not has_value and following and "=" not in following[0]:
-        return f"malformed override '{text} {following[0]}'; write {key}={following[0]}"
+        return f"malformed override '{text} {following[0]}'; write {_written(key, following[0])}"
     if text.startswith("-") and key:
-        return f"malformed override '{text}'; write {key}={value or '<value>'} (no dashes)"
+        written = _written(key, value) if value else f"{key}=<value>"
+        return f"malformed override '{text}'; write {written} (no dashes)"
     if not has_value:
         return f"malformed override '{text}'; write {text}=<value>"
     return f"malformed override '{text}': {detail}; write key=value, e.g. batch_size=4"
+
+
+def _written(key: str, value: str) -> str:
+    """`key=value` as the user meant it, for the shell and Hydra: as typed where Hydra parses it
+    (`batch_size=4` stays a number), else quoted as text (a value with `;` or a quote)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from autofit.command_line import command, override
+
+    try:
+        OverridesParser.create().parse_override(f"{key}={value}")
+        written = f"{key}={value}"
+    except HydraException:
+        written = override(key, value)
+    return command([written])
 
 
 def _values(override: Any) -> list[Any]:
@@ -122,7 +139,20 @@ def _gpu_file_choice(value: str) -> str:
     digest = fingerprint({"path": str(path.resolve()), "entry": entry})[:8]
     choice = f"file-{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}-{digest}"
     ConfigStore.instance().store(group="gpu", name=choice, node=entry)
+    _GPU_FILES[choice] = value
     return choice
+
+
+def as_given(overrides: list[str]) -> list[str]:
+    """A Hydra job's overrides (a sweep's) as the user gave them: a GPU file's stored name back
+    to its path, where this process stored it."""
+    given = []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key == "gpu" and value in _GPU_FILES:
+            text = f"gpu={_GPU_FILES[value]}"
+        given.append(text)
+    return given
 
 
 def _gpu_files(overrides: list[str], parsed: list[Any]) -> list[str]:

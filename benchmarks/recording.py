@@ -27,7 +27,12 @@ def child(scans: int, points: int, folder: str) -> dict[str, float]:
     from autofit.knobs import completed
     from autofit.probe.spec import Outcome, ProbeResult, ScanResult
     from autofit.search.prober import Prober
-    from autofit.search.recorder import StudyRecorder, scan_key
+    from autofit.search.recorder import StudyRecorder
+
+    try:  # the key functions' home since issue 34; a tree from before has them in recorder
+        from autofit.search.keys import scan_key
+    except ImportError:
+        from autofit.search.recorder import scan_key  # type: ignore[attr-defined,no-redef]
 
     recorder = StudyRecorder(f"sqlite:///{folder}/studies.db", "recording", {"model": "m"})
     prober = Prober.__new__(Prober)  # only _record and what it reads
@@ -39,9 +44,13 @@ def child(scans: int, points: int, folder: str) -> dict[str, float]:
         results = [
             ProbeResult(
                 outcome=Outcome.OK if point < points - 1 else Outcome.OOM,
-                backend="simulate", gpu="a40", model="tiny_mlp",
-                config={**knobs, "batch_size": 8 + point}, budget_bytes=10**10,
-                peak_bytes=10**9 + point, samples_per_s=100.0 - point,
+                backend="simulate",
+                gpu="a40",
+                model="tiny_mlp",
+                config={**knobs, "batch_size": 8 + point},
+                budget_bytes=10**10,
+                peak_bytes=10**9 + point,
+                samples_per_s=100.0 - point,
             )  # fmt: skip
             for point in range(points)
         ]

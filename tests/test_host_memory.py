@@ -26,8 +26,8 @@ from autofit.probe.summary import summarize
 from autofit.probe.worker import execute
 from autofit.run_state import logical_numel
 from autofit.search.engine import Search
+from autofit.search.keys import probe_key
 from autofit.search.pareto import best_config, pareto_front
-from autofit.search.recorder import probe_key
 from autofit.simulator.tracker import round_pinned
 from autofit.simulator.zero import share
 

@@ -32,7 +32,7 @@ from autofit.paths import write_together
 SPACE = "batch_size: {min: 1, max: 2}\nresolution: [x1]\nknobs:\n  precision: [bf16, bf16_pure]\n"
 STUDY = "outputs"
 RERUN = (
-    "rerun `autofit search model=tiny_mlp gpu=a40 space=space.yaml backend=simulate margin=0.05 "
+    "rerun `autofit search model=tiny_mlp gpu=a40 space=space.yaml jobs=1 backend=simulate "
     f"study={STUDY}` to rewrite results/{STUDY}/"
 )
 
@@ -312,7 +312,7 @@ def test_a_study_name_with_a_space_and_shell_text_is_a_folder_under_results(
                       "space=space.yaml", f"study='{name}'", "jobs=1", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "results" / name / "summary.json").read_text())
-    assert shlex.split(summary["rerun"])[-1] == f"study={name}"
+    assert shlex.split(summary["rerun"])[-1] == f"study='{name}'"  # in Hydra's quotes too
     best = (tmp_path / "results" / name / "best.yaml").read_text().splitlines()[1]
     assert shlex.split(best.removeprefix("# Re-measure it with: "))[:4] == [
         "autofit", "probe", "model=tiny_mlp", "gpu=a40",

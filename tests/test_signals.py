@@ -114,7 +114,9 @@ def test_a_stop_signal_ends_the_search_and_all_its_probes_within_2_s(
     assert proc.returncode == 128 + sig
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"autofit: interrupted by {sig.name}; 0 probes finished"), err
+    assert last.startswith(
+        f"autofit: interrupted by {sig.name}; 0 probes finished here, stored in"
+    ), err
     assert last.endswith("rerun the same command to resume"), err
     # The two queued probes never started, and neither killed probe is anyone's answer.
     assert len(list(hangs.glob("*.pids"))) == 2

@@ -15,7 +15,8 @@ from autofit.export import load_point
 from autofit.knobs import REGISTRY
 from autofit.knobs.optimizer import Optimizer
 from autofit.probe.spec import Outcome, ProbeResult
-from autofit.search.recorder import StudyRecorder, probe_key
+from autofit.search.keys import probe_key
+from autofit.search.recorder import StudyRecorder
 
 OLD_SPACE = """
 batch_size: {min: 1, max: 1}

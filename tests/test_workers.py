@@ -25,7 +25,8 @@ from postgres import PostgresServer, postgres_server  # noqa: F401  (the session
 
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.claims import CLAIM_ATTR, Busy
-from autofit.search.recorder import StudyRecorder, probe_key
+from autofit.search.keys import probe_key
+from autofit.search.recorder import StudyRecorder
 
 STUDY = "shared"
 # Four combinations in one wave, one probe each (batch 1 is the space's largest): work to split.

@@ -27,10 +27,13 @@ def _local_device(measure: str, gpu_memory_bytes: int) -> tuple[str, int]:
         return "cpu", 0
     import torch
 
-    if not torch.cuda.is_available():
+    from autofit.backends import cuda_unusable
+
+    why = cuda_unusable()
+    if why:
         raise ConfigError(
-            "measure=cuda needs an NVIDIA GPU and a CUDA build of torch, and this machine has "
-            "neither; measure=cpu checks the simulator against real tensors on the CPU instead",
+            f"measure=cuda cannot run here: {why}; measure=cpu checks the simulator against "
+            "real tensors on the CPU instead",
         )
     properties = torch.cuda.get_device_properties(0)
     if properties.total_memory < gpu_memory_bytes * (1 - SAME_GPU_TOLERANCE):

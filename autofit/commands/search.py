@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from autofit.command_line import key_of
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError, Interrupted
 from autofit.host import budget_words, check_host_memory, host_budget_bytes
-from autofit.probe.build import check_settings, gpu_from_config, preset_from_config
+from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
 from autofit.search.display import config_words
 from autofit.search.engine import Combination, SearchListener
 from autofit.search.pareto import fastest_and_best
+from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace
 from autofit.units import many, size
 
@@ -184,23 +186,18 @@ def _default_jobs(backend: str) -> int:
 
 
 def run(overrides: list[str]) -> int:
-    return run_config(compose_config("search", overrides))
+    return run_config(compose_config("search", overrides), overrides)
 
 
-def run_config(cfg: Any) -> int:
-    """Run the search a composed `search` config describes; print it; write its files."""
+def run_config(cfg: Any, given: list[str] | None = None) -> int:
+    """Run the search a composed `search` config describes; print it; write its files. `given`:
+    the overrides as the user typed them (a sweep's job: Hydra's record of its own), which the
+    `rerun` line repeats."""
     from omegaconf import OmegaConf
 
     from autofit.backends import resolve
     from autofit.paths import ensure_writable
-    from autofit.probe.launcher import launcher_for
-    from autofit.probe.libraries import libraries_of
-    from autofit.report.tables import pareto_table
-    from autofit.results import load_study, write_results
-    from autofit.search import display
-    from autofit.search.engine import Search
-    from autofit.search.prober import Prober
-    from autofit.search.recorder import StudyRecorder, default_storage
+    from autofit.search.recorder import default_storage
     from autofit.search.space import load_space
     from autofit.search.storage import check_url, storage_file
 
@@ -240,6 +237,9 @@ def run_config(cfg: Any) -> int:
         raise ConfigError(f"retry_failed={retry_failed!r} is not valid; expected true or false")
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
         raise ConfigError(f"claim_grace_s={grace!r} is not valid; expected seconds > 0")
+    patience = data.get("storage_patience_s", PATIENCE_S)
+    if isinstance(patience, bool) or not isinstance(patience, (int, float)) or patience < 0:
+        raise ConfigError(f"storage_patience_s={patience!r} is not valid; expected seconds >= 0")
 
     trainer = data.get("trainer")
     chosen = None
@@ -249,6 +249,9 @@ def run_config(cfg: Any) -> int:
         chosen = target(trainer, setting="trainer")
         chosen.check_family(preset, setting="trainer")
     left_out = left_out_by(space, gpu, chosen, preset)
+    # Before any folder or study is made: a backend that cannot run here, a model that fails.
+    backend = resolve(data["backend"], gpu, budget)
+    check_custom(preset, data["timeout_s"])
 
     study_name, out = study_and_folder(data, preset, gpu, space)
     storage = data.get("storage") or default_storage(Path("results"))
@@ -265,16 +268,85 @@ def run_config(cfg: Any) -> int:
             )
         ensure_writable(file, "study storage")
 
-    backend = resolve(data["backend"], gpu, budget)
     host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
-    knob_names = list(space.knobs)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
             "margin": data["margin"], "host_budget_bytes": host_budget, "storage": storage}  # fmt: skip
     if trainer:
         meta["trainer"] = trainer
+    # Every setting as the user gave it, but where the folder and the study are: the `rerun`
+    # line and the probe lines printed for the user repeat them (autofit/results/write.py).
+    given = _job_overrides() if given is None else given
+    if given is not None:
+        meta["overrides"] = [o for o in given if key_of(o) not in ("out", "study", "storage")]
+    checked = _Checked(
+        meta, space, preset, gpu, backend, data["margin"], data["timeout_s"], host_budget,
+        left_out, out, jobs or _default_jobs(backend), retry_failed, float(grace),
+        float(patience),
+    )  # fmt: skip
+    try:
+        return _search(checked)
+    except StorageError as exc:
+        raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """A search's settings, each checked: what `_search` runs."""
+
+    meta: dict[str, Any]  # what the study and summary.json record of the search
+    space: SearchSpace
+    preset: Any
+    gpu: Any
+    backend: str
+    margin: float
+    timeout_s: float
+    host_budget: int | None
+    left_out: Any
+    out: Path
+    jobs: int
+    retry_failed: bool
+    grace_s: float
+    patience_s: float
+
+
+def _job_overrides() -> list[str] | None:
+    """A sweep job's overrides, as Hydra recorded them (none outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from autofit.config import as_given
+
+    if not HydraConfig.initialized():
+        return None
+    return as_given(list(HydraConfig.get().overrides.task))
+
+
+def _resume_words(exc: StorageError, meta: dict[str, Any], out: Path) -> str:
+    """What the user does after the storage failed, and the command that resumes the search."""
+    from autofit.results import rerun_command
+
+    command = rerun_command(meta, out)
+    if isinstance(exc, StorageUnavailable):
+        return f"every probe that finished before is kept there; rerun `{command}` once it is back"
+    return f"rerun `{command}` once that is mended, or with another storage="
+
+
+def _search(run: _Checked) -> int:
+    """The search itself, once every setting is checked: probes, files, the printed answer."""
+    from autofit.probe.launcher import launcher_for
+    from autofit.probe.libraries import libraries_of
+    from autofit.report.tables import pareto_table
+    from autofit.results import load_study, write_results
+    from autofit.search import display
+    from autofit.search.engine import Search
+    from autofit.search.prober import Prober
+    from autofit.search.recorder import StudyRecorder
+
+    meta, space, preset, gpu, backend = run.meta, run.space, run.preset, run.gpu, run.backend
+    study_name, trainer, host_budget = meta["study"], meta.get("trainer"), run.host_budget
+    budget, knob_names = gpu.budget_bytes(run.margin), list(space.knobs)
     recorder = StudyRecorder(
-        storage, study_name, {k: v for k, v in meta.items() if k != "storage"},
-        retry_failed=retry_failed, claim_grace_s=float(grace),
+        meta["storage"], study_name, {k: v for k, v in meta.items() if k != "storage"},
+        retry_failed=run.retry_failed, claim_grace_s=run.grace_s, patience_s=run.patience_s,
     )  # fmt: skip
     progress = Progress(sys.stderr, space, knob_names)
     print(
@@ -289,20 +361,24 @@ def run_config(cfg: Any) -> int:
         uses = libraries_of(preset.family, space.knobs)  # the fork server leaves out the rest
         with launcher_for(backend, preset.family, uses) as launcher:
             prober = Prober(
-                preset, gpu, backend, data["margin"], data["timeout_s"], recorder, launcher,
-                host_budget,
+                preset, gpu, backend, run.margin, run.timeout_s, recorder, launcher, host_budget
             )  # fmt: skip
             try:
                 result = Search(
-                    space, prober, jobs=jobs or _default_jobs(backend), listener=progress,
-                    left_out=left_out,
+                    space, prober, jobs=run.jobs, listener=progress, left_out=run.left_out
                 ).run()  # fmt: skip
             finally:
                 prober.close()
     except Interrupted as exc:  # the launcher's exit has ended every probe; say what is kept
+        recorder.close()  # the writes in flight end first: the count is what the study holds
+        unsettled = (
+            f" ({many(recorder.unsettled, 'write')} of more still under way as it stopped)"
+            if recorder.unsettled
+            else ""
+        )
         exc.note = (
-            f"{progress.done - progress.reused} probes finished and are in study {study_name}; "
-            "rerun the same command to resume"
+            f"{many(recorder.recorded, 'probe')} finished here, stored in study {study_name}"
+            f"{unsettled}; rerun the same command to resume"
         )
         raise
     finally:
@@ -313,17 +389,17 @@ def run_config(cfg: Any) -> int:
               "wall_s": round(result.wall_s, 2)}  # fmt: skip
     front = [r for runs in result.pareto.values() for r in runs]
     summary = write_results(
-        out, meta, result.results, result.combinations, front, result.best, counts, knob_names,
+        run.out, meta, result.results, result.combinations, front, result.best, counts, knob_names,
         result.fastest, space.best_rule,
     )  # fmt: skip
     # The same table `autofit report` prints, from the files just written.
-    print("\n" + pareto_table(load_study(out)).text())
+    print("\n" + pareto_table(load_study(run.out)).text())
     lost = display.losers(result.combinations)
     if lost:
         print(f"\nnot on the front:\n{lost}")
     print(
         f"\n{many(summary['n_probes'], 'probe')} ({result.new_probes} run, {result.reused_probes} reused) "
-        f"in {result.wall_s:.0f} s; results in {out}/ (summary.json, trials.csv, pareto.csv, best.yaml)"
+        f"in {result.wall_s:.0f} s; results in {run.out}/ (summary.json, trials.csv, pareto.csv, best.yaml)"
     )
     if result.best is None:
         smallest = summary["nothing_fits"]["smallest_peak_bytes"]

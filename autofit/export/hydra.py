@@ -9,22 +9,27 @@ knob is autofit's own, so this target expresses them all.
 
 from __future__ import annotations
 
-import shlex
-
-from autofit.export.base import ExportPlan, Target, knob_text
+from autofit.command_line import command, override
+from autofit.export.base import ExportPlan, Target
 from autofit.knobs import asked
+from autofit.results import probe_words
 
 
 def overrides(plan: ExportPlan) -> list[str]:
+    """Each override as Hydra reads it back (autofit/command_line.py)."""
     point = plan.point
-    head = [f"model={point.model}", f"gpu={point.gpu}"]
+    head = (
+        probe_words(point.summary)
+        if point.summary.get("model")
+        else [override("model", point.model), override("gpu", point.gpu)]
+    )
     margin = point.summary.get("margin")
     if margin is not None:
-        head.append(f"margin={margin}")
+        head.append(override("margin", margin))
     listed = asked(point.config, point.preset)
     for knob in point.config:
         plan.value(knob)  # read: the rest are at their defaults, as autofit probe runs them
-    return head + [f"{knob}={knob_text(value)}" for knob, value in listed.items()]
+    return head + [override(knob, value) for knob, value in listed.items()]
 
 
 class Hydra(Target):
@@ -40,7 +45,7 @@ class Hydra(Target):
             yaml.safe_dump(lines, sort_keys=False),
             "Hydra overrides (a YAML list, as Hydra records a run's overrides) for autofit probe",
         )
-        plan.command = "autofit probe " + " ".join(shlex.quote(o) for o in lines)
+        plan.command = command(["autofit", "probe", *lines])
         plan.note(
             "backend=auto (the default) measures on a local GPU that can hold the budget and "
             "simulates otherwise; add backend=cuda to insist on a real measurement"

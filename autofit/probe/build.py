@@ -40,6 +40,15 @@ def check_settings(backend: str, margin: float, timeout_s: float) -> None:
         raise ConfigError(f"timeout_s={timeout_s!r} is not valid; expected a number of seconds > 0")
 
 
+def check_custom(preset: ModelPreset, timeout_s: float) -> None:
+    """A custom model's entry function, called in a child process under `timeout_s` and checked
+    (autofit/probe/entry_check.py), once per process; nothing for a preset."""
+    if preset.family == "custom":
+        from autofit.probe.entry_check import check_entry_builds
+
+        check_entry_builds(preset.entry, timeout_s)
+
+
 def make_spec(
     preset: ModelPreset,
     gpu: GpuSpec,
@@ -61,11 +70,13 @@ def make_spec(
         raise ConfigError(
             f"host_memory_bytes={host_memory_bytes!r} is not valid; expected bytes > 0 or None"
         )
-    gpu.budget_bytes(margin)  # a reservation that leaves nothing fails here, not in the worker
-    if preset.family == "custom":
-        from autofit.workloads.custom import check_built
+    # A reservation that leaves nothing fails here, not in the worker.
+    budget = gpu.budget_bytes(margin)
+    if backend == "cuda":  # where CUDA cannot run: one line here, not a crash in every worker
+        from autofit.backends import resolve
 
-        check_built(preset.entry)
+        resolve(backend, gpu, budget)
+    check_custom(preset, timeout_s)
     knobs = parse_all(knob_values)
     if knobs["resolution"] is None:
         knobs["resolution"] = preset.resolution

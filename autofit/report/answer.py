@@ -8,11 +8,11 @@ README states the same figures (tests/test_report.py holds them together).
 
 from __future__ import annotations
 
-import shlex
 import textwrap
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from autofit.command_line import command, override
 from autofit.probe.summary import headroom, provenance
 from autofit.report.tables import config_words, margin_words, nothing_fits
 from autofit.results import Study
@@ -104,12 +104,13 @@ def export_command(study: Study) -> str:
     """The `autofit export` line that writes this study's best run for a trainer: `study=NAME`
     for a folder under results/, else `from=DIR`; the study's trainer where its search had one."""
     where = (
-        f"study={shlex.quote(study.path.name)}"
+        override("study", study.path.name)
         if study.path.parent == RESULTS
-        else f"from={shlex.quote(str(study.path))}"
+        else override("from", str(study.path))
     )
     trainer = study.summary.get("trainer")
-    return f"autofit export {where} target={shlex.quote(str(trainer)) if trainer else 'TARGET'}"
+    target = override("target", str(trainer)) if trainer else "target=TARGET"  # TARGET: a blank
+    return command(["autofit", "export", where, target])
 
 
 def _targets(study: Study) -> str:

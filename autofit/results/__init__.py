@@ -6,7 +6,9 @@ read back, and how any command finds it. The one place its layout is known.
   Pareto front (each run with `config` holding every knob as applied, its GPU and host peaks),
   and every combination with its status (`Status`) and largest fitting batch or why it has none;
   `files`, the rows each table beside it holds (a reader tells a whole table from a cut one), and
-  `rerun`, the `autofit search` line that writes the folder again;
+  `overrides`, the search's settings as the user gave them (but out=, study= and storage=,
+  which the summary keeps on their own), and `rerun`, the `autofit search` line that writes the
+  folder again;
 - `trials.csv`: every probe (its outcome, an `Outcome`) and every pruned or invalid combination
   (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`, the host
   peak and budget after `budget_bytes` (studies written before host memory was counted have no
@@ -42,7 +44,7 @@ from autofit.results.read import (
     load_study,
     read_summary,
 )
-from autofit.results.write import point, rerun_command, write_results
+from autofit.results.write import point, probe_words, rerun_command, write_results
 
 __all__ = [
     "BEST",
@@ -61,6 +63,7 @@ __all__ = [
     "locate",
     "point",
     "read_summary",
+    "probe_words",
     "rerun_command",
     "studies_under",
     "study_folder",

@@ -1,5 +1,6 @@
 """What report and export read back from a results folder, checked whole: a damaged file is
-named in one line with the search that rewrites it."""
+named in one line with the search that rewrites it, and every stored configuration is checked
+against the knob registry (a value no knob takes is one line, never a different export)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import csv
 import io
 import json
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError, ConfigError
+from autofit.command_line import override
+from autofit.errors import AutofitError, ConfigError, suggest
+from autofit.knobs import registry
 from autofit.probe.spec import Outcome
 from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS, Status
 from autofit.results.write import rerun_command
@@ -136,7 +140,10 @@ def damaged(folder: Path, file: str, what: str, summary: dict[str, Any] | None =
     how = (
         f"rerun `{command}`"
         if command
-        else f"rerun the `autofit search` that wrote it (study={folder.name}, or out={folder})"
+        else (
+            "rerun the `autofit search` that wrote it "
+            f"({override('study', folder.name)}, or {override('out', str(folder))})"
+        )
     )
     return Damaged(f"{folder / file} is damaged ({what}): {how} to rewrite {folder}/")
 
@@ -148,9 +155,9 @@ def _rerun_of(summary: dict[str, Any], folder: Path) -> str | None:
     if isinstance(stored, str) and stored.startswith("autofit search "):
         words = shlex.split(stored)
         study = summary.get("study")
-        written_here = f"out={folder}" in words or (
-            isinstance(study, str) and f"study={study}" in words and "out=" not in stored
-            and Path(folder) == RESULTS / study
+        written_here = override("out", str(folder)) in words or (
+            isinstance(study, str) and override("study", study) in words
+            and not any(w.startswith("out=") for w in words) and Path(folder) == RESULTS / study
         )  # fmt: skip
         if written_here:
             return stored
@@ -176,6 +183,9 @@ def _read_trials(
     if missing:
         raise damaged(folder, TRIALS, f"its header has no {', '.join(missing)}", summary)
     knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
+    for name in knob_names:
+        if name not in registry():
+            raise _unknown_knob(path, "its header", name)
     probes = []
     for row in reader:
         line = reader.line_num
@@ -199,6 +209,8 @@ def _read_trials(
             )
         except ValueError as exc:
             raise damaged(folder, TRIALS, f"line {line}: {exc}", summary) from None
+        sized = {"resolution": probes[-1].resolution, "batch_size": probes[-1].batch_size}
+        _check_knobs(path, f"line {line}", {**probes[-1].knobs, **sized})
     if expected_rows is not None and len(probes) != expected_rows:
         raise damaged(
             folder,
@@ -245,7 +257,55 @@ def read_summary(path: Path) -> dict[str, Any]:
         wrong.append("best")
     if wrong:
         raise damaged(folder, path.name, f"no valid {', '.join(wrong)}", summary)
+    for where, config in _stored_configs(summary):
+        if not isinstance(config, dict):
+            raise damaged(folder, path.name, f"{where} has no configuration", summary)
+        _check_knobs(path, where, config)
     return summary
+
+
+def _stored_configs(summary: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every configuration a summary stores (None where a run has none), with the words that
+    say which it is."""
+    runs = [(f"Pareto point {n}", run) for n, run in enumerate(summary["pareto"], start=1)]
+    for where in ("best", "fastest"):
+        if summary.get(where) is not None:  # none where nothing fits
+            runs.append((f"the {where} run", summary[where]))
+    for where, run in runs:
+        yield where, run.get("config") if isinstance(run, dict) else None
+    for n, combination in enumerate(summary["combinations"], start=1):
+        knobs = combination.get("knobs") if isinstance(combination, dict) else None
+        yield f"combination {n}", knobs
+
+
+def _check_knobs(path: Path, where: str, config: dict[str, Any]) -> None:
+    """A stored configuration, checked with each knob's own parse: a knob this autofit does not
+    know, or a value its knob does not take (a hand edit, or a folder a newer autofit wrote),
+    is one line naming the file, the knob and the valid values, so that no report or export
+    quietly stands for another run. A knob the folder predates is absent: at its default, as it
+    ran (autofit/knobs/base.py)."""
+    for name, value in config.items():
+        knob = registry().get(name)
+        if knob is None:
+            raise _unknown_knob(path, where, name)
+        if value is None and name == "batch_size":
+            continue  # a pruned or invalid combination's row in trials.csv: no batch was probed
+        try:
+            knob.parse(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {where}: {exc}{EDITED}") from None
+
+
+# What a stored value no knob takes says about its folder.
+EDITED = " (the folder was edited by hand, or written by a newer autofit)"
+
+
+def _unknown_knob(path: Path, where: str, name: str) -> ConfigError:
+    known = list(registry())
+    return ConfigError(
+        f"{path}: {where}: unknown knob '{name}'{suggest(name, known)}; valid knobs: "
+        f"{', '.join(known)}{EDITED}"
+    )
 
 
 def check_folder(folder: Path) -> tuple[dict[str, Any], list[Probe], list[str]]:

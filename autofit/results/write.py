@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from autofit.command_line import command, key_of, override
 from autofit.errors import AutofitError
 from autofit.host import budget_words
 from autofit.paths import search_spaces_dir, write_together
@@ -28,7 +28,6 @@ from autofit.results.layout import (
 )
 from autofit.search.pareto import BestRule, run_size
 from autofit.units import size
-from autofit.units import value as show
 
 
 def point(result: ProbeResult) -> dict[str, Any]:
@@ -93,27 +92,53 @@ def write_results(
 
 
 def rerun_command(meta: dict[str, Any], folder: Path) -> str:
-    """The `autofit search` line that writes this study's folder again, from its meta: every
-    value quoted for the shell. Settings the meta does not keep (target.*, timeout_s) are left
-    at their defaults."""
-    words = ["autofit", "search"]
-    for key in ("model", "gpu", "space", "backend", "margin", "trainer"):
-        if meta.get(key) is not None:
-            words.append(f"{key}={show(meta[key])}")
-    space = meta.get("space")
-    if space and not (search_spaces_dir() / f"{space}.yaml").is_file():
-        # The meta keeps a space file's stem: a file of that name here is the one searched.
-        if Path(f"{space}.yaml").is_file():
-            words[words.index(f"space={space}")] = f"space={space}.yaml"
-    study = meta.get("study")
-    if study:
-        words.append(f"study={study}")
+    """The `autofit search` line that writes this study's folder again, as it runs pasted into a
+    shell in the folder the search ran in (autofit/command_line.py): the settings as the user
+    gave them (`overrides`), the study, its storage and the folder. A folder written before
+    autofit kept them: made from its meta, the settings it does not keep (target.*, timeout_s,
+    a field of the model or GPU) left at their defaults."""
+    given = _given(meta)
+    if given is None:
+        settings = {"model": meta.get("model"), "gpu": meta.get("gpu")}
+        settings |= {"space": _searched_space(meta)}
+        settings |= {key: meta.get(key) for key in ("margin", "trainer")}
+        given = [override(key, value) for key, value in settings.items() if value is not None]
+    # The backend the search ran on, not `auto`: on another machine auto may choose another.
+    given = [o for o in given if key_of(o) != "backend"]
+    place: dict[str, Any] = {"backend": meta.get("backend"), "study": meta.get("study") or None}
     storage = meta.get("storage")
     if storage and storage != f"sqlite:///{RESULTS / 'studies.db'}":
-        words.append(f"storage={storage}")
-    if not study or Path(folder) != study_folder(str(study)):
-        words.append(f"out={folder}")
-    return " ".join(shlex.quote(w) for w in words)
+        place["storage"] = storage
+    if not place["study"] or Path(folder) != study_folder(str(place["study"])):
+        place["out"] = str(folder)
+    located = [override(key, value) for key, value in place.items() if value is not None]
+    return command(["autofit", "search", *given, *located])
+
+
+def probe_words(meta: dict[str, Any]) -> list[str]:
+    """The overrides that name a study's model and GPU for `autofit probe`: as the search was
+    given them (a model.entry, a GPU file, a field of either included), else by name."""
+    given = _given(meta)
+    if given is None:
+        return [override("model", meta["model"]), override("gpu", meta["gpu"])]
+    return [o for o in given if key_of(o).split(".")[0] in ("model", "gpu")]
+
+
+def _given(meta: dict[str, Any]) -> list[str] | None:
+    given = meta.get("overrides")
+    if isinstance(given, list) and all(isinstance(o, str) for o in given):
+        return given
+    return None
+
+
+def _searched_space(meta: dict[str, Any]) -> str | None:
+    """The `space=` of a study written before autofit kept its overrides: a space file's stem;
+    a file of that name here is the one searched."""
+    name = meta.get("space")
+    if name and not (search_spaces_dir() / f"{name}.yaml").is_file():
+        if Path(f"{name}.yaml").is_file():
+            return f"{name}.yaml"
+    return name
 
 
 def _csv_text(columns: list[str], rows: list[dict[str, Any]]) -> str:
@@ -206,15 +231,14 @@ def _best_text(best: ProbeResult | None, meta: dict[str, Any], preferred: bool) 
         if best.host_peak_bytes is not None
         else ""
     )
-    probe = ["autofit", "probe", f"model={meta['model']}", f"gpu={meta['gpu']}"]
-    probe += [f"{k}={show(v)}" for k, v in best.config.items()]
+    probe = [*probe_words(meta), *(override(k, v) for k, v in best.config.items())]
     which = "nearly fastest, with more headroom," if preferred else "fastest"
     header = (
         f"# The {which} configuration of {meta['model']} that fits {meta['gpu']}: peak "
         f"{size(best.peak_bytes)} of a {size(best.budget_bytes)} budget "
         f"({headroom(best.peak_bytes or 0, best.budget_bytes)}), "
         f"{best.samples_per_s:.3f} samples/s ({provenance(best.backend)}, {how}){host}.\n"
-        f"# Re-measure it with: {' '.join(shlex.quote(w) for w in probe)}\n"
+        f"# Re-measure it with: {command(['autofit', 'probe', *probe])}\n"
     )
     body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}
     return header + yaml.safe_dump(body, sort_keys=False)

@@ -1,10 +1,7 @@
 """Every probe of a search as an Optuna trial, and every finished probe reusable on a rerun.
 
-A probe that fits is a COMPLETE trial with two objectives to maximise (samples per second, and
-run size: batch x pixels) and its peak against the budget as a constraint; `oom`, `crash`,
-`timeout` and `invalid` probes are FAIL trials with their outcome; a combination pruned without
-probing is a PRUNED trial with the reason. All knobs, batch size and resolution are params; the
-outcome, peak, breakdown, throughput, backend and the whole result are user attributes.
+How a probe is a trial is autofit/search/trials.py; a combination pruned without probing is a
+PRUNED trial with the reason; the keys trials are filed under, autofit/search/keys.py.
 
 Each trial is written the moment its probe finishes, so a search killed with SIGKILL loses no
 finished probe, and running the same command again finds every finished probe by its key
@@ -18,9 +15,8 @@ know) is skipped with a warning naming its number and why. A claim that ended wi
 (lost to another worker's, given back, taken over) is a PRUNED trial that no reader takes for an
 answer: only COMPLETE and FAIL trials are probes.
 
-What is stored outlives the code that wrote it. A key leaves out every knob at its registry
-default, so a study written before a knob existed (which ran it at that default) still finds its
-probes; keys stored by an older autofit are read the same way. Optuna fixes each param's
+What is stored outlives the code that wrote it: keys are read whatever autofit wrote them
+(autofit/search/keys.py). Optuna fixes each param's
 distribution at its first trial and refuses another choice set under the same name, so a value
 the stored distribution lacks (added to the knob since) is recorded under the next free versioned
 name (`optimizer~2`), never by changing the stored one.
@@ -30,37 +26,31 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from autofit.errors import ProbeNotFinished
-from autofit.knobs import REGISTRY, completed
-from autofit.probe.spec import Outcome, ProbeResult, ScanWindow
+from autofit.probe.spec import Outcome, ProbeResult
 from autofit.search.claims import (
     HEARTBEAT_ATTR,
-    TIMEOUT_ATTR,
-    WORKER_ATTR,
     Busy,
     Heartbeat,
     Liveness,
-    this_worker,
 )
 from autofit.search.closing import close_claim
+from autofit.search.keys import normalized_key, pruned_key, significant
 from autofit.search.retry import PATIENCE_S, retrying
 from autofit.search.storage import open_study, shown
+from autofit.search.trials import DIRECTIONS, claim_template, distribution, holds, probe_trial, read
 from autofit.units import many
 
 log = logging.getLogger(__name__)
 
-DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
-_INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
 REPORTED_ATTR = "reported"  # a scan's trial: the batches of its other reported points
 # a scan's trial: the floor of the window whose batches it reported (autofit/probe/spec.py
 # ScanWindow); none, where it reported none
@@ -75,96 +65,6 @@ CLOSE_S = 1.5
 
 def default_storage(results_dir: Path) -> str:
     return f"sqlite:///{results_dir / 'studies.db'}"
-
-
-def _significant(knobs: dict[str, Any]) -> dict[str, Any]:
-    """The knobs that make a run differ from the default one: a knob at its default says nothing
-    a study predating the knob did not run (a knob this autofit does not know is kept)."""
-
-    def at_default(name: str, value: Any) -> bool:
-        default = REGISTRY[name].default
-        return value == default and type(value) is type(default)
-
-    return {k: v for k, v in knobs.items() if k not in REGISTRY or not at_default(k, v)}
-
-
-def probe_key(
-    knobs: dict[str, Any],
-    backend: str,
-    budget_bytes: int,
-    model: str,
-    gpu: str,
-    host_budget_bytes: int | None = None,
-) -> str:
-    """What makes two probes the same probe: a study reuses a finished one only under this key,
-    so a changed preset (`model` is its fingerprint), GPU entry or budget measures again. A host
-    budget is part of the key only when stated: a probe without one has the key it had before
-    autofit counted host memory."""
-    key = {"knobs": _significant(knobs), "backend": backend, "budget": budget_bytes,
-           "model": model, "gpu": gpu}  # fmt: skip
-    if host_budget_bytes is not None:
-        key["host_budget"] = host_budget_bytes
-    return json.dumps(key, sort_keys=True)
-
-
-def scan_key(
-    knobs: dict[str, Any], lo: int, hi: int, *fingerprints: Any, window: ScanWindow | None = None
-) -> str:
-    """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
-    probe key of the structure (`fingerprints` as `probe_key` takes them), its batch size
-    replaced by the range, and the least batch and the tolerance of its window
-    (autofit/probe/spec.py ScanWindow; none: the key a scan had before it reported one). Not the
-    window's floor, which depends on what the search knew when it asked: the study keeps it with
-    the scan (WINDOW_FLOOR_ATTR), and the search looks for itself below it."""
-    structure = {k: v for k, v in knobs.items() if k != "batch_size"}
-    key = json.loads(probe_key(structure, *fingerprints))
-    key["scan"] = [lo, hi]
-    if window is not None:
-        key["window"] = [window.min_batch, window.tolerance]
-    return json.dumps(key, sort_keys=True)
-
-
-def pruned_key(knobs: dict[str, Any]) -> str:
-    return json.dumps({"knobs": _significant(knobs), "pruned": True}, sort_keys=True)
-
-
-def normalized_key(key: str) -> str:
-    """A stored key as this autofit writes it (older ones listed every knob)."""
-    try:
-        data = json.loads(key)
-    except ValueError:
-        return key
-    if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict):
-        return key
-    return json.dumps({**data, "knobs": _significant(data["knobs"])}, sort_keys=True)
-
-
-def _distribution(name: str, value: Any) -> Any:
-    """The distribution a param of this knob is recorded with, in a study that has none yet:
-    the knob's values, or a range for an integer knob (a value neither holds, from a knob this
-    autofit does not know, is recorded alone)."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    knob = REGISTRY.get(name)
-    fresh: Any = IntDistribution(*_INT_RANGE)
-    if knob is not None and knob.choices is not None:
-        fresh = CategoricalDistribution(knob.choices)
-    return fresh if _holds(fresh, value) else CategoricalDistribution((value,))
-
-
-def _holds(distribution: Any, value: Any) -> bool:
-    """Whether a stored distribution can record `value` as it is."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    if isinstance(distribution, CategoricalDistribution):
-        return any(c == value and type(c) is type(value) for c in distribution.choices)
-    if isinstance(distribution, IntDistribution):
-        return (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and distribution.low <= value <= distribution.high
-        )
-    return False
 
 
 class StudyRecorder:
@@ -269,7 +169,7 @@ class StudyRecorder:
         if "result" not in attrs:
             return self._skip(trial, "it holds no result")
         try:
-            _read(attrs["result"])
+            read(attrs["result"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._skip(trial, f"its result cannot be read ({type(exc).__name__}: {exc})")
         self._probes[normalized_key(key)] = trial  # trials come in id order: the newest wins
@@ -286,7 +186,7 @@ class StudyRecorder:
             return None
         if self.retry_failed and trial._trial_id in (self._old_failures or ()):
             return None
-        return _read(trial.user_attrs["result"])
+        return read(trial.user_attrs["result"])
 
     def finished(self, key: str) -> ProbeResult | None:
         """The result of a probe this study already holds (recorded by any worker)."""
@@ -330,7 +230,7 @@ class StudyRecorder:
                 pass  # it finished, or another worker took it over first
         with self._lock:
             params, distributions = self._params(knobs)
-        template = _claim_template(key, params, distributions, timeout_s)
+        template = claim_template(key, params, distributions, timeout_s)
         with self._write():  # held before `close` looks: it gives back every claim made
             trial_id = self._retry(lambda: self._storage.create_new_trial(self._study_id, template))
             self.heartbeat.hold(trial_id)
@@ -478,8 +378,8 @@ class StudyRecorder:
                 label = name if version == 1 else f"{name}~{version}"
                 stored = self._stored.get(label)
                 if stored is None:
-                    stored = self._stored[label] = _distribution(name, value)
-                if _holds(stored, value):
+                    stored = self._stored[label] = distribution(name, value)
+                if holds(stored, value):
                     params[label], distributions[label] = value, stored
                     break
         return params, distributions
@@ -492,44 +392,9 @@ class StudyRecorder:
         self._count(1)
 
     def _trial_of(self, key: str, result: ProbeResult) -> Any:
-        import optuna
-        from optuna.trial import TrialState
-
-        attrs = {
-            "key": key,
-            "kind": "probe",
-            "outcome": result.outcome.value,
-            "backend": result.backend,
-            "peak_bytes": result.peak_bytes,
-            "budget_bytes": result.budget_bytes,
-            "host_peak_bytes": result.host_peak_bytes,
-            "host_budget_bytes": result.host_budget_bytes,
-            "breakdown": result.breakdown,
-            "phase": result.phase,
-            "samples_per_s": result.samples_per_s,
-            "step_time_s": result.step_time_s,
-            # traced or replayed (simulated from a batch curve), or measured on the hardware
-            "source": result.origin,
-            "result": _slim(result),
-        }
         with self._lock:
             params, distributions = self._params(result.config)
-        if result.outcome is Outcome.OK:
-            from autofit.search.pareto import run_size as size_of
-
-            return optuna.trial.create_trial(
-                params=params,
-                distributions=distributions,
-                state=TrialState.COMPLETE,
-                values=[float(result.samples_per_s or 0.0), float(size_of(result))],
-                user_attrs=attrs,
-                constraints={
-                    "peak_over_budget": float((result.peak_bytes or 0) - result.budget_bytes)
-                },
-            )
-        return optuna.trial.create_trial(
-            params=params, distributions=distributions, state=TrialState.FAIL, user_attrs=attrs
-        )
+        return probe_trial(key, result, params, distributions)
 
     def record_pruned(self, knobs: dict[str, Any], reason: str) -> None:
         """Notes a combination pruned without probing, once (several workers reach the same
@@ -609,42 +474,8 @@ class Claim:
             pass
 
 
-def _claim_template(
-    key: str, params: dict[str, Any], distributions: dict[str, Any], timeout_s: float
-) -> Any:
-    from optuna.trial import FrozenTrial, TrialState
-
-    return FrozenTrial(
-        number=-1,
-        state=TrialState.RUNNING,
-        value=None,
-        values=None,
-        datetime_start=datetime.now(),
-        datetime_complete=None,
-        params=params,
-        distributions=distributions,
-        user_attrs={"key": key, "kind": "claim"},
-        system_attrs={WORKER_ATTR: this_worker(), HEARTBEAT_ATTR: 0, TIMEOUT_ATTR: timeout_s},
-        intermediate_values={},
-        trial_id=-1,
-    )
-
-
-def _read(data: Any) -> ProbeResult:
-    result = ProbeResult.from_dict(data)
-    result.config = completed(result.config)  # knobs added since, at their defaults
-    return result
-
-
 def _describe(knobs: dict[str, Any]) -> str:
     """A probe in a log line: its batch, resolution and the knobs not at their defaults."""
     named = {k: knobs[k] for k in ("batch_size", "resolution") if k in knobs}
-    named.update(_significant({k: v for k, v in knobs.items() if k not in named}))
+    named.update(significant({k: v for k, v in knobs.items() if k not in named}))
     return " ".join(f"{k}={v}" for k, v in named.items())
-
-
-def _slim(result: ProbeResult) -> dict[str, Any]:
-    data = result.to_dict()
-    if data.get("error"):
-        data["error"] = {**data["error"], "log_tail": data["error"].get("log_tail", "")[-1000:]}
-    return data

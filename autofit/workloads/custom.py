@@ -17,7 +17,6 @@ batch, and the loss. This is the only place where a configuration names code to 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -63,12 +62,11 @@ def load_entry(entry: Any) -> Callable[[], Any]:
     return found
 
 
-@functools.cache
-def check_built(entry: str) -> None:
-    """Call the user's function once on the meta device (no memory, no math) and check that it
+def check_built(entry: str, function: Callable[[], Any]) -> None:
+    """Call the user's function on the meta device (no memory, no math) and check that it
     returns a CustomModel: its mistakes are one-line errors before any probe, not a crash in
-    each. Once per entry and process."""
-    function = load_entry(entry)
+    each. autofit/probe/entry_check.py calls it in a child process, under a timeout: the user's
+    code may end or hang the process it runs in."""
     try:
         with torch.device("meta"):
             built = function()
