@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 
 GIB = 1 << 30
 
@@ -88,11 +88,11 @@ def check_host_memory(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(
-            f"host_memory_gib={value!r} is not valid; expected a positive number of GiB "
+            f"host_memory_gib={shown(value)} is not valid; expected a positive number of GiB "
             "(e.g. 128), or null for the default"
         )
     if value == float("inf"):
-        raise ConfigError(f"host_memory_gib={value!r} is not valid; expected a finite number")
+        raise ConfigError(f"host_memory_gib={shown(value)} is not valid; expected a finite number")
     return float(value)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 from autofit.probe.spec import DEFAULT_MARGIN
 
 COLUMNS = (
@@ -75,17 +75,17 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     measure = raw["measure"]
     if measure not in MEASURES:
         raise ConfigError(
-            f"{where}: measure={measure!r} is not valid; valid: {', '.join(MEASURES)}"
+            f"{where}: measure={shown(measure)} is not valid; valid: {', '.join(MEASURES)}"
         )
     unit = raw["unit"]
     if unit not in UNITS:
-        raise ConfigError(f"{where}: unit={unit!r} is not valid; valid: {', '.join(UNITS)}")
+        raise ConfigError(f"{where}: unit={shown(unit)} is not valid; valid: {', '.join(UNITS)}")
     figure = None
     if measure not in ("ran", "oom"):
         try:
             figure = round(float(raw["figure"]) * UNITS[unit])
         except ValueError:
-            raise ConfigError(f"{where}: figure={raw['figure']!r} is not a number") from None
+            raise ConfigError(f"{where}: figure={shown(raw['figure'])} is not a number") from None
     model = gpu = None
     knobs: dict[str, Any] = {}
     if raw["autofit"]:
@@ -116,13 +116,13 @@ def _samples_per_s(raw: dict[str, str], knobs: dict[str, Any], where: str) -> fl
     unit = raw["speed_unit"]
     if unit not in SPEED_UNITS:
         raise ConfigError(
-            f"{where}: speed_unit={unit!r} is not valid; valid: {', '.join(SPEED_UNITS)}"
+            f"{where}: speed_unit={shown(unit)} is not valid; valid: {', '.join(SPEED_UNITS)}"
         )
     try:
         speed = float(raw["speed"])
         accumulation = int((raw["grad_accumulation"] or "1").split()[0])
     except ValueError:
-        raise ConfigError(f"{where}: speed={raw['speed']!r} is not a number") from None
+        raise ConfigError(f"{where}: speed={shown(raw['speed'])} is not a number") from None
     if unit == "tokens/s":
         if "resolution" not in knobs:
             raise ConfigError(f"{where}: a speed in tokens/s needs the run's resolution= (tokens)")

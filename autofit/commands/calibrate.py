@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 
 # The local GPU is the `gpu=` entry when its memory is within this share of the entry's; a larger
 # local GPU emulates the entry by capping its allocator.
@@ -87,7 +87,7 @@ def run_config(cfg: Any) -> int:
     assert isinstance(data, dict)
     measure = data["measure"]
     if measure not in ("cuda", "cpu"):
-        raise ConfigError(f"measure={measure!r} is not valid; valid values: cuda, cpu")
+        raise ConfigError(f"measure={shown(measure)} is not valid; valid values: cuda, cpu")
     check_settings(measure, data["margin"], data["timeout_s"])
     gpu = gpu_from_config(data["gpu"])
     gpu.budget_bytes(data["margin"])  # a reservation that leaves nothing fails before any case

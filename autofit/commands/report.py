@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError
+from autofit.errors import AutofitError, ConfigError, shown
 from autofit.paths import ensure_writable, write_atomically, write_together
 
 
@@ -21,14 +21,14 @@ def run(overrides: list[str]) -> int:
 def _threshold(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ConfigError(
-            f"threshold={value!r} is not valid; expected a share between 0 and 1, e.g. 0.10 for 10%"
+            f"threshold={shown(value)} is not valid; expected a share between 0 and 1, e.g. 0.10 for 10%"
         )
     return float(value)
 
 
 def _strict(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"strict={value!r} is not valid; expected true or false")
+        raise ConfigError(f"strict={shown(value)} is not valid; expected true or false")
     return value
 
 

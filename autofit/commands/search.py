@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from autofit.command_line import key_of
 from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError, Interrupted
+from autofit.errors import AutofitError, ConfigError, Interrupted, shown
 from autofit.host import budget_words, check_host_memory, host_budget_bytes
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
@@ -220,7 +220,7 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     if target.get("min_batch") is not None:
         if not isinstance(target["min_batch"], int) or target["min_batch"] < 1:
             raise ConfigError(
-                f"target.min_batch={target['min_batch']!r} is not valid; expected an integer >= 1"
+                f"target.min_batch={shown(target['min_batch'])} is not valid; expected an integer >= 1"
             )
         space = dataclasses.replace(space, target_min_batch=target["min_batch"])
     space = dataclasses.replace(space, best_rule=space.best_rule.replaced(target, "target."))
@@ -231,15 +231,19 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
         )
     jobs = data.get("jobs")
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError(f"jobs={jobs!r} is not valid; expected an integer >= 1")
+        raise ConfigError(f"jobs={shown(jobs)} is not valid; expected an integer >= 1")
     retry_failed, grace = data.get("retry_failed", True), data.get("claim_grace_s", 60)
     if not isinstance(retry_failed, bool):
-        raise ConfigError(f"retry_failed={retry_failed!r} is not valid; expected true or false")
+        raise ConfigError(
+            f"retry_failed={shown(retry_failed)} is not valid; expected true or false"
+        )
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
-        raise ConfigError(f"claim_grace_s={grace!r} is not valid; expected seconds > 0")
+        raise ConfigError(f"claim_grace_s={shown(grace)} is not valid; expected seconds > 0")
     patience = data.get("storage_patience_s", PATIENCE_S)
     if isinstance(patience, bool) or not isinstance(patience, (int, float)) or patience < 0:
-        raise ConfigError(f"storage_patience_s={patience!r} is not valid; expected seconds >= 0")
+        raise ConfigError(
+            f"storage_patience_s={shown(patience)} is not valid; expected seconds >= 0"
+        )
 
     trainer = data.get("trainer")
     chosen = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError, ConfigError
+from autofit.errors import AutofitError, ConfigError, shown
 from autofit.knobs import WORKLOAD_KNOBS, completed
 from autofit.models import ModelPreset, load_preset
 from autofit.results import read_summary
@@ -77,7 +77,7 @@ def gradient_accumulation(micro_batch: int, world_size: int, global_batch: int |
             below = global_batch // per_step * per_step
             nearest = f"; nearest: {below} or {below + per_step}"
         raise ConfigError(
-            f"target.global_batch={global_batch!r} is not valid: it must be a multiple of the batch "
+            f"target.global_batch={shown(global_batch)} is not valid: it must be a multiple of the batch "
             f"one step makes, {micro_batch} per GPU x {gpus} = {per_step}{nearest}"
         )
     return global_batch // per_step
@@ -95,7 +95,7 @@ def _entry(summary: dict[str, Any], point: int | None, path: Path) -> tuple[str,
     if isinstance(point, bool) or not isinstance(point, int) or not 1 <= point <= len(pareto):
         rows = f"1..{len(pareto)}" if pareto else "none: the front is empty"
         raise ConfigError(
-            f"point={point!r} is not valid for study {summary.get('study')}: its Pareto front has "
+            f"point={shown(point)} is not valid for study {summary.get('study')}: its Pareto front has "
             f"rows {rows} (counted from 1, in the order `autofit search` prints them and "
             f"{path.parent / 'pareto.csv'} lists them)"
         )

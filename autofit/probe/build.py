@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.backends import BACKENDS
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
@@ -30,14 +30,16 @@ def gpu_from_config(data: dict[str, Any]) -> GpuSpec:
 def check_settings(backend: str, margin: float, timeout_s: float) -> None:
     if backend not in ("auto", *BACKENDS):
         raise ConfigError(
-            f"backend={backend!r} is not valid; valid values: auto, {', '.join(BACKENDS)}"
+            f"backend={shown(backend)} is not valid; valid values: auto, {', '.join(BACKENDS)}"
         )
     if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ConfigError(
-            f"margin={margin!r} is not valid; expected a fraction in [0, 1), e.g. 0.05"
+            f"margin={shown(margin)} is not valid; expected a fraction in [0, 1), e.g. 0.05"
         )
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ConfigError(f"timeout_s={timeout_s!r} is not valid; expected a number of seconds > 0")
+        raise ConfigError(
+            f"timeout_s={shown(timeout_s)} is not valid; expected a number of seconds > 0"
+        )
 
 
 def check_custom(preset: ModelPreset, timeout_s: float) -> None:
@@ -68,7 +70,7 @@ def make_spec(
         or host_memory_bytes <= 0
     ):
         raise ConfigError(
-            f"host_memory_bytes={host_memory_bytes!r} is not valid; expected bytes > 0 or None"
+            f"host_memory_bytes={shown(host_memory_bytes)} is not valid; expected bytes > 0 or None"
         )
     # A reservation that leaves nothing fails here, not in the worker.
     budget = gpu.budget_bytes(margin)

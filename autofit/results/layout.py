@@ -7,7 +7,7 @@ import os
 from enum import Enum
 from pathlib import Path
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 
 RESULTS = Path("results")  # where studies live, under the working directory
 SUMMARY, TRIALS, PARETO, BEST = "summary.json", "trials.csv", "pareto.csv", "best.yaml"
@@ -47,7 +47,7 @@ def check_study_name(name: str, setting: str = "study") -> str:
     )
     if bad:
         raise ConfigError(
-            f"{setting}={name!r} is not a study name: {bad}; a name is one folder under "
+            f"{setting}={shown(name)} is not a study name: {bad}; a name is one folder under "
             f"{RESULTS}/ (any characters but '/' and '\\', not starting with '.'); choose a "
             "folder with out=DIR"
         )

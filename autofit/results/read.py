@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.command_line import override
-from autofit.errors import AutofitError, ConfigError, suggest
+from autofit.errors import AutofitError, ConfigError, shown, suggest
 from autofit.knobs import registry
 from autofit.probe.spec import Outcome
 from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS, Status
@@ -123,7 +123,7 @@ def _outcome(text: str) -> Outcome | Status:
         except ValueError:
             pass
     valid = ", ".join([*(o.value for o in Outcome), Status.PRUNED.value, Status.INVALID.value])
-    raise ValueError(f"outcome {text!r} is none of {valid}")
+    raise ValueError(f"outcome {shown(text)} is none of {valid}")
 
 
 class Damaged(AutofitError):

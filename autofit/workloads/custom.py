@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, shown
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 
 
@@ -93,7 +93,7 @@ def check_entry(entry: Any) -> tuple[str, str]:
     what Python puts first otherwise)."""
     if not isinstance(entry, str) or entry.count(":") != 1 or not all(entry.split(":")):
         raise ConfigError(
-            f"model.entry={entry!r} is not valid; write model.entry=package.module:function"
+            f"model.entry={shown(entry)} is not valid; write model.entry=package.module:function"
         )
     module, function = entry.split(":")
     here = os.getcwd()
