@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,26 @@ def read_only(folder: Path) -> Any:
     finally:
         folder.unlink()
         folder.mkdir()
+
+
+def study_trials(storage: str, study: str) -> list[Any]:
+    """A study's trials, read without keeping a connection open (a disk a test unmounts)."""
+    import optuna
+
+    backend = optuna.storages.RDBStorage(storage)
+    try:
+        return optuna.load_study(study_name=study, storage=backend).get_trials(deepcopy=False)
+    finally:
+        backend.engine.dispose()
+
+
+def probe_counts(storage: str, study: str) -> Counter[str]:
+    """How many times each probe was recorded: the trials that are a probe's answer (a claim
+    released, lost or still running is none)."""
+    from optuna.trial import TrialState
+
+    return Counter(
+        t.user_attrs["key"]
+        for t in study_trials(storage, study)
+        if t.user_attrs.get("kind") == "probe" and t.state in (TrialState.COMPLETE, TrialState.FAIL)
+    )

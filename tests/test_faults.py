@@ -21,12 +21,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
+from helpers import probe_counts, study_trials
 from optuna.trial import TrialState
 from postgres import running_server
 
@@ -77,24 +76,6 @@ def _finish(worker: subprocess.Popen[str], timeout: float = 600) -> tuple[int, s
     return worker.returncode, out + err
 
 
-def _trials(storage_url: str) -> list[Any]:
-    """The study's trials, read without keeping a connection open (a disk a test unmounts)."""
-    backend = optuna.storages.RDBStorage(storage_url)
-    try:
-        return optuna.load_study(study_name=STUDY, storage=backend).get_trials(deepcopy=False)
-    finally:
-        backend.engine.dispose()
-
-
-def _probe_counts(storage_url: str) -> Counter[str]:
-    """How many times each probe was recorded: the trials that are a probe's answer."""
-    return Counter(
-        t.user_attrs["key"]
-        for t in _trials(storage_url)
-        if t.user_attrs.get("kind") == "probe" and t.state in (TrialState.COMPLETE, TrialState.FAIL)
-    )
-
-
 def _wait_for(what: Any, timeout: float = 300, *workers: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -110,7 +91,7 @@ def _wait_for(what: Any, timeout: float = 300, *workers: subprocess.Popen[str]) 
 
 
 def _finished(storage_url: str) -> int:
-    return sum(_probe_counts(storage_url).values())
+    return sum(probe_counts(storage_url, STUDY).values())
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -144,14 +125,14 @@ def test_two_workers_ride_out_a_postgres_restart_and_record_every_probe_once(
         for code, text in finished:
             assert code == 0, text
         assert _finish(alone)[0] == 0
-        counts = _probe_counts(url)
+        counts = probe_counts(url, STUDY)
         assert set(counts.values()) == {1}, counts  # no probe twice
         reference = _summary(tmp_path / "alone")
         assert len(counts) == reference["n_probes"]  # and none lost
         summaries = [_summary(tmp_path / f"w{i}") for i in range(2)]
         assert sum(s["new_probes"] for s in summaries) == len(counts)
         assert all(s["best"]["config"] == reference["best"]["config"] for s in summaries)
-        assert not [t for t in _trials(url) if t.state is TrialState.RUNNING]
+        assert not [t for t in study_trials(url, STUDY) if t.state is TrialState.RUNNING]
         said = "\n".join(text for _, text in finished)
         assert "cannot be reached (the server cannot be reached" in said, said
         assert "; retrying for up to 120 s" in said and " is back after " in said, said
@@ -186,7 +167,7 @@ def test_a_postgres_server_away_longer_than_the_patience_ends_the_search_in_one_
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         assert _summary(tmp_path / "out")["reused_probes"] >= kept
-        assert set(_probe_counts(url).values()) == {1}
+        assert set(probe_counts(url, STUDY).values()) == {1}
 
 
 # -- SQLite locked, damaged, full, read-only ------------------------------------------------------
@@ -321,7 +302,7 @@ def test_a_full_or_read_only_disk_is_named_at_once_and_what_it_holds_is_kept(
         url = f"sqlite:///{disk / 'studies.db'}"
         code, text = _finish(_search(tmp_path, url, "first", step_s=0))
         assert code == 0, text
-        kept = _probe_counts(url)
+        kept = probe_counts(url, STUDY)
         if fault == "full":
             with (disk / "filler").open("wb") as filler:  # every byte the disk has left
                 try:
@@ -339,7 +320,7 @@ def test_a_full_or_read_only_disk_is_named_at_once_and_what_it_holds_is_kept(
         assert code == 1, text
         line = _one_line_error(text)
         assert words.format(path=disk / "studies.db") in line, line
-        assert _probe_counts(url) == kept  # the probes stored before are all there
+        assert probe_counts(url, STUDY) == kept  # the probes stored before are all there
     finally:
         subprocess.run(["umount", str(disk)], check=True)
 
@@ -374,7 +355,7 @@ def test_a_worker_stopped_past_its_grace_records_nothing_of_its_scan(tmp_path: P
     def scanning() -> bool:
         return any(
             t.state is TrialState.RUNNING and '"scan"' in t.user_attrs.get("key", "")
-            for t in _trials(url)
+            for t in study_trials(url, STUDY)
         )
 
     _wait_for(scanning, 300, stopped)
@@ -390,7 +371,7 @@ def test_a_worker_stopped_past_its_grace_records_nothing_of_its_scan(tmp_path: P
     assert re.search(
         r"its result here is not recorded, nor the \d+ other points? of its scan", text
     )
-    counts = _probe_counts(url)
+    counts = probe_counts(url, STUDY)
     assert set(counts.values()) == {1}, counts
     assert _summary(tmp_path / "a")["n_probes"] == _summary(tmp_path / "b")["n_probes"]
 
@@ -442,16 +423,16 @@ def test_sigterm_to_a_group_of_workers_as_they_write(tmp_path: Path) -> None:
     # stopped waiting, on a busy file, is stored whole or not at all), and no claim holds part
     # of a result. (A claim being made as the stop came may be left RUNNING, without one.)
     assert finished <= _finished(url) <= finished + 3 * unsettled, said
-    trials = _trials(url)
+    trials = study_trials(url, STUDY)
     assert not [t for t in trials if not t.state.is_finished() and "outcome" in t.user_attrs]
     assert not [t for t in trials if t.state is TrialState.PRUNED and "outcome" in t.user_attrs]
 
     # Resumed, the search finishes with every probe recorded once and no claim left.
     code, text = _finish(_search(tmp_path, url, "resumed"))
     assert code == 0, text
-    assert set(_probe_counts(url).values()) == {1}
+    assert set(probe_counts(url, STUDY).values()) == {1}
     assert _summary(tmp_path / "resumed")["reused_probes"] >= finished
-    assert not [t for t in _trials(url) if t.state is TrialState.RUNNING]
+    assert not [t for t in study_trials(url, STUDY) if t.state is TrialState.RUNNING]
 
 
 def test_a_claim_and_its_scans_points_are_written_together_or_not_at_all(tmp_path: Path) -> None:
@@ -473,7 +454,7 @@ def test_a_claim_and_its_scans_points_are_written_together_or_not_at_all(tmp_pat
             recorder._storage, recorder._study_id, claim.trial_id, lambda action: action(),
             done, {"batch_size"}, "", [clash],
         )  # fmt: skip
-    (trial,) = _trials(url)
+    (trial,) = study_trials(url, STUDY)
     assert trial.state is TrialState.RUNNING and "result" not in trial.user_attrs
     claim.record(_result(1))  # the claim is still this worker's to close
-    assert list(_probe_counts(url).values()) == [1]
+    assert list(probe_counts(url, STUDY).values()) == [1]

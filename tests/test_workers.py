@@ -13,13 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-from helpers import in_process
+from helpers import in_process, probe_counts, study_trials
 from optuna.trial import TrialState
 from postgres import PostgresServer, postgres_server  # noqa: F401  (the session fixture)
 
@@ -61,19 +60,6 @@ def _finish(worker: subprocess.Popen[str], timeout: float = 600) -> tuple[int, s
     return worker.returncode, out + err
 
 
-def _trials(storage: str, study: str = STUDY) -> list[Any]:
-    return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-
-
-def _probe_counts(storage: str) -> Counter[str]:
-    """How many times each probe was recorded: the trials that are a probe's answer."""
-    return Counter(
-        t.user_attrs["key"]
-        for t in _trials(storage)
-        if t.user_attrs.get("kind") == "probe" and t.state in (TrialState.COMPLETE, TrialState.FAIL)
-    )
-
-
 def _summary(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "summary.json").read_text())
 
@@ -97,14 +83,16 @@ def _workers_split_the_probes(tmp_path: Path, storage: str, count: int) -> None:
     code, text = _finish(alone)
     assert code == 0, text
 
-    counts = _probe_counts(storage)
+    counts = probe_counts(storage, STUDY)
     assert len(counts) == 4 and set(counts.values()) == {1}, counts  # every probe once
     summaries = [_summary(tmp_path / f"w{i}") for i in range(count)]
     assert sum(s["new_probes"] for s in summaries) == 4  # each probe run by exactly one worker
     assert all(s["n_probes"] == 4 for s in summaries)  # and every worker has every answer
     reference = _summary(tmp_path / "alone")["best"]["config"]
     assert all(s["best"]["config"] == reference for s in summaries)
-    assert not [t for t in _trials(storage) if t.state is TrialState.RUNNING]  # no claim left
+    assert not [
+        t for t in study_trials(storage, STUDY) if t.state is TrialState.RUNNING
+    ]  # no claim left
 
 
 def test_workers_on_a_fresh_sqlite_file_split_the_probes(tmp_path: Path) -> None:
@@ -201,9 +189,9 @@ def test_one_of_many_simultaneous_claims_wins(tmp_path: Path) -> None:
     won = [o for o in outcomes if o not in ("busy", None)]
     assert len(won) == 1, outcomes
     won[0].record(_result())
-    assert _probe_counts(storage) == {_key(): 1}
+    assert probe_counts(storage, STUDY) == {_key(): 1}
     assert all(r.finished(_key()) is not None for r in recorders)  # every worker reads it
-    lost = [t for t in _trials(storage) if t.system_attrs.get(CLAIM_ATTR) == "lost"]
+    lost = [t for t in study_trials(storage, STUDY) if t.system_attrs.get(CLAIM_ATTR) == "lost"]
     assert all(t.state is TrialState.PRUNED for t in lost)
     for recorder in recorders:
         recorder.close()
@@ -239,7 +227,7 @@ def test_a_claim_is_held_while_its_heartbeat_beats_and_taken_over_once_it_stops(
     with caplog.at_level(logging.WARNING):
         held.record(_result(Outcome.CRASH))  # the hung worker wakes: refused, not recorded
     assert "its result here is not recorded" in caplog.text
-    assert _probe_counts(storage) == {_key(): 1}
+    assert probe_counts(storage, STUDY) == {_key(): 1}
     assert second.finished(_key()).outcome is Outcome.OK  # type: ignore[union-attr]
     first.close()
     second.close()
@@ -318,9 +306,9 @@ def test_a_probe_autofit_did_not_finish_is_given_back_not_recorded(
     )
     with pytest.raises(AutofitError):
         prober({"batch_size": 1})
-    (trial,) = _trials(storage)
+    (trial,) = study_trials(storage, STUDY)
     assert trial.state is TrialState.PRUNED and trial.system_attrs[CLAIM_ATTR] == "released"
-    assert not _probe_counts(storage)
+    assert not probe_counts(storage, STUDY)
 
 
 # -- a worker that dies or hangs mid-probe -------------------------------------------------------
@@ -331,7 +319,7 @@ def _wait_for_claim(storage: str, worker: subprocess.Popen[str], timeout: float 
     while time.monotonic() < deadline:
         assert worker.poll() is None, _finish(worker)[1]
         try:
-            if any(t.state is TrialState.RUNNING for t in _trials(storage)):
+            if any(t.state is TrialState.RUNNING for t in study_trials(storage, STUDY)):
                 return
         except KeyError:  # the study is not created yet
             pass
@@ -350,8 +338,8 @@ def test_the_claim_of_a_killed_worker_is_taken_over(tmp_path: Path) -> None:
     code, text = _finish(_worker(tmp_path, storage, "one.yaml", "b", grace))
     assert code == 0, text
     assert "has lapsed (its worker process has exited); probing it here" in text
-    assert list(_probe_counts(storage).values()) == [1]
-    (abandoned,) = [t for t in _trials(storage) if t.state is TrialState.PRUNED]
+    assert list(probe_counts(storage, STUDY).values()) == [1]
+    (abandoned,) = [t for t in study_trials(storage, STUDY) if t.state is TrialState.PRUNED]
     assert abandoned.system_attrs[CLAIM_ATTR].startswith("taken over: its worker process")
 
 
@@ -373,7 +361,7 @@ def test_the_claim_of_a_hung_worker_is_taken_over_once_its_heartbeat_lapses(
     code, text = _finish(hung)  # it wakes, finishes its probe, and may not record it
     assert code == 0, text
     assert "its result here is not recorded" in text
-    assert list(_probe_counts(storage).values()) == [1]
+    assert list(probe_counts(storage, STUDY).values()) == [1]
 
 
 # -- the settings --------------------------------------------------------------------------------
