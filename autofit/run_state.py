@@ -37,6 +37,8 @@ KNOB_FIELDS = {
     "stepper": "drives backward and the update when something other than the plain loop does "
     "(DeepSpeed, its emulation); None: the plain loop",
     "after_step": "work after each optimizer step (an EMA update), or None",
+    "base_preparation": "what is done to a 4-bit base once quantized, before its adapters are "
+    "added (peft's prepare_model_for_kbit_training), or None",
 }
 # Bookkeeping the run changes while a hook runs (in_phase), not state a knob decides.
 _RUN_BOOKKEEPING = ("phase",)
@@ -188,6 +190,7 @@ class RunState:
         self.optimizer: Any = None
         self.stepper: Any = None
         self.after_step: Callable[[], None] | None = None
+        self.base_preparation: Callable[[RunState], None] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         applying = self.__dict__.get("_applying")

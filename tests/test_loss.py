@@ -1,5 +1,7 @@
-"""loss=chunked against loss=full on a small causal LM: the peak is lower by the logits, to the
-byte; fake and real tensors allocate the same; the loss is the same number."""
+"""loss=chunked and loss=fused_linear against loss=full on a small causal LM: the chunked peak is
+lower by the logits, to the byte; the fused loss holds Liger-Kernel's buffers and a few rows
+besides; fake and real tensors allocate the same; the loss (and the fused loss's gradients) are
+the same numbers."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from helpers import spec
 
 from autofit.backends import cpu, simulate
 from autofit.gpus import load_gpu
-from autofit.knobs import invalid_reason, parse_all
+from autofit.knobs import REGISTRY, invalid_reason, parse_all
 from autofit.knobs.loss import CHUNKS
 from autofit.models import ModelPreset, load_preset
 from autofit.probe.spec import ProbeSpec
@@ -63,9 +65,20 @@ def test_chunked_forward_peak_is_lower_by_the_logits() -> None:
     assert difference == bf16_logits + fp32_logits - fp32_chunk + padded_labels - scalars
 
 
-@pytest.mark.parametrize("loss", ["full", "chunked"])
-def test_fake_and_real_allocate_the_same(loss: str) -> None:
-    probe = tiny_llm(precision="bf16_pure", loss=loss)
+@pytest.mark.parametrize(
+    "loss,precision",
+    [
+        ("full", "bf16_pure"),
+        ("chunked", "bf16_pure"),
+        ("fused_linear", "bf16_pure"),
+        ("fused_linear", "fp32"),
+        ("fused_linear", "bf16_autocast"),
+    ],
+)
+def test_fake_and_real_allocate_the_same(loss: str, precision: str) -> None:
+    """(Not fused_linear under precision=bf16: its fp32 weight gradient is summed through
+    `addmm(out_dtype=fp32)`, which the CPU lacks; autofit/workloads/fused_linear_ce.py.)"""
+    probe = tiny_llm(precision=precision, loss=loss)
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(probe)
     assert fake.sizes == real.sizes
@@ -96,10 +109,119 @@ def test_chunked_loss_is_the_models_own_loss() -> None:
     assert chunked.item() == pytest.approx(full.item(), rel=1e-5)
 
 
-def test_chunked_is_for_causal_language_models_only() -> None:
+@pytest.mark.parametrize("loss", ["chunked", "fused_linear"])
+def test_chunked_and_fused_are_for_causal_language_models_only(loss: str) -> None:
     gpu = load_gpu("a40")
     llm, sana = load_preset("llama3_8b"), load_preset("sana_600m")
-    assert invalid_reason(parse_all({"loss": "chunked"}), gpu, llm, "simulate") is None
-    reason = invalid_reason(parse_all({"loss": "chunked"}), gpu, sana, "simulate")
+    assert invalid_reason(parse_all({"loss": loss}), gpu, llm, "simulate") is None
+    reason = invalid_reason(parse_all({"loss": loss}), gpu, sana, "simulate")
     assert reason is not None and "\n" not in reason
-    assert reason.startswith("loss=chunked") and "loss=full" in reason
+    assert reason.startswith(f"loss={loss}") and "loss=full" in reason
+
+
+# --- loss=fused_linear: Liger-Kernel's fused linear cross-entropy -------------------------------
+
+
+def test_liger_chunk_rule() -> None:
+    """Liger's own example (its comment in fused_linear_cross_entropy.py): 4 x 4096 tokens of a
+    32,000-token vocabulary at hidden size 4096 go in chunks of 2048; Llama 3 8B's 8192 tokens in
+    chunks of 256; never more rows than there are."""
+    from autofit.workloads.fused_linear_ce import chunk_rows
+
+    assert chunk_rows(4 * 4096, 32000, 4096) == 2048
+    assert chunk_rows(8192, 128256, 4096) == 256
+    assert chunk_rows(100, 1000, 4096) == 100
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_holds_ligers_buffers(dtype: torch.dtype) -> None:
+    """Forward holds the hidden states' and the weight's gradients (in their dtype), the per-row
+    losses (fp32), the mask of rows with a target, their count and one chunk's logits buffer in
+    the model's dtype, and a few rows of temporaries besides: never the logits of every token
+    nor an fp32 chunk. With fp32 gradients of fp32 logits Liger adds a vocabulary x hidden
+    product per chunk. After forward the two gradients remain; backward scales them in place
+    (the incoming gradient's one 0-d tensor) and hands them to the parameters."""
+    from autofit.simulator.tracker import MemoryTracker
+    from autofit.workloads.fused_linear_ce import FusedLinearCrossEntropy, chunk_rows
+
+    rows, hidden, vocabulary, size = 192, 64, 2048, 8
+    assert chunk_rows(rows, vocabulary, hidden) == size  # 24 chunks
+    e = dtype.itemsize
+    tracker = MemoryTracker(device_type="cpu")
+    with tracker:
+        inputs = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
+        weight = torch.nn.Parameter(torch.randn(vocabulary, hidden, dtype=dtype))
+        targets = torch.randint(0, vocabulary, (rows,))
+        base, tracker.peak = tracker.current, 0
+        loss = FusedLinearCrossEntropy.apply(inputs, weight, targets)
+        forward, after = tracker.peak - base, tracker.current - base
+        tracker.peak = 0
+        loss.backward()
+        backward = tracker.peak - base
+    gradients = r(rows * hidden * e) + r(vocabulary * hidden * e)
+    held = gradients + r(rows * 4) + r(rows) + r(8) + r(size * vocabulary * e)
+    product = r(vocabulary * hidden * 4) if dtype == torch.float32 else 0
+    assert held + product <= forward <= held + product + 16 * 512
+    assert after == gradients + r(4)  # and the loss
+    assert backward == after + r(4)
+    assert inputs.grad is not None and weight.grad is not None
+
+
+def test_fused_loss_and_gradients_are_torchs_cross_entropy() -> None:
+    """On rows that do not fill the last chunk, with rows that have no target."""
+    from autofit.workloads.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
+
+    torch.manual_seed(0)
+    inputs = torch.randn(37, 8, requires_grad=True)
+    weight = torch.randn(100, 8, requires_grad=True)
+    targets = torch.randint(0, 100, (37,))
+    targets[[5, 36]] = IGNORE_INDEX
+    fused = FusedLinearCrossEntropy.apply(inputs, weight, targets)
+    (3 * fused).backward()  # an incoming gradient other than 1
+    fused_grads = inputs.grad, weight.grad
+    inputs.grad = weight.grad = None
+    plain = torch.nn.functional.cross_entropy(inputs @ weight.t(), targets)
+    (3 * plain).backward()
+    assert fused.item() == pytest.approx(plain.item(), rel=1e-6)
+    torch.testing.assert_close(fused_grads[0], inputs.grad)
+    torch.testing.assert_close(fused_grads[1], weight.grad)
+
+
+def test_fused_loss_and_gradients_are_the_models_own() -> None:
+    from autofit.workloads import workload_for
+    from autofit.workloads.llm import fused_linear_loss
+
+    preset = ModelPreset.from_dict(tiny_llm().model)
+    workload = workload_for(preset)
+    torch.manual_seed(0)
+    model = workload.build_model(torch.float32)
+    batch = workload.make_batch(B, T, torch.device("cpu"), torch.float32)
+    full = workload.loss(model, batch)
+    full.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    with fused_linear_loss():
+        fused = workload.loss(model, batch)
+    fused.backward()
+    assert fused.item() == pytest.approx(full.item(), rel=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("precision", ["bf16_pure", "bf16"])
+def test_fused_peaks_are_lower_than_chunked(precision: str) -> None:
+    """In forward it keeps no chunk's fp32 log-probabilities (the chunked loss keeps all of
+    them) but the weight's gradient (fp32 under autocast); over the step it is lower too."""
+    _, chunked = simulate.trace(tiny_llm(precision=precision, loss="chunked"))
+    _, fused = simulate.trace(tiny_llm(precision=precision, loss="fused_linear"))
+    log_probabilities = r(B * T * V * 4) - r(B * T // CHUNKS * V * 4)
+    weight_gradient = r(V * H * (2 if precision == "bf16_pure" else 4))
+    difference = chunked.phase_peaks["forward"] - fused.phase_peaks["forward"]
+    assert difference >= log_probabilities - weight_gradient
+    assert fused.peak < chunked.peak
+
+
+def test_fused_saves_memory_over_chunked_where_searched() -> None:
+    loss = REGISTRY["loss"]
+    assert loss.saves_memory_over("fused_linear", ("full", "chunked", "fused_linear")) == "chunked"
+    assert loss.saves_memory_over("fused_linear", ("full", "fused_linear")) == "full"

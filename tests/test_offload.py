@@ -221,12 +221,20 @@ def test_nvme_weights_leave_only_the_trained_shares_and_the_read_buffers_in_host
     )
     emulation = _emulation(run)
     frozen = [p for p in run.model.parameters() if not p.requires_grad]
-    assert all(emulation.shards[p].numel() == 0 for p in frozen)  # on the drive
+    # A frozen weight of at most stage3_param_persistence_threshold elements keeps its share on
+    # the GPU (zero.Init); every other frozen share is on the drive.
+    small = [p for p in frozen if p.numel() <= 100_000]
+    assert small and all(
+        emulation.shards[p].numel() == 0 for p in frozen if all(p is not q for q in small)
+    )
     assert all(emulation.shards[p].numel() == p.numel() for p in run.trainable_parameters())
     largest = max(p.numel() for p in run.model.parameters())
     pool = emulation.param_buffers.pool
     assert pool.numel() == PARAM_BUFFER_COUNT * aligned(max(PARAM_BUFFER_SIZE, largest), 2)
-    assert tracker.live_bytes("parameters") == 0  # no weight stays on the GPU between uses
+    # no other weight stays on the GPU between uses
+    assert tracker.live_bytes("parameters") == sum(
+        round_allocation(p.numel() * p.element_size()) for p in small
+    )
     assert run.traffic.nvme_bytes > 2 * sum(p.numel() * p.element_size() for p in frozen) // 2
 
 

@@ -27,7 +27,9 @@ from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
 from autofit.knobs.fsdp import Fsdp
 from autofit.knobs.fsdp_offload import FsdpOffload
+from autofit.knobs.fsdp_version import FsdpVersion
 from autofit.knobs.fused_backward import FusedBackward
+from autofit.knobs.kbit_prep import KbitPrep
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
 from autofit.knobs.loss import Loss
@@ -44,6 +46,7 @@ from autofit.knobs.trainable_layers import TrainableLayers
 from autofit.knobs.validation import Validation
 from autofit.knobs.validation_resolution import ValidationResolution
 from autofit.knobs.world_size import WorldSize
+from autofit.knobs.zero3_params import ZERO3_SETTINGS
 from autofit.knobs.zero_stage import ZeroStage
 from autofit.models import ModelPreset
 
@@ -54,6 +57,7 @@ REGISTRY: dict[str, Knob] = {
         Resolution(),
         Precision(),
         TrainMode(),
+        KbitPrep(),
         TrainableLayers(),
         BasePrecision(),
         LoraRank(),
@@ -69,9 +73,11 @@ REGISTRY: dict[str, Knob] = {
         ZeroStage(),
         OffloadOptimizer(),
         OffloadParams(),
+        *ZERO3_SETTINGS,
         OffloadActivations(),
         Fsdp(),
         FsdpOffload(),
+        FsdpVersion(),
         WorldSize(),
         Ema(),
         Validation(),

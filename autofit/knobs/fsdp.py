@@ -140,7 +140,37 @@ def _ram_efficient(s: Subject) -> bool:
     return s.config["train_mode"] not in FOUR_BIT_MODES
 
 
+def _accelerate_fsdp1(value: Any, s: Subject) -> Say | Refuse:
+    """accelerate's FSDP1 keys (accelerate/utils/dataclasses.py, FullyShardedDataParallelPlugin),
+    as the emulation runs it: flat parameters, BACKWARD_PRE, weights kept in their loaded dtype
+    with accelerate's MixedPrecision from mixed_precision."""
+    block = {
+        "fsdp_version": 1,
+        "fsdp_sharding_strategy": "FULL_SHARD" if RESHARD_AFTER_FORWARD[value] else "SHARD_GRAD_OP",
+        "fsdp_offload_params": s.config["fsdp_offload"] == "cpu",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": block_classes(s.preset),
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_forward_prefetch": False,
+        "fsdp_use_orig_params": False,
+        "fsdp_sync_module_states": True,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": _ram_efficient(s),
+        "fsdp_activation_checkpointing": False,
+    }
+    note = ""
+    if s.config["train_mode"] != "full":
+        note = (
+            f"train_mode={s.config['train_mode']} under FSDP1 with use_orig_params=false: wrap "
+            "each adapter layer in its own unit (peft.utils.other.fsdp_auto_wrap_policy; the HF "
+            "Trainer does this itself for a PEFT model)"
+        )
+    return say(note=note, distributed_type="FSDP", fsdp_config=block)
+
+
 def _accelerate(value: Any, s: Subject) -> Say | Refuse:
+    if s.config.get("fsdp_version", 2) == 1:
+        return _accelerate_fsdp1(value, s)
     if s.config["precision"] == "bf16_autocast":
         return Refuse(
             "under FSDP2 with mixed precision accelerate upcasts the trained weights to fp32 "
@@ -171,6 +201,11 @@ def _accelerate(value: Any, s: Subject) -> Say | Refuse:
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     """SimpleTuner's FSDP2 flags (documentation/FSDP2.md; its 4.10.1 option list): full-model
     runs only."""
+    if s.config.get("fsdp_version", 2) == 1:
+        return Refuse(
+            "autofit writes SimpleTuner's FSDP flags for FSDP2 only (documentation/FSDP2.md)",
+            "fsdp_version=2",
+        )
     if s.config["train_mode"] != "full":
         return Refuse("SimpleTuner enables FSDP2 only for model_type=full", NOT_FSDP)
     if s.config["precision"] in ("bf16_pure", "bf16_autocast"):
@@ -241,6 +276,16 @@ class Fsdp(Knob):
         if value == "off":
             return
         offload = run.knobs["fsdp_offload"] == "cpu"
+        if run.knobs.get("fsdp_version", 2) == 1:
+            from autofit.simulator.fsdp1 import Fsdp1Emulation
+            from autofit.simulator.fsdp1_real import shard_fsdp1_for_real
+
+            if run.sharding_emulated:
+                world = run.knobs["world_size"]
+                Fsdp1Emulation(run, RESHARD_AFTER_FORWARD[value], world, offload)
+            else:
+                shard_fsdp1_for_real(run, RESHARD_AFTER_FORWARD[value])
+            return
         if run.sharding_emulated:
             from autofit.simulator.fsdp import FsdpEmulation
 

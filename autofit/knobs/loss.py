@@ -13,10 +13,23 @@
   `chunked_cross_entropy` (litgpt/model.py, litgpt/utils.py) do this. As there, each chunk's
   log-probabilities stay saved for backward: what chunking removes is the full fp32 copy of the
   logits (less one chunk) in forward and the full fp32 gradients in backward.
+- `fused_linear`: Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5,
+  `LigerFusedLinearCrossEntropyFunction`), which transformers' Trainer (`use_liger_kernel`, so
+  TRL), LLaMA-Factory (`enable_liger_kernel`) and axolotl (`liger_fused_linear_cross_entropy`)
+  run when told to use Liger: the output projection and the cross-entropy run over chunks of the
+  batch x sequence rows sized to keep a chunk's logits near rows x hidden elements (256 rows of
+  Llama 3 8B's 4096 x 128,256), in the model's dtype with no fp32 copy, and the gradients of the
+  hidden states and of the output projection's weight are made in forward, so no logits are kept
+  for backward: forward holds those two gradients (the weight's in its dtype) and one chunk's
+  logits instead. autofit/workloads/fused_linear_ce.py ports the library's memory behaviour to
+  torch (Liger's cross-entropy is a Triton kernel, which neither the CPU nor fake tensors run)
+  and lists what it leaves out. Apple's cut-cross-entropy (its forward keeps only each row's
+  log-sum-exp and its backward makes the logits again block by block) and unsloth's fused loss
+  lay their memory out otherwise: neither is modelled.
 
-The workload computes it (autofit/workloads/llm.py: `loss_chunks`); this knob enters it around
-every forward pass. Only causal language models have such a loss: for other families it is
-invalid. Nothing of it reaches a trainer's config: an own-code target gets a note of what the
+The workload computes them (autofit/workloads/llm.py: `loss_chunks`, `fused_linear_loss`); this
+knob enters the one asked for around every forward pass. Only causal language models have such a
+loss: for other families it is invalid. Nothing of it reaches a trainer's config: an own-code target gets a note of what the
 training loop must do.
 """
 
@@ -38,13 +51,22 @@ CHUNKS = 8  # torchtune's num_output_chunks default
 class Loss(Knob):
     name = "loss"
     default = "full"
-    help = "causal LM loss: full (all logits upcast to fp32 at once) | chunked (8 chunks of the sequence)"
+    help = (
+        "causal LM loss: full (all logits upcast to fp32 at once) | chunked (8 chunks of the "
+        "sequence) | fused_linear (Liger-Kernel's fused linear cross-entropy)"
+    )
     values = {
         "full": "the model's own loss: the output projection over the whole sequence, all logits "
         "upcast to fp32, then cross-entropy (transformers' model(input_ids, labels=...))",
         "chunked": f"the output projection and the fp32 cross-entropy over {CHUNKS} chunks of the "
         "sequence, one chunk at a time (torchtune's CEWithChunkedOutputLoss, LitGPT's "
         "lm_head_chunk_size): the loss is the sum over chunks divided by the number of targets",
+        "fused_linear": "Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5, "
+        "LigerFusedLinearCrossEntropyLoss; for transformers models "
+        "apply_liger_kernel_to_<model>(fused_linear_cross_entropy=True), transformers' and TRL's "
+        "use_liger_kernel=True, axolotl's liger_fused_linear_cross_entropy: true): the output "
+        "projection and the cross-entropy over chunks of the tokens, with the gradients made in "
+        "forward and no logits kept for backward",
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
     pass_only = True  # how the forward computes the loss
@@ -53,20 +75,23 @@ class Loss(Knob):
         return preset.family == "llm"
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        # Eight smaller output projections and losses instead of one: never faster.
+        # Smaller output projections and losses instead of one: never faster. The fused loss
+        # holds less than the chunked one, in more and smaller chunks.
+        if value == "fused_linear":
+            return "chunked" if "chunked" in searched else "full"
         return "full" if value == "chunked" else None
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value != "full" and context.model.family != "llm":
             return (
-                f"loss={value} chunks a causal language model's output projection; "
+                f"loss={value} is a causal language model's loss over its output projection; "
                 f"{context.model.name} is a {context.model.family} model (use loss=full)"
             )
         return None
 
     def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
-        if value != "chunked":
+        if value == "full":
             return None
-        from autofit.workloads.llm import loss_chunks
+        from autofit.workloads.llm import fused_linear_loss, loss_chunks
 
-        return loss_chunks(CHUNKS)
+        return loss_chunks(CHUNKS) if value == "chunked" else fused_linear_loss()

@@ -114,7 +114,7 @@ class TrainMode(Knob):
     # LoRA keeps each adapter's input, DoRA also the layer's outputs, freeze nothing of the
     # frozen blocks before the trained ones: the memory per sample differs between them.
     per_sample_memory = True
-    reads = ("dtypes",)
+    reads = ("dtypes", "base_preparation")
     after = ("base_precision",)  # its adapters wrap the base's layers as that knob stores them
 
     def libraries(self, value: Any) -> tuple[str, ...]:
@@ -218,6 +218,8 @@ def _add_adapters(run: RunState, value: str) -> None:
             move_to_device(run, model, skip=quantized)
             for layer in layers:
                 run.tag(quantized_tensors(layer), "parameters")
+        if run.base_preparation is not None:  # kbit_prep's, on the quantized base
+            run.base_preparation(run)
     rank = run.knobs["lora_rank"]
     targets = target_modules(run.knobs["lora_targets"], run.preset)
     config = LoraConfig(

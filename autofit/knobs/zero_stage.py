@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.zero3_params import live_parameters
 from autofit.trainers import SIMPLETUNER_ENV
 
 if TYPE_CHECKING:
@@ -62,9 +63,12 @@ NVME_PATH = "/local_nvme"
 
 
 def zero_optimization(config: Mapping[str, Any], pin_memory: bool) -> dict[str, Any]:
-    """DeepSpeed's `zero_optimization` block: the stage and where offloaded state lives (the
-    NVMe buffers at DeepSpeed's defaults, which autofit/simulator/nvme.py emulates)."""
+    """DeepSpeed's `zero_optimization` block: the stage, where offloaded state lives (the
+    NVMe buffers at DeepSpeed's defaults, which autofit/simulator/nvme.py emulates) and, for
+    stage 3, what stays gathered (the zero3_* knobs)."""
     zero: dict[str, Any] = {"stage": config["zero_stage"]}
+    if config["zero_stage"] == 3:
+        zero.update(live_parameters(config))
     for knob, key in (
         ("offload_optimizer", "offload_optimizer"),
         ("offload_params", "offload_param"),
@@ -280,10 +284,16 @@ class ZeroStage(Knob):
         if run.sharding_emulated:
             from autofit.run_state import PlainStep
             from autofit.simulator.zero import ZeroEmulation
+            from autofit.simulator.zero_gather import LiveParams
 
+            live = live_parameters(knobs)
             emulation = ZeroEmulation(
-                run, value, knobs["world_size"], knobs["offload_optimizer"], knobs["offload_params"]
-            )
+                run, value, knobs["world_size"], knobs["offload_optimizer"], knobs["offload_params"],
+                LiveParams(
+                    live["stage3_prefetch_bucket_size"], live["stage3_max_live_parameters"],
+                    live["stage3_max_reuse_distance"], live["stage3_param_persistence_threshold"],
+                ),
+            )  # fmt: skip
             run.stepper = PlainStep(emulation, None, grads_set_to_none=True)
             return
         import deepspeed

@@ -407,7 +407,7 @@ class FsdpEmulation:
             module._buffers[leaf] = moved = buffer.to(run.device, copy=True)
             run.tag([moved], "parameters")
         if offload:
-            self._step_on_host(run.optimizer)
+            step_on_host(run, run.optimizer)
         run.model.register_forward_pre_hook(lambda *_: self._save_by_reference())
         run.model.register_forward_hook(lambda *_: self.saving.close())
 
@@ -454,29 +454,31 @@ class FsdpEmulation:
         self.reduce_scatter_input = None
         self.callback_queued = False
 
-    def _step_on_host(self, optimizer: Any) -> None:
-        """CPUOffloadPolicy: the step runs on the host shards, its state created there."""
-        run, stack = self.run, ExitStack()
 
-        def before(*_: Any) -> None:
-            stack.enter_context(run.host())
+def step_on_host(run: RunState, optimizer: Any) -> None:
+    """CPU offload (FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload): the step runs on the host
+    shards, its state created there."""
+    stack = ExitStack()
 
-        def after(opt: Any, *_: Any) -> None:
-            stack.close()
-            for group in opt.param_groups:
-                for param in group["params"]:
-                    state = opt.state.get(param, {})
-                    states = sum(
-                        t.numel() * t.element_size()
-                        for t in state.values()
-                        if isinstance(t, torch.Tensor)
-                    )
-                    grad = param.numel() * param.element_size() if param.grad is not None else 0
-                    # Read and written: the weight and its states, and the gradient read.
-                    run.traffic.host_compute_bytes += 2 * (grad + states) + grad
+    def before(*_: Any) -> None:
+        stack.enter_context(run.host())
 
-        optimizer.register_step_pre_hook(before)
-        optimizer.register_step_post_hook(after)
+    def after(opt: Any, *_: Any) -> None:
+        stack.close()
+        for group in opt.param_groups:
+            for param in group["params"]:
+                state = opt.state.get(param, {})
+                states = sum(
+                    t.numel() * t.element_size()
+                    for t in state.values()
+                    if isinstance(t, torch.Tensor)
+                )
+                grad = param.numel() * param.element_size() if param.grad is not None else 0
+                # Read and written: the weight and its states, and the gradient read.
+                run.traffic.host_compute_bytes += 2 * (grad + states) + grad
+
+    optimizer.register_step_pre_hook(before)
+    optimizer.register_step_post_hook(after)
 
 
 # -- the real thing -----------------------------------------------------------------------------

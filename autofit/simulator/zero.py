@@ -10,11 +10,13 @@ which tests/test_zero.py checks) and moves the same bytes:
   in stages 1 and 2 its 1/N share of the 16-bit gradients (2 more);
 - stage 1 keeps every 16-bit gradient until the step; stage 2 reduce-scatters each gradient into
   the rank's share as it is made and frees it; stage 3 also keeps only the rank's share of the
-  16-bit weights, gathering a module's full weights just before it runs (forward and backward) and
-  dropping them after;
+  16-bit weights, gathering a module's full weights around its forward and its backward, and
+  keeping more gathered (prefetched, persistent, soon reused) as DeepSpeed's parameter
+  coordinator does (autofit/simulator/zero_gather.py, under the `zero3_*` knobs);
+- `offload_params` leaves the shares of frozen weights of at most
+  `stage3_param_persistence_threshold` elements on the GPU, as zero.Init puts them;
 - `offload_optimizer=cpu` keeps the shares of master weights, moments and gradients in host
-  memory and runs the update there (gradients cross the host link once, updated weights once);
-  `offload_params=cpu` (stage 3) keeps the weight shares there too.
+  memory and runs the update there (gradients cross the host link once, updated weights once).
 - NVMe (ZeRO-Infinity, stage 3; autofit/simulator/nvme.py has DeepSpeed's figures):
   `offload_optimizer=nvme` keeps the optimizer's sub-groups of at least 1 MiB on the drive and
   holds only DeepSpeed's pinned swap buffers in host memory, through which each sub-group is read,
@@ -45,13 +47,14 @@ from torch import nn
 from autofit.optimizers import LEARNING_RATE
 from autofit.run_state import logical_numel, set_logical_numel
 from autofit.simulator.nvme import PARAM_MAX_IN_CPU, OptimizerSwap, ParameterSwap
-from autofit.simulator.streaming import ParameterStream
+from autofit.simulator.zero_gather import GatherCoordinator, Layout, LiveParams, gathered_buffers
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
 
 
 REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
+DEEPSPEED_DEFAULTS = LiveParams()  # what ZeRO-3 keeps gathered, at DeepSpeed's defaults
 
 
 def share(numel: int, world_size: int) -> int:
@@ -69,8 +72,9 @@ class ZeroEmulation:
         world_size: int,
         offload_optimizer: str,
         offload_params: str,
+        live: LiveParams = DEEPSPEED_DEFAULTS,
     ) -> None:
-        self.run, self.stage, self.world_size = run, stage, world_size
+        self.run, self.stage, self.world_size, self.live = run, stage, world_size, live
         self.offload = offload_optimizer != "none"
         self.params = run.trainable_parameters()
         self.offsets: dict[nn.Parameter, int] = {}
@@ -167,12 +171,22 @@ class ZeroEmulation:
                 else:
                     on_nvme.add(param)
         self.full_shapes = {param: (param.shape, param.dtype) for param in params}
+        partitioned = {param: _partition_layout(param, run)[1] for param in params}  # ds_numel
+        # Weights of at most `stage3_param_persistence_threshold` elements stay gathered once
+        # used. zero.Init keeps a frozen one's share on the GPU even when weights are offloaded
+        # (too small for the drive, too); a trained one's moves to the optimizer's flat 16-bit
+        # partition, in host memory when offloaded (stage3.py).
+        persistent = {p for p in params if partitioned[p] <= self.live.persistence_threshold}
+        on_gpu = (
+            {p for p in persistent if not p.requires_grad} if offload_params != "none" else set()
+        )
+        on_nvme -= on_gpu
         for param in params:
             set_logical_numel(param, logical_numel(param))  # weights, not the shard's elements
             shard_dtype, numel = _partition_layout(param, run)
             if param in on_nvme:
                 place, device, numel = nullcontext(), run.device, 0  # a placeholder, as DeepSpeed's
-            elif offload_params != "none":
+            elif offload_params != "none" and param not in on_gpu:
                 place, device = run.host(pinned=True), run.host_device
                 numel = share(numel, self.world_size)
             else:
@@ -184,23 +198,40 @@ class ZeroEmulation:
                 run.tracker.tag(self.shards[param], "parameters")
             param.data = self.shards[param]  # the full weight is freed
 
-        def gather(param: nn.Parameter) -> torch.Tensor:
-            shape, dtype = self.full_shapes[param]
-            nbytes = share(shape.numel() * dtype.itemsize, self.world_size)
-            if param in on_nvme:  # drive -> pinned buffer -> GPU
-                run.traffic.nvme_bytes += nbytes
-            if offload_params != "none":
-                run.traffic.link_bytes += nbytes
-            return torch.empty(shape, dtype=dtype, device=run.device)
+        self.layouts = {
+            param: Layout(
+                share(partitioned[param], self.world_size),
+                self.shards[param].dtype,
+                offload_params == "none" or param in on_gpu,
+                *self.full_shapes[param],
+            )
+            for param in params
+        }
 
-        def release(param: nn.Parameter) -> torch.Tensor:
-            return self.shards[param]
+        def gather(group: list[nn.Parameter]) -> Any:
+            for param in group:
+                shape, dtype = self.full_shapes[param]
+                nbytes = share(shape.numel() * dtype.itemsize, self.world_size)
+                if param in on_nvme:  # drive -> pinned buffer -> GPU
+                    run.traffic.nvme_bytes += nbytes
+                if not self.layouts[param].on_gpu:
+                    run.traffic.link_bytes += nbytes
+            return gathered_buffers(
+                group,
+                self.world_size,
+                self.layouts.__getitem__,
+                self.shards.__getitem__,
+                run.device,
+            )
 
-        # DeepSpeed gathers each module's own weights (the granularity of its estimate's
-        # "largest layer").
-        for module in run.model.modules():
-            if any(True for _ in module.parameters(recurse=False)):
-                _ModuleWeights(module, gather, release)
+        def release(param: nn.Parameter) -> None:
+            param.data = self.shards[param]
+
+        # DeepSpeed gathers each module's own weights, as its coordinator decides
+        # (autofit/simulator/zero_gather.py).
+        self.coordinator = GatherCoordinator(
+            run.model, self.live, partitioned.__getitem__, gather, release
+        )
 
     # -- gradients -----------------------------------------------------------------------------
 
@@ -220,12 +251,13 @@ class ZeroEmulation:
             self.grads[start : start + n].copy_(grad)
         if self.stage >= 2:
             param.grad = None
-        if self.stage == 3:
-            param.data = self.shards[param]  # the weight's backward is done: drop the gathered copy
 
     # -- the step ------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
+        if self.stage == 3:  # backward's epilogue, then the step's start: every weight released
+            self.coordinator.release_backward_leftovers()
+            self.coordinator.release_all()
         self.run.traffic.peer_bytes += (
             self.collective_bytes * (self.world_size - 1) // self.world_size
         )
@@ -246,6 +278,8 @@ class ZeroEmulation:
                 lambda *states: _adamw(*states, self.step_count),
                 lambda index, source: self._publish(self.params[index], source),
             )
+        if self.stage == 3:
+            self.coordinator.gather_persistent()
 
     def _publish(self, param: nn.Parameter, source: torch.Tensor) -> None:
         """Write this rank's updated share of a 16-bit weight (all-gathered to the others)."""
@@ -286,59 +320,3 @@ def _partition_layout(param: nn.Parameter, run: RunState) -> tuple[torch.dtype, 
         storage = run.dtypes.weights
         return storage, -(-param.numel() // storage.itemsize)
     return param.dtype, param.numel()
-
-
-def _needs_grad(output: Any) -> bool:
-    if isinstance(output, torch.Tensor):
-        return output.requires_grad
-    if isinstance(output, (tuple, list)):
-        return any(_needs_grad(item) for item in output)
-    return False
-
-
-def _holds(param: nn.Parameter, tensor: torch.Tensor) -> bool:
-    return param.untyped_storage()._cdata == tensor.untyped_storage()._cdata
-
-
-class _ModuleWeights(ParameterStream):
-    """ZeRO-3's gathering: like a ParameterStream over the module's own weights, except that in
-    backward a weight is dropped by its gradient hook, once its gradient is reduced. A module's
-    backward hook is no guide there: when none of the module's inputs needs a gradient, PyTorch
-    fires it as soon as the output's gradient arrives, before the module's backward has run.
-    Each weight is gathered or dropped on its own, by whether it holds its shard."""
-
-    def __init__(self, module: nn.Module, materialize: Any, release: Any) -> None:
-        super().__init__(module, materialize, release)
-        self.params = list(module.parameters(recurse=False))
-
-    def bring(self) -> None:
-        for param in self.params:
-            if _holds(param, self.release(param)):
-                param.data = self.materialize(param)
-
-    def drop(self) -> None:
-        for param in self.params:
-            if not _holds(param, self.release(param)):
-                param.data = self.release(param)
-
-    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.in_backward:
-            return
-        # A checkpointed block's forward runs again inside backward; a frozen weight saved there
-        # (a LoRA base's, a norm's) is kept until its module's backward is done (no gradient
-        # hook drops it), as long as that backward will run: the output needs a gradient.
-        keep_frozen = torch._C._current_graph_task_id() != -1 and _needs_grad(output)
-        for param in self.params:
-            if keep_frozen and not param.requires_grad:
-                continue
-            if not _holds(param, self.release(param)):
-                param.data = self.release(param)
-
-    def _after_backward(self, *_: Any) -> None:
-        # A frozen weight (a LoRA base) has no gradient hook: its module's backward is done now.
-        # (Its output needed a gradient only through an input that needs one, so the hook is
-        # not early for it.)
-        self.in_backward = False
-        for param in self.params:
-            if not param.requires_grad and not _holds(param, self.release(param)):
-                param.data = self.release(param)

@@ -14,7 +14,8 @@ every expert takes an equal share of the rows (`equal_share_grouped_mm`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -33,6 +34,7 @@ from transformers import (
 
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import token_ids
+from autofit.workloads.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -78,20 +80,31 @@ def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) ->
     return _library_grouped_mm(rows, weight, offs)
 
 
-IGNORE_INDEX = -100  # the label cross-entropy skips (torch's and transformers' default)
-# How many chunks of the sequence the output projection and the loss run in; 0: the model's own
-# loss over the full logits. The loss knob sets it around each forward pass (loss_chunks).
-_LOSS_CHUNKS: ContextVar[int] = ContextVar("loss_chunks", default=0)
+# The loss the workload computes instead of the model's own over the full logits, None for that
+# one; the loss knob sets it around each forward pass (loss_chunks, fused_linear_loss).
+_LOSS: ContextVar[Callable[[Any, torch.Tensor], torch.Tensor] | None] = ContextVar(
+    "loss", default=None
+)
 
 
 @contextmanager
 def loss_chunks(chunks: int) -> Iterator[None]:
     """Inside, `CausalLMWorkload.loss` runs the output projection and the loss in `chunks`."""
-    token = _LOSS_CHUNKS.set(chunks)
+    token = _LOSS.set(functools.partial(chunked_cross_entropy, chunks=chunks))
     try:
         yield
     finally:
-        _LOSS_CHUNKS.reset(token)
+        _LOSS.reset(token)
+
+
+@contextmanager
+def fused_linear_loss() -> Iterator[None]:
+    """Inside, `CausalLMWorkload.loss` is Liger-Kernel's fused linear cross-entropy."""
+    token = _LOSS.set(fused_linear_cross_entropy)
+    try:
+        yield
+    finally:
+        _LOSS.reset(token)
 
 
 def causal_lm(model: Any) -> Any:
@@ -136,6 +149,49 @@ def _summed_cross_entropy(
     )
 
 
+def fused_linear_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy as Liger-Kernel's transformers integration computes it
+    (liger_kernel/transformers/model/loss_utils.py, `LigerForCausalLMLoss`, 0.8.5): the labels
+    padded by one position (that padded copy stays referenced until the loss returns), the next
+    tokens as targets, and the fused linear cross-entropy (autofit/workloads/fused_linear_ce.py)
+    over the flattened hidden states and the output projection's weight.
+
+    As Liger patches it in, the loss is the causal LM's own forward (`lce_forward`), so whatever
+    wraps the model (peft, FSDP's root unit) runs around it; and it runs as the output
+    projection's forward, as Liger runs it under FSDP (`_FSDPForwardRedirection`): the hooks that
+    bring a sharded or swapped weight in around the module's forward and backward fire around it."""
+    lm = causal_lm(model)
+    head = lm.lm_head
+    assert head.bias is None, "Liger's causal LM loss passes no bias"
+    labels = torch.nn.functional.pad(input_ids, (0, 1), value=IGNORE_INDEX)
+    targets = labels[..., 1:].contiguous().flatten()
+
+    def loss(states: torch.Tensor) -> torch.Tensor:
+        return FusedLinearCrossEntropy.apply(states, head.weight, targets)  # type: ignore[no-any-return]
+
+    def lce_forward(input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
+        hidden = lm.model(input_ids=input_ids).last_hidden_state
+        with _forward_as(head, loss):
+            return head(hidden.flatten(0, 1))  # type: ignore[no-any-return]
+
+    with _forward_as(lm, lce_forward):
+        return model(input_ids=input_ids)  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _forward_as(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """`module`'s forward replaced by `forward` inside (its hooks still fire around it)."""
+    own = module.__dict__.get("forward")
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own  # type: ignore[method-assign]
+
+
 class CausalLMWorkload(Workload):
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         kind = self.preset.architecture["kind"]
@@ -156,9 +212,9 @@ class CausalLMWorkload(Workload):
         return {"input_ids": token_ids(batch_size, resolution, vocab, device)}
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        chunks = _LOSS_CHUNKS.get()
-        if chunks:
-            return chunked_cross_entropy(model, batch["input_ids"], chunks)
+        loss = _LOSS.get()
+        if loss is not None:
+            return loss(model, batch["input_ids"])
         # The labels are the inputs: the model shifts them and upcasts the logits for the loss,
         # as a fine-tuning run does.
         return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
