@@ -21,10 +21,12 @@ import pytest
 from chromium import find_chromium, open_page
 from helpers import autofit, in_process
 
+from autofit.calibration.margins import load_figures, load_margins
+from autofit.calibration.rows import percent
 from autofit.gpus import load_gpu
 from autofit.probe.summary import headroom, provenance
 from autofit.report import charts
-from autofit.report.answer import PUBLISHED, answer
+from autofit.report.answer import answer, published_words
 from autofit.report.changes import compare
 from autofit.report.tables import config_words, host_cell
 from autofit.results import load_study
@@ -147,13 +149,13 @@ def test_the_answer_comes_first_with_the_best_run_its_headroom_export_command_an
     assert exported.returncode == 0, exported.stderr
     assert f" of {STUDY} for hydra to " in exported.stdout
     # Every probe of this study was simulated: the published comparison says how far to trust it.
-    assert f"trust simulated: {PUBLISHED.words()}" in _flat(box)
+    assert f"trust simulated: {published_words()}" in _flat(box)
 
     page = (workdir / "results" / STUDY / "report" / "report.html").read_text()
     assert page.index('id="answer"') < page.index('id="pareto"') < page.index('id="memory"')
     panel = page[page.index('id="answer"') : page.index("</div>", page.index('id="answer"'))]
     assert headroom(peak, budget) in panel and f"<code>{command}</code>" in panel
-    assert PUBLISHED.words() in panel
+    assert published_words() in panel
 
 
 def test_the_trust_line_says_measured_for_probes_on_the_gpu_and_counts_a_mix(
@@ -170,25 +172,32 @@ def test_the_trust_line_says_measured_for_probes_on_the_gpu_and_counts_a_mix(
     measured = trust([dataclasses.replace(p, backend="cuda") if p.backend else p
                       for p in study.probes])  # fmt: skip
     assert measured.startswith(f"{provenance('cuda')}: real steps on the GPU")
-    assert "simulated" not in measured and PUBLISHED.words() not in measured
+    assert "simulated" not in measured and published_words() not in measured
     mixed = trust([dataclasses.replace(probed[0], backend="cuda"), *probed[1:]])
     assert mixed.startswith(f"simulated ({len(probed) - 1} of {len(probed)} probes): ")
     assert f"; {provenance('cuda')}: " in mixed
 
 
 def test_the_readme_states_the_published_figures_the_trust_line_gives() -> None:
-    """The trust line's figures are declared once (answer.PUBLISHED); the README's first screen
-    states the same."""
+    """The trust line's figures are those calibration/margins.yaml keeps (what `autofit calibrate
+    set=published` found); the README's first screen states the same, held-out runs first."""
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
-    assert PUBLISHED.false_fits == 0
+    figures = load_figures()
+    held, every = figures["held_out"], figures["all"]
+    assert every["false_fits"] == 0
     for words in (
-        f"Against the {PUBLISHED.memory_runs} runs people published with a memory figure",
-        f"within a median {PUBLISHED.median_error:.1%} of it and at most "
-        f"{PUBLISHED.worst_error:.1%}, and it leans low",
-        f"of {PUBLISHED.verdict_runs} runs published only as",
-        f"{PUBLISHED.verdicts_agree} agree and none is a false fit",
+        f"Against the {held['figures']} runs with a memory figure that were held out from building it",
+        f"within a median {held['median_abs']:.1%} of it (at most {held['max_abs']:.1%}, on average "
+        f"{held['mean_signed']:+.1%})",
+        f"against all {every['figures']}, a median {every['median_abs']:.1%}",
+        f"{every['verdicts']} fit verdicts ({every['false_fits']} false fits, "
+        f"{every['false_ooms']} false out-of-memory)",
     ):
         assert words in readme, words
+    # The margins section holds each class's row as calibration/margins.yaml has it.
+    for name, c in load_margins().items():
+        row = f"| {name} | {c.runs} | {c.held_out} | {percent(c.median_abs_error)} | {percent(c.worst_under)} | {percent(c.margin)} |"
+        assert row in readme, row
 
 
 def _far_over(study, gib: int = 500):  # type: ignore[no-untyped-def]

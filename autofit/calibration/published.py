@@ -9,9 +9,16 @@ there (`oom`). `autofit` holds the closest autofit settings (`model=... gpu=... 
 where autofit can express the run, `differs` what they leave out; a row autofit cannot express
 has `needs` instead: what it lacks.
 
+`use` says whether a row was used while building or checking a mechanism of the simulator
+(`built`) or held out from it (`held_out`); `held_out_error` keeps the error (or verdict) a row
+showed when it first became expressible, before anything was changed for it, with the commit it
+was measured at. The two kinds are reported apart.
+
 Compared like with like, the error is signed (simulated / published - 1: positive over-estimates).
-A false fit is a run autofit says fits (at the default margin) that ran out of memory, or whose
-published figure is over the budget; a false out-of-memory, the reverse.
+A false fit is a run autofit says fits at its margin that ran out of memory, or a figure the
+margin does not cover: on a card the simulated peak just fills at that margin, the published
+figure would not fit. A false out-of-memory: a run that fitted its card (ran, or a figure taken on
+it) that autofit says does not fit there at its margin.
 """
 
 from __future__ import annotations
@@ -23,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autofit.calibration.margins import AUTO, chosen_margin
 from autofit.errors import ConfigError, shown
-from autofit.probe.spec import DEFAULT_MARGIN
 
 COLUMNS = (
     "id", "family", "model", "gpu", "method", "trainer", "batch_size", "grad_accumulation",
     "length", "precision", "optimizer", "checkpointing", "lora", "quantization", "other",
     "figure", "unit", "measure", "measure_note", "throughput", "speed", "speed_unit", "source",
-    "autofit", "differs", "needs",
+    "autofit", "differs", "needs", "use", "held_out_error",
 )  # fmt: skip
+USES = ("built", "held_out")
 MEASURES = ("allocated", "active", "reserved", "nvidia_smi", "ran", "oom")
 # The speed a source published, per GPU: tokens per second (of the run's sequence length), or
 # seconds per optimizer step (batch x gradient accumulation samples), or samples per second.
@@ -54,10 +62,15 @@ class PublishedRow:
     needs: str = ""
     settings: dict[str, str] = field(default_factory=dict)
     samples_per_s: float | None = None  # the published speed in autofit's unit, where given
+    use: str = "held_out"
 
     @property
     def expressible(self) -> bool:
         return self.model is not None
+
+    @property
+    def held_out(self) -> bool:
+        return self.use == "held_out"
 
 
 def published_path() -> Path:
@@ -76,6 +89,10 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     if measure not in MEASURES:
         raise ConfigError(
             f"{where}: measure={shown(measure)} is not valid; valid: {', '.join(MEASURES)}"
+        )
+    if raw["use"] not in USES:
+        raise ConfigError(
+            f"{where}: use={shown(raw['use'])} is not valid; valid: {', '.join(USES)}"
         )
     unit = raw["unit"]
     if unit not in UNITS:
@@ -104,7 +121,7 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     return PublishedRow(
         id=raw["id"], family=raw["family"], measure=measure, figure_bytes=figure, model=model,
         gpu=gpu, knobs=knobs, differs=raw["differs"], needs=raw["needs"], settings=dict(raw),
-        samples_per_s=_samples_per_s(raw, knobs, where) if model else None,
+        samples_per_s=_samples_per_s(raw, knobs, where) if model else None, use=raw["use"],
     )  # fmt: skip
 
 
@@ -163,48 +180,67 @@ def simulated_figure(row: PublishedRow, result: Any) -> int | None:
     return None
 
 
-def compared(row: PublishedRow, result: Any, budget_bytes: int) -> dict[str, Any]:
-    """The row's simulated figure, its error and the fit verdicts (a dict for the CSV)."""
+def compared(row: PublishedRow, result: Any, spec: Any) -> dict[str, Any]:
+    """The row's simulated figure and its error (a dict for the CSV); `judged` adds the fit
+    verdicts at a margin."""
+    from autofit.calibration.margins import run_class
     from autofit.probe.spec import DOES_NOT_FIT, Outcome
 
     simulated = simulated_figure(row, result)
+    # the published speed is one GPU's; the simulated one is the whole run's
+    speed = result.samples_per_s / int(spec.knobs["world_size"]) if result.samples_per_s else None
     error = None
     if simulated is not None and row.figure_bytes:
         error = simulated / row.figure_bytes - 1
     # Over the host budget (oom_host) is an answer too: the run does not fit, as for oom.
     answered = result.outcome in (Outcome.OK, *DOES_NOT_FIT)
-    fits = result.outcome is Outcome.OK  # peak within the budget at the default margin
-    real_ran = {"ran": True, "oom": False}.get(
-        row.measure, row.figure_bytes is not None and row.figure_bytes <= budget_bytes
-    )
     return {
         "id": row.id, "family": row.family, "model": row.model, "gpu": row.gpu,
+        "run_class": run_class(spec.model["family"], spec.knobs), "use": row.use,
         "measure": row.measure, "published_bytes": row.figure_bytes,
         "simulated_bytes": simulated, "error": error,
         "sim_outcome": result.outcome.value, "sim_peak_bytes": result.peak_bytes,
-        "budget_bytes": budget_bytes, "sim_phase": result.phase,
-        "false_fit": answered and fits and not real_ran,
-        "false_oom": answered and not fits and real_ran,
+        "sim_phase": result.phase,
         "published_samples_per_s": row.samples_per_s,
-        "sim_samples_per_s": result.samples_per_s,
-        "throughput_error": (
-            result.samples_per_s / row.samples_per_s - 1
-            if row.samples_per_s and result.samples_per_s
-            else None
-        ),
+        "sim_samples_per_s": speed,
+        "throughput_error": speed / row.samples_per_s - 1 if row.samples_per_s and speed else None,
         "crash": "" if answered else (result.error or {}).get("message", ""),
         "differs": row.differs,
     }  # fmt: skip
 
 
+def judged(outcome: dict[str, Any], margin: float) -> dict[str, Any]:
+    """`outcome` with its fit verdicts at `margin` (its run simulated against the whole card, so
+    any margin can judge its peak). A figure is a false fit where the margin does not cover its
+    error: on a card the simulated peak just fills at that margin, the published figure would
+    not fit; a run that ran out of memory is one where the simulated peak is within the budget.
+    A false out-of-memory is a run that fitted its card (ran, or a figure taken on it) whose
+    simulated peak is over the budget, or over the host's."""
+    from autofit.gpus import load_gpu
+
+    gpu = load_gpu(outcome["gpu"])
+    budget = gpu.budget_bytes(margin)
+    answered = not outcome["crash"]
+    fits = outcome["sim_outcome"] in ("ok", "oom") and (outcome["sim_peak_bytes"] or 0) <= budget
+    if outcome["error"] is not None:
+        covered = budget / (1 + outcome["error"]) <= gpu.memory_bytes
+        false_fit, false_oom = answered and not covered, answered and not fits
+    else:
+        ran = outcome["measure"] == "ran"
+        false_fit, false_oom = answered and fits and not ran, answered and not fits and ran
+    return {**outcome, "margin": margin, "budget_bytes": budget, "fits": answered and fits,
+            "false_fit": false_fit, "false_oom": false_oom}  # fmt: skip
+
+
 def simulate_rows(
     rows: list[PublishedRow],
-    margin: float = DEFAULT_MARGIN,
+    margin: Any = AUTO,
     timeout_s: float = 900,
     on_done: Any = None,
 ) -> list[dict[str, Any]]:
-    """Each row simulated with its closest knobs and compared (in the rows' order). One warm
-    probe server per family, a few probes at a time; `on_done(compared)` as each one finishes."""
+    """Each row simulated with its closest knobs and compared (in the rows' order) at `margin`
+    (`auto`: its class's, calibration/margins.yaml). One warm probe server per family, a few
+    probes at a time; `on_done(compared)` as each one finishes."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -219,12 +255,12 @@ def simulate_rows(
 
     def one(row: PublishedRow, launcher: Any) -> None:
         assert row.model and row.gpu
+        # against the whole card: `judged` weighs the peak at any margin
         spec = make_spec(
-            load_preset(row.model), load_gpu(row.gpu), row.knobs, "simulate", margin, timeout_s
+            load_preset(row.model), load_gpu(row.gpu), row.knobs, "simulate", 0.0, timeout_s
         )
-        outcomes[row.id] = done = compared(
-            row, run_probe(spec, launcher=launcher), spec.budget_bytes
-        )
+        done = compared(row, run_probe(spec, launcher=launcher), spec)
+        outcomes[row.id] = done = judged(done, margin_of(done, margin))
         if on_done:
             on_done(done)
 
@@ -238,24 +274,46 @@ def simulate_rows(
     return [outcomes[r.id] for r in rows]
 
 
-def published_figures(outcomes: list[dict[str, Any]], rows: list[PublishedRow]) -> dict[str, Any]:
-    """Median and largest |error| over the rows with a figure, the false fits and false
-    out-of-memory verdicts, and what the rows autofit cannot express need."""
+def margin_of(outcome: dict[str, Any], margin: Any, table: Any = None) -> float:
+    """The margin a compared row is judged at: `margin`, or with `auto` its class's (from
+    `table`, else calibration/margins.yaml)."""
+    if margin != AUTO:
+        return chosen_margin(margin, "", []).value
+    if table is not None:
+        return table[outcome["run_class"]].margin
+    return chosen_margin(AUTO, "", [outcome["run_class"]]).value
+
+
+def _error_figures(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [o["error"] for o in outcomes if o["error"] is not None]
     absolute = [abs(e) for e in errors]
-    speeds = [abs(o["throughput_error"]) for o in outcomes if o["throughput_error"] is not None]
     return {
-        "rows": len(rows),
-        "expressible": sum(r.expressible for r in rows),
+        "runs": len(outcomes),
         "compared": len(errors),
         "median_abs": statistics.median(absolute) if absolute else None,
         "max_abs": max(absolute) if absolute else None,
         "mean_signed": statistics.fmean(errors) if errors else None,
+        # every answered run is a fit verdict: a figure's run fitted its card
+        "verdicts": sum(not o["crash"] for o in outcomes),
+        "false_fits": [o["id"] for o in outcomes if o["false_fit"]],
+        "false_ooms": [o["id"] for o in outcomes if o["false_oom"]],
+    }
+
+
+def published_figures(outcomes: list[dict[str, Any]], rows: list[PublishedRow]) -> dict[str, Any]:
+    """Median and largest |error| over the rows with a figure, the false fits and false
+    out-of-memory verdicts, all of them and the held-out and built rows apart, and what the rows
+    autofit cannot express need."""
+    speeds = [abs(o["throughput_error"]) for o in outcomes if o["throughput_error"] is not None]
+    return {
+        "rows": len(rows),
+        "expressible": sum(r.expressible for r in rows),
+        **_error_figures(outcomes),
+        "held_out": _error_figures([o for o in outcomes if o["use"] == "held_out"]),
+        "built": _error_figures([o for o in outcomes if o["use"] == "built"]),
         "throughput_compared": len(speeds),
         "throughput_median_abs": statistics.median(speeds) if speeds else None,
         "throughput_max_abs": max(speeds) if speeds else None,
-        "false_fits": [o["id"] for o in outcomes if o["false_fit"]],
-        "false_ooms": [o["id"] for o in outcomes if o["false_oom"]],
         "crashed": [f"{o['id']}: {o['crash']}" for o in outcomes if o["crash"]],
         "not_expressible": {r.id: r.needs for r in rows if not r.expressible},
     }

@@ -74,12 +74,13 @@ def run_config(cfg: Any) -> int:
     if str(cfg.set) == "published":
         return run_published(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
+    from autofit.calibration.margins import AUTO, FLOOR
     from autofit.calibration.rows import append_row, describe, figures, read_rows, row
     from autofit.calibration.sets import load_set
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
     from autofit.paths import ensure_writable
-    from autofit.probe.build import check_settings, gpu_from_config, make_spec
+    from autofit.probe.build import check_settings, gpu_from_config, make_spec, probe_margin
     from autofit.probe.runner import run_probe
     from autofit.units import size
 
@@ -90,7 +91,8 @@ def run_config(cfg: Any) -> int:
         raise ConfigError(f"measure={shown(measure)} is not valid; valid values: cuda, cpu")
     check_settings(measure, data["margin"], data["timeout_s"])
     gpu = gpu_from_config(data["gpu"])
-    gpu.budget_bytes(data["margin"])  # a reservation that leaves nothing fails before any case
+    # a reservation that leaves nothing fails before any case
+    gpu.budget_bytes(FLOOR if data["margin"] == AUTO else data["margin"])
     cases = load_set(str(data["set"]))
     out = (
         Path(data["out"])
@@ -128,8 +130,9 @@ def run_config(cfg: Any) -> int:
             abs(device_memory - target.memory_bytes) > SAME_GPU_TOLERANCE * device_memory
         )
         preset = preset_of(case.model)
+        margin = probe_margin(data["margin"], preset, case.knobs).value
         results = {
-            backend: run_probe(make_spec(preset, target, case.knobs, backend, data["margin"], data["timeout_s"]))
+            backend: run_probe(make_spec(preset, target, case.knobs, backend, margin, data["timeout_s"]))
             for backend in ("simulate", measure)
         }  # fmt: skip
         sim, real = results["simulate"], results[measure]
@@ -167,8 +170,17 @@ def _compared(values: dict[str, Any], size: Any) -> str:
 def run_published(data: dict[str, Any]) -> int:
     """Every row of the published set autofit can express (or those `only=` names), simulated
     with its closest knobs and compared like with like; the rows it cannot express, with what
-    they need."""
-    from autofit.calibration.published import load_published, published_figures, simulate_rows
+    they need. The whole set (no `only=`) also derives each class's margin from the errors and
+    writes calibration/margins.yaml (with `margin=auto`, the default): its verdicts are those at
+    the margins it derives; with a margin given, at that margin."""
+    from autofit.calibration.margins import AUTO, derive_margins, write_margins
+    from autofit.calibration.published import (
+        judged,
+        load_published,
+        margin_of,
+        published_figures,
+        simulate_rows,
+    )  # fmt: skip
     from autofit.calibration.rows import write_rows
     from autofit.paths import ensure_writable
     from autofit.probe.build import check_settings
@@ -179,7 +191,8 @@ def run_published(data: dict[str, Any]) -> int:
     rows = load_published()
     out = Path(data["out"]) if data.get("out") else RESULTS / "calibration" / "published.csv"
     expressible = [r for r in rows if r.expressible]
-    if data.get("only"):
+    whole = not data.get("only")
+    if not whole:
         only = data["only"]
         wanted = [str(w) for w in (only if isinstance(only, list) else [only])]
         known = {r.id: r for r in expressible}
@@ -212,34 +225,68 @@ def run_published(data: dict[str, Any]) -> int:
         if done["throughput_error"] is not None:
             speed = (f"; {done['sim_samples_per_s']:.3f} samples/s against "
                      f"{done['published_samples_per_s']:.3f} ({done['throughput_error']:+.1%})")  # fmt: skip
-        print(f"  {done['id']}: {done['measure']} {published} published, simulated "
-              f"{size(done['simulated_bytes'])}{error}; {done['sim_outcome']} at "
-              f"{size(done['sim_peak_bytes'])} of {size(done['budget_bytes'])}{speed}", flush=True)  # fmt: skip
+        print(f"  {done['id']} [{done['use']}]: {done['measure']} {published} published, simulated "
+              f"{size(done['simulated_bytes'])}{error}; peak {size(done['sim_peak_bytes'])}"
+              f"{speed}", flush=True)  # fmt: skip
 
-    ordered = simulate_rows(expressible, data["margin"], data["timeout_s"], on_done=report)
+    margin = data["margin"]
+    # The whole set derives the margins first: judged at the table it writes, not the old one.
+    derive = whole and margin == AUTO
+    ordered = simulate_rows(
+        expressible, 0.0 if derive else margin, data["timeout_s"], on_done=report
+    )
+    table = None
+    if derive:
+        table = derive_margins(ordered, {r.id: r.held_out for r in rows})
+        ordered = [judged(o, margin_of(o, margin, table)) for o in ordered]
     write_rows(out, list(ordered[0]) if ordered else ["id"], ordered)
     figures = published_figures(ordered, rows)
+    if table is not None:
+        figures["classes"] = {n: c.__dict__ for n, c in table.items()}
+        where = write_margins(
+            table, {"all": figures, **figures},
+            f"the {len(ordered)} expressible runs of calibration/published.csv",
+        )  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps({"csv": str(out), "figures": figures}, indent=2))
-    print(
-        _describe_published(figures) + f"\n\nrows in {out}, figures in {out.with_suffix('.json')}"
-    )
+    print(_describe_published(figures, margin)
+          + (f"\n\nmargins in {where}" if table is not None else "")
+          + f"\nrows in {out}, figures in {out.with_suffix('.json')}")  # fmt: skip
     return 0
 
 
-def _describe_published(figures: dict[str, Any]) -> str:
+def _error_line(label: str, figures: dict[str, Any]) -> str:
     from autofit.calibration.rows import percent
 
+    return (
+        f"{label:<14} {figures['compared']} figures: median |error| {percent(figures['median_abs'])}, "
+        f"max {percent(figures['max_abs'])}, mean signed {percent(figures['mean_signed'])}; "
+        f"{figures['verdicts']} verdicts; {len(figures['false_fits'])} false fits, "
+        f"{len(figures['false_ooms'])} false ooms"
+    )
+
+
+def _describe_published(figures: dict[str, Any], margin: Any) -> str:
+    from autofit.calibration.rows import percent
+
+    at = "each class's margin" if margin == "auto" else f"margin={margin}"
     lines = [
         f"published runs: {figures['rows']}, expressible {figures['expressible']}, compared by "
-        f"figure {figures['compared']}",
-        f"memory error   median |error| {percent(figures['median_abs'])}, max {percent(figures['max_abs'])}, "
-        f"mean signed {percent(figures['mean_signed'])}",
+        f"figure {figures['compared']}; verdicts at {at}",
+        _error_line("all", figures),
+        _error_line("held out", figures["held_out"]),
+        _error_line("built on", figures["built"]),
         f"throughput     median |error| {percent(figures['throughput_median_abs'])}, max "
         f"{percent(figures['throughput_max_abs'])} over {figures['throughput_compared']} rows with a "
         "published speed (the roofline)",
-        f"fit verdicts   {len(figures['false_fits'])} false fits, {len(figures['false_ooms'])} false ooms "
-        "(at the default margin)",
     ]
+    if "classes" in figures:
+        lines.append(f"{'class':<18} {'runs':>4} {'figures':>7} {'held out':>8} {'median':>7} "
+                     f"{'worst low':>9} {'margin':>6}")  # fmt: skip
+        for name, c in figures["classes"].items():
+            thin = "" if c["runs"] >= 5 else "  (little evidence: the widest margin)"
+            lines.append(f"{name:<18} {c['runs']:>4} {c['figures']:>7} {c['held_out']:>8} "
+                         f"{percent(c['median_abs_error']):>7} {percent(c['worst_under']):>9} "
+                         f"{percent(c['margin']):>6}{thin}")  # fmt: skip
     lines += [f"  false fit: {i}" for i in figures["false_fits"]]
     lines += [f"  false oom: {i}" for i in figures["false_ooms"]]
     lines += [f"  crashed: {c}" for c in figures["crashed"]]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
+from autofit.models import ModelPreset
 from autofit.paths import ensure_writable
-from autofit.probe.build import spec_from_config
+from autofit.probe.build import probe_margin, spec_from_config
 from autofit.probe.launcher import ForkServer
 from autofit.probe.runner import WORKER, run_probe
 from autofit.probe.spec import Outcome, ProbeSpec
@@ -78,5 +79,7 @@ def run_config(cfg: Any, server: ForkServer | None = None) -> int:
     result = run_probe(spec, launcher=server)
     result.write(out)
     print(summarize(result))
+    margin = probe_margin(cfg.margin, ModelPreset.from_dict(spec.model), spec.knobs)
+    print(f"  margin     {margin.words()}")
     print(f"  result     {out}")
     return 0 if result.outcome in ANSWERED else 1

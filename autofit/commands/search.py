@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from autofit.calibration.margins import chosen_margin, classes_spanned
 from autofit.command_line import key_of
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError, Interrupted, shown
@@ -206,8 +207,11 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
     check_settings(data["backend"], data["margin"], data["timeout_s"])
     check_host_memory(data.get("host_memory_gib"))
-    budget = gpu.budget_bytes(data["margin"])
     space = load_space(str(data["space"]), preset)
+    margin = chosen_margin(
+        data["margin"], preset.family, classes_spanned(preset.family, space.knobs)
+    )
+    budget = gpu.budget_bytes(margin.value)
     target = data.get("target") or {}
     if target.get("resolution") is not None:
         preset.check_resolution(target["resolution"])
@@ -274,7 +278,8 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
 
     host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
-            "margin": data["margin"], "host_budget_bytes": host_budget, "storage": storage}  # fmt: skip
+            "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
+            "storage": storage}  # fmt: skip
     if trainer:
         meta["trainer"] = trainer
     # Every setting as the user gave it, but where the folder and the study are: the `rerun`
@@ -283,7 +288,7 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     if given is not None:
         meta["overrides"] = [o for o in given if key_of(o) not in ("out", "study", "storage")]
     checked = _Checked(
-        meta, space, preset, gpu, backend, data["margin"], data["timeout_s"], host_budget,
+        meta, space, preset, gpu, backend, margin.value, data["timeout_s"], host_budget,
         left_out, out, jobs or _default_jobs(backend), retry_failed, float(grace),
         float(patience),
     )  # fmt: skip
@@ -356,7 +361,8 @@ def _search(run: _Checked) -> int:
     print(
         f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
         f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
-        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)}, host budget "
+        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)} at a "
+        f"{run.margin * 100:g}% margin ({meta['margin_basis']}), host budget "
         f"{budget_words(host_budget)}; study {study_name}"
         + (f"; only runs {trainer} can launch" if trainer else ""),
         flush=True,

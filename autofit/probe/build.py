@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.backends import BACKENDS
+from autofit.calibration.margins import ChosenMargin, chosen_margin, run_class
 from autofit.errors import ConfigError, shown
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
@@ -32,9 +33,11 @@ def check_settings(backend: str, margin: float, timeout_s: float) -> None:
         raise ConfigError(
             f"backend={shown(backend)} is not valid; valid values: auto, {', '.join(BACKENDS)}"
         )
-    if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+    if margin != "auto" and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1
+    ):
         raise ConfigError(
-            f"margin={shown(margin)} is not valid; expected a fraction in [0, 1), e.g. 0.05"
+            f"margin={shown(margin)} is not valid; expected auto or a fraction in [0, 1), e.g. 0.05"
         )
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
         raise ConfigError(
@@ -119,14 +122,19 @@ def spec_from_config(cfg: Any) -> ProbeSpec:
     knob_values = {name: data[name] for name in registry()}
     gpu = gpu_from_config(data["gpu"])
     check_settings(data["backend"], data["margin"], data["timeout_s"])
+    preset = preset_from_config(data["model"])
+    margin = probe_margin(data["margin"], preset, knob_values).value
     return make_spec(
-        preset_from_config(data["model"]),
+        preset,
         gpu,
         knob_values,
         backend=data["backend"],
-        margin=data["margin"],
+        margin=margin,
         timeout_s=data["timeout_s"],
-        host_memory_bytes=host_budget(
-            data.get("host_memory_gib"), data["backend"], gpu, data["margin"]
-        ),
+        host_memory_bytes=host_budget(data.get("host_memory_gib"), data["backend"], gpu, margin),
     )
+
+
+def probe_margin(setting: Any, preset: ModelPreset, knob_values: dict[str, Any]) -> ChosenMargin:
+    """The margin of one run: as set, or (`auto`) its class's (autofit/calibration/margins.py)."""
+    return chosen_margin(setting, preset.family, [run_class(preset.family, knob_values)])

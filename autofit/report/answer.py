@@ -2,15 +2,15 @@
 
 The best run (its knobs, samples/s and peak), its headroom (the budget less its peak), the command
 that exports it, and how far to trust its figures: measured on the GPU, or simulated, and then
-what the published comparison found. `PUBLISHED` is that comparison's figures, declared once; the
-README states the same figures (tests/test_report.py holds them together).
+what the published comparison found, held-out runs first (calibration/margins.yaml, which
+`autofit calibrate set=published` writes; tests/test_report.py holds the README to it).
 """
 
 from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from autofit.command_line import command, override
 from autofit.probe.summary import headroom, provenance
@@ -20,32 +20,29 @@ from autofit.results.layout import RESULTS
 from autofit.units import size
 
 
-@dataclass(frozen=True)
-class Published:
-    """How simulated peaks compared with runs people published (README, "Against published
-    runs"; `python benchmarks/published_set.py` reruns the comparison)."""
+def published_words() -> str:
+    """How simulated peaks compared with runs people published, held-out runs first (the
+    figures calibration/margins.yaml keeps; `autofit calibrate set=published` reruns it)."""
+    from autofit.calibration.margins import load_figures
 
-    memory_runs: int  # runs published with a memory figure
-    median_error: float  # |simulated / published - 1|, median over those runs
-    worst_error: float  # and largest
-    verdict_runs: int  # runs published only as "ran" or "out of memory"
-    verdicts_agree: int
-    false_fits: int  # autofit said fits, the run ran out of memory
+    figures = load_figures()
 
-    def words(self) -> str:
-        false_fits = f"{self.false_fits} false fits" if self.false_fits else "none a false fit"
+    def errors(kind: dict[str, Any]) -> str:
+        if not kind["figures"]:
+            return "none with a memory figure"
         return (
-            f"against {self.memory_runs} published runs with a memory figure the simulated peak "
-            f"is within a median {self.median_error:.1%} (at most {self.worst_error:.1%}) and "
-            f"leans low; {self.verdicts_agree} of {self.verdict_runs} published fit/out-of-memory "
-            f"verdicts agree, {false_fits}"
+            f"{kind['figures']} with a memory figure, the simulated peak within a median "
+            f"{kind['median_abs']:.1%} of it (at most {kind['max_abs']:.1%}, on average "
+            f"{kind['mean_signed']:+.1%})"
         )
 
+    held, every = figures["held_out"], figures["all"]
+    return (
+        f"of {held['runs']} published runs held out from building it, {errors(held)}; of all "
+        f"{every['runs']}, {errors(every)}; at each class's margin {every['false_fits']} false "
+        f"fits and {every['false_ooms']} false out-of-memory verdicts"
+    )
 
-PUBLISHED = Published(
-    memory_runs=14, median_error=0.013, worst_error=0.075, verdict_runs=20, verdicts_agree=19,
-    false_fits=0,
-)  # fmt: skip
 
 # How each backend measures, as the trust line says it.
 MEASURED = {
@@ -138,7 +135,7 @@ def trust_words(study: Study) -> str:
     words = [f"{provenance(b)}: {MEASURED.get(b, 'backend not recorded')}" for b in measured]
     if simulated:
         share = "" if not measured else f" ({simulated} of {len(backends)} probes)"
-        words.insert(0, f"{provenance('simulate')}{share}: {PUBLISHED.words()}")
+        words.insert(0, f"{provenance('simulate')}{share}: {published_words()}")
     return "; ".join(words)
 
 
@@ -148,6 +145,8 @@ def answer(study: Study) -> Answer:
     best, budget = study.best, study.budget_bytes
     margin = margin_words(s.get("margin"))
     limits = f"{size(budget)}: the GPU's {size(gpu_memory_bytes(study))} less a {margin} margin"
+    if s.get("margin_basis"):  # a study searched before margins were earned has none
+        limits += f" ({s['margin_basis']})"
     if best is None:
         why = (
             "none at the target resolution (the Pareto front lists what fits at the others)"
