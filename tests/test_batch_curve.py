@@ -320,7 +320,10 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     ]  # fmt: skip
     best, above = (trials[i].params["batch_size"] for i in range(2))
     assert above == best + 1 and 1000 < best < 400000
+    # at the margin the search took (margin=auto: tiny_mlp's class's)
+    margin = json.loads((tmp_path / "results" / "wide" / "summary.json").read_text())["margin"]
     probe = make("tiny_mlp", "l4", precision="bf16_pure", optimizer="adamw")
+    probe = dataclasses.replace(probe, margin=margin)
     assert execute(at_batch(probe, best)).outcome is Outcome.OK
     assert execute(at_batch(probe, best + 1)).outcome is Outcome.OOM
 

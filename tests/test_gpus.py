@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers import autofit, in_process
 
+from autofit.calibration.margins import load_margins
 from autofit.config import compose_config
 from autofit.errors import ConfigError
 from autofit.fingerprint import fingerprint
@@ -54,7 +55,11 @@ def card(folder: Path, file: str = "card.yaml", **fields: object) -> Path:
     return path
 
 
-def budget(memory_mib: int, reserved_mib: int = 0, margin: float = 0.05) -> int:
+def budget(memory_mib: int, reserved_mib: int = 0, margin: float | None = None) -> int:
+    """A card's budget at `margin`, by default the one `margin=auto` gives tiny_mlp (the class
+    no published run backs)."""
+    if margin is None:
+        margin = load_margins()["other"].margin
     return int(memory_mib * MIB * (1 - margin)) - reserved_mib * MIB
 
 

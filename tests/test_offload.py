@@ -150,24 +150,27 @@ def test_real_deepspeed_zero3_with_lora_holds_the_emulated_model_states() -> Non
     assert live[0] - live[1] == 2 * adapters - 4 * adapters + 2 * 512
 
 
-@pytest.mark.parametrize("mode,small", [("lora", 1), ("qlora", 3)])
+@pytest.mark.parametrize("mode", ["lora", "qlora"])
 def test_real_deepspeed_zero2_with_lora_frees_what_the_emulation_keeps_after_the_step(
-    mode: str, small: int
+    mode: str,
 ) -> None:
     """DeepSpeed 0.19 ZeRO-2 (cpu backend, one process; QLoRA on bitsandbytes' real 4-bit
     layers) against the emulation, after the step: the same frozen base, flat adapters, master
     weights and moments, but DeepSpeed frees its reduce bucket and both gradient shares (16-bit
     and fp32: 6 bytes per adapter weight) once the step is done, where the emulation keeps them,
-    as DeepSpeed's own estimate counts the gradients; the real run keeps a few tensors under 512
+    as DeepSpeed's own estimate counts the gradients; the real run keeps one tensor under 512
     bytes of its own. The emulation overstates the next forward by those bytes, not the
     backward's peak, which holds them in both."""
     knobs = dict(batch_size=2, zero_stage=2, train_mode=mode)
+    # Once first: what the libraries make on their first real step in a process (bitsandbytes'
+    # small tensors) is then made, whichever test ran before, and not counted in the step's.
+    cpu.trace(spec("tiny_sana", backend="cpu", **knobs))
     real_run, real = cpu.trace(spec("tiny_sana", backend="cpu", **knobs))
     fake_run, fake = simulate.trace(spec("tiny_sana", **knobs))
     adapters = real_run.trainable_param_count
     live = [sum(t.sizes[a] for a in t.live_at(len(t.events) - 1)) for t in (real, fake)]
     bucket = round_allocation(REDUCE_BUCKET_ELEMENTS * 2)
-    assert live[1] - live[0] == bucket + 6 * adapters - small * 512
+    assert live[1] - live[0] == bucket + 6 * adapters - 512
     assert real.live_bytes("optimizer_state") == 2 * round_allocation(4 * adapters) + 512
 
 

@@ -142,8 +142,8 @@ def _ram_efficient(s: Subject) -> bool:
 
 def _accelerate_fsdp1(value: Any, s: Subject) -> Say | Refuse:
     """accelerate's FSDP1 keys (accelerate/utils/dataclasses.py, FullyShardedDataParallelPlugin),
-    as the emulation runs it: flat parameters, BACKWARD_PRE, weights kept in their loaded dtype
-    with accelerate's MixedPrecision from mixed_precision."""
+    as the emulation runs it: flat parameters, BACKWARD_PRE, MixedPrecision from mixed_precision
+    over trained flat parameters accelerate holds in fp32."""
     block = {
         "fsdp_version": 1,
         "fsdp_sharding_strategy": "FULL_SHARD" if RESHARD_AFTER_FORWARD[value] else "SHARD_GRAD_OP",
@@ -169,14 +169,16 @@ def _accelerate_fsdp1(value: Any, s: Subject) -> Say | Refuse:
 
 
 def _accelerate(value: Any, s: Subject) -> Say | Refuse:
-    if s.config.get("fsdp_version", 2) == 1:
-        return _accelerate_fsdp1(value, s)
     if s.config["precision"] == "bf16_autocast":
+        # FSDP2: fsdp2_prepare_model; FSDP1: Accelerator.prepare_model, "DeepSpeed's strategy to
+        # hold the parameters in full precision" (accelerate 1.15, accelerator.py)
         return Refuse(
-            "under FSDP2 with mixed precision accelerate upcasts the trained weights to fp32 "
-            "(fsdp2_prepare_model), so the run is precision=bf16, not bf16 weights",
+            "under FSDP with mixed precision accelerate upcasts the trained weights to fp32, "
+            "so the run is precision=bf16, not bf16 weights",
             NOT_FSDP,
         )
+    if s.config.get("fsdp_version", 2) == 1:
+        return _accelerate_fsdp1(value, s)
     block = {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": RESHARD_AFTER_FORWARD[value],

@@ -39,8 +39,8 @@ def published_words() -> str:
     held, every = figures["held_out"], figures["all"]
     return (
         f"of {held['runs']} published runs held out from building it, {errors(held)}; of all "
-        f"{every['runs']}, {errors(every)}; at each class's margin {every['false_fits']} false "
-        f"fits and {every['false_ooms']} false out-of-memory verdicts"
+        f"{every['runs']}, {errors(every)}; at the margin of each class {every['false_fits']} "
+        f"false fits and {every['false_ooms']} false out-of-memory verdicts"
     )
 
 
