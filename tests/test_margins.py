@@ -70,6 +70,7 @@ def test_a_class_s_margin_covers_its_worst_under_prediction_and_its_out_of_memor
     assert table["llm_adapter"].margin == pytest.approx(0.075)
     assert table["llm_adapter"].held_out == 2 and table["llm_adapter"].figures == 5
     assert table["llm_adapter"].worst_under == pytest.approx(0.072)
+    assert table["llm_adapter"].set_by == "L2" and table["llm_kbit"].set_by == "K0"
     needed = 1 - (21 * GIB + card.reserved_bytes) / card.memory_bytes
     assert needed < table["llm_kbit"].needed <= needed + 0.005
     # One run is too little evidence: the class takes the widest margin of any (its own here),
@@ -97,6 +98,8 @@ def test_auto_takes_the_class_margin_and_a_search_the_widest_of_its_classes() ->
         assert chosen.value == table[name].margin
         c = table[name]
         assert f"class {name}: {c.runs} published runs ({c.figures} with a figure)" in chosen.basis
+        if c.set_by:
+            assert f"; set by {c.set_by}" in chosen.basis
         if not table[name].enough:
             assert f"fewer than {MIN_EVIDENCE}" in chosen.basis
     both = chosen_margin("auto", "llm", ["llm_adapter", "llm_kbit"])

@@ -99,6 +99,7 @@ class ClassMargin:
     worst_under: float | None  # the largest under-prediction, as a share of the published figure
     needed: float  # the smallest margin with no false fit among the class's runs
     margin: float  # what the class takes (needed, or the widest margin when evidence is thin)
+    set_by: str | None = None  # the published run that needs the most, when one needs over FLOOR
 
     @property
     def enough(self) -> bool:
@@ -154,6 +155,8 @@ def _basis(chosen: ClassMargin, classes: list[str]) -> str:
     what = f"class {chosen.name}: {chosen.runs} published runs ({chosen.figures} with a figure)"
     if chosen.worst_under is not None:
         what += f", the simulation at most {chosen.worst_under:.1%} low"
+    if chosen.set_by:
+        what += f"; set by {chosen.set_by}"
     if not chosen.enough:
         what += f"; fewer than {MIN_EVIDENCE}, so the widest margin of any class"
     if len(classes) > 1:
@@ -197,13 +200,16 @@ def derive_margins(
         rows = [o for o in answered if o["run_class"] == name]
         errors = [o["error"] for o in rows if o["error"] is not None]
         unders = [-e for e in errors if e < 0]  # how far short of the published figure
-        needed = max([FLOOR, *(needed_margin(o, load_gpu(o["gpu"])) for o in rows)])
+        needs = {o["id"]: needed_margin(o, load_gpu(o["gpu"])) for o in rows}
+        most = max(needs, key=needs.__getitem__, default=None)
+        needed = max([FLOOR, *needs.values()])
         table[name] = ClassMargin(
             name=name, runs=len(rows), figures=len(errors),
             held_out=sum(held_out.get(o["id"], False) for o in rows),
             median_abs_error=round(statistics.median(abs(e) for e in errors), 4) if errors else None,
             worst_under=round(max(unders), 4) if unders else (0.0 if errors else None),
             needed=_round_up(needed), margin=0.0,
+            set_by=most if most is not None and needs[most] > FLOOR else None,
         )  # fmt: skip
     widest = max(c.needed for c in table.values())
     return {

@@ -284,6 +284,7 @@ def _describe_published(figures: dict[str, Any], margin: Any) -> str:
                      f"{'worst low':>9} {'margin':>6}")  # fmt: skip
         for name, c in figures["classes"].items():
             thin = "" if c["runs"] >= 5 else "  (little evidence: the widest margin)"
+            thin += f"  set by {c['set_by']}" if c["set_by"] else ""
             lines.append(f"{name:<18} {c['runs']:>4} {c['figures']:>7} {c['held_out']:>8} "
                          f"{percent(c['median_abs_error']):>7} {percent(c['worst_under']):>9} "
                          f"{percent(c['margin']):>6}{thin}")  # fmt: skip
