@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -94,15 +95,20 @@ def test_chunked_step_peak_is_lower(precision: str) -> None:
     assert full.peak - chunked.peak >= r(B * T * V * 4)
 
 
-def test_chunked_loss_is_the_models_own_loss() -> None:
+def _tiny_fp32_run() -> tuple[Any, torch.nn.Module, Any]:
+    """The tiny language model's workload, an fp32 model of it (seeded) and a batch, on the CPU."""
     from autofit.workloads import workload_for
-    from autofit.workloads.llm import loss_chunks
 
-    preset = ModelPreset.from_dict(tiny_llm().model)
-    workload = workload_for(preset)
+    workload = workload_for(ModelPreset.from_dict(tiny_llm().model))
     torch.manual_seed(0)
     model = workload.build_model(torch.float32)
-    batch = workload.make_batch(B, T, torch.device("cpu"), torch.float32)
+    return workload, model, workload.make_batch(B, T, torch.device("cpu"), torch.float32)
+
+
+def test_chunked_loss_is_the_models_own_loss() -> None:
+    from autofit.workloads.llm import loss_chunks
+
+    workload, model, batch = _tiny_fp32_run()
     full = workload.loss(model, batch)
     with loss_chunks(CHUNKS):
         chunked = workload.loss(model, batch)
@@ -188,14 +194,9 @@ def test_fused_loss_and_gradients_are_torchs_cross_entropy() -> None:
 
 
 def test_fused_loss_and_gradients_are_the_models_own() -> None:
-    from autofit.workloads import workload_for
     from autofit.workloads.llm import fused_linear_loss
 
-    preset = ModelPreset.from_dict(tiny_llm().model)
-    workload = workload_for(preset)
-    torch.manual_seed(0)
-    model = workload.build_model(torch.float32)
-    batch = workload.make_batch(B, T, torch.device("cpu"), torch.float32)
+    workload, model, batch = _tiny_fp32_run()
     full = workload.loss(model, batch)
     full.backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}

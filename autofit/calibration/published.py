@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autofit.calibration.margins import AUTO, chosen_margin
+from autofit.calibration.margins import AUTO, chosen_margin, load_margins
 from autofit.errors import ConfigError, shown
 
 COLUMNS = (
@@ -252,6 +252,7 @@ def simulate_rows(
 
     outcomes: dict[str, dict[str, Any]] = {}
     jobs = max(1, min(4, os.cpu_count() or 1))
+    table = load_margins() if margin == AUTO else None  # read once, not per row
 
     def one(row: PublishedRow, launcher: Any) -> None:
         assert row.model and row.gpu
@@ -260,7 +261,7 @@ def simulate_rows(
             load_preset(row.model), load_gpu(row.gpu), row.knobs, "simulate", 0.0, timeout_s
         )
         done = compared(row, run_probe(spec, launcher=launcher), spec)
-        outcomes[row.id] = done = judged(done, margin_of(done, margin))
+        outcomes[row.id] = done = judged(done, margin_of(done, margin, table))
         if on_done:
             on_done(done)
 
