@@ -1,7 +1,8 @@
-"""loss=chunked and loss=fused_linear against loss=full on a small causal LM: the chunked peak is
-lower by the logits, to the byte; the fused loss holds Liger-Kernel's buffers and a few rows
-besides; fake and real tensors allocate the same; the loss (and the fused loss's gradients) are
-the same numbers."""
+"""loss=chunked, fused_linear, full_native and chunked_native against loss=full on a small causal
+LM: the chunked peak is lower by the logits, to the byte; the fused loss holds Liger-Kernel's
+buffers and a few rows besides; the native losses hold 16-bit logits where full holds fp32 ones;
+fake and real tensors allocate the same; the loss (and the fused loss's gradients) are the same
+numbers."""
 
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ def test_chunked_forward_peak_is_lower_by_the_logits() -> None:
         ("fused_linear", "bf16_pure"),
         ("fused_linear", "fp32"),
         ("fused_linear", "bf16_autocast"),
+        ("full_native", "bf16_pure"),
+        ("full_native", "bf16"),
+        ("chunked_native", "bf16_pure"),
+        ("chunked_native", "bf16"),
     ],
 )
 def test_fake_and_real_allocate_the_same(loss: str, precision: str) -> None:
@@ -106,16 +111,49 @@ def _tiny_fp32_run() -> tuple[Any, torch.nn.Module, Any]:
 
 
 def test_chunked_loss_is_the_models_own_loss() -> None:
-    from autofit.workloads.llm import loss_chunks
-
     workload, model, batch = _tiny_fp32_run()
     full = workload.loss(model, batch)
-    with loss_chunks(CHUNKS):
+    with REGISTRY["loss"].forward_context(None, "chunked"):  # type: ignore[arg-type, union-attr]
         chunked = workload.loss(model, batch)
     assert chunked.item() == pytest.approx(full.item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("loss", ["chunked", "fused_linear"])
+@pytest.mark.parametrize("loss", ["full_native", "chunked_native"])
+def test_native_losses_are_the_models_own_loss(loss: str) -> None:
+    """In fp32 the logits' own dtype is fp32: the same number as the model's loss."""
+    workload, model, batch = _tiny_fp32_run()
+    full = workload.loss(model, batch)
+    context = REGISTRY["loss"].forward_context(None, loss)  # type: ignore[arg-type]
+    assert context is not None
+    with context:
+        native = workload.loss(model, batch)
+    assert native.item() == pytest.approx(full.item(), rel=1e-5)
+
+
+def test_full_native_forward_holds_16_bit_logits() -> None:
+    """Under pure bf16 the full loss's forward peak holds the bf16 logits, their fp32 copy and
+    the fp32 log-probabilities; the native one the bf16 logits, their shifted bf16 copy and the
+    bf16 log-probabilities of all positions but the last. Besides: transformers' padded int64
+    labels (full) against the shifted int64 targets (native), and 0-d scalars."""
+    logits = r(B * T * V * 2)
+    fp32 = r(B * T * V * 4)
+    shifted = r(B * (T - 1) * V * 2)
+    difference = forward_peak("full", "bf16_pure") - forward_peak("full_native", "bf16_pure")
+    bookkeeping = r(B * (T + 1) * 8)  # the larger of the label copies
+    assert abs(difference - (logits + 2 * fp32 - logits - 2 * shifted)) <= bookkeeping
+
+
+def test_chunked_native_keeps_the_logits_through_backward() -> None:
+    """LitGPT's loop holds the list of logit slices until the next step's forward: the bf16
+    logits are still there when backward makes its gradients, so its backward peak is above
+    its forward peak by at least them, where the native full loss frees them with the loss."""
+    _, chunked = simulate.trace(tiny_llm(precision="bf16_pure", loss="chunked_native"))
+    _, full = simulate.trace(tiny_llm(precision="bf16_pure", loss="full_native"))
+    logits = r(B * T * V * 2)
+    assert chunked.phase_peaks["optimizer"] - full.phase_peaks["optimizer"] >= logits
+
+
+@pytest.mark.parametrize("loss", ["chunked", "fused_linear", "full_native", "chunked_native"])
 def test_chunked_and_fused_are_for_causal_language_models_only(loss: str) -> None:
     gpu = load_gpu("a40")
     llm, sana = load_preset("llama3_8b"), load_preset("sana_600m")
@@ -194,14 +232,12 @@ def test_fused_loss_and_gradients_are_torchs_cross_entropy() -> None:
 
 
 def test_fused_loss_and_gradients_are_the_models_own() -> None:
-    from autofit.workloads.llm import fused_linear_loss
-
     workload, model, batch = _tiny_fp32_run()
     full = workload.loss(model, batch)
     full.backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    with fused_linear_loss():
+    with REGISTRY["loss"].forward_context(None, "fused_linear"):  # type: ignore[arg-type, union-attr]
         fused = workload.loss(model, batch)
     fused.backward()
     assert fused.item() == pytest.approx(full.item(), rel=1e-5)

@@ -55,3 +55,31 @@ def test_published_speeds_are_samples_per_second_of_the_autofit_run(rows: list) 
     assert by_id["TF2"].samples_per_s == pytest.approx(7075 / 4096)
     assert by_id["ST-SD3-01-h100"].samples_per_s == pytest.approx(3 / 0.529)
     assert by_id["HF-1"].samples_per_s == pytest.approx(700 * 4 / (41 * 60), rel=1e-3)
+
+
+def test_a_reserved_figure_is_bounded_by_the_card_it_was_taken_on() -> None:
+    """With memory to spare the run would reserve 90 GiB; it fits an 80 GB card (its least need
+    is under it), where the allocator gives its cache back when short: the reserved figure
+    taken there is compared with what the card holds besides the CUDA context. A run that does
+    not fit keeps its own figure; an allocated figure is never bounded."""
+    from autofit.calibration.published import PublishedRow, simulated_figure
+    from autofit.gpus import load_gpu
+    from autofit.probe.spec import Outcome, ProbeResult
+
+    card = load_gpu("h100_80").memory_bytes
+    context = 500 << 20
+
+    def result(needs: int) -> ProbeResult:
+        return ProbeResult(
+            outcome=Outcome.OK, backend="simulate", gpu="h100_80", model="llama3_8b", config={},
+            budget_bytes=card, peak_bytes=needs, peak_allocated_bytes=70 << 30,
+            peak_reserved_bytes=90 << 30, overhead_detail={"cuda_context": context},
+        )  # fmt: skip
+
+    def row(measure: str) -> PublishedRow:
+        return PublishedRow("X", "llm", measure, 1 << 30, "llama3_8b", "h100_80")
+
+    assert simulated_figure(row("reserved"), result(75 << 30)) == card - context
+    assert simulated_figure(row("nvidia_smi"), result(75 << 30)) == card
+    assert simulated_figure(row("reserved"), result(card + 1)) == 90 << 30
+    assert simulated_figure(row("allocated"), result(75 << 30)) == 70 << 30

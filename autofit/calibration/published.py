@@ -169,15 +169,24 @@ def load_published(path: Path | None = None) -> list[PublishedRow]:
 
 
 def simulated_figure(row: PublishedRow, result: Any) -> int | None:
-    """The simulated counterpart of the row's figure: like with like."""
+    """The simulated counterpart of the row's figure: like with like. A reserved figure was
+    taken on the row's card, which bounds it: short of memory, the caching allocator gives its
+    cache back and goes on (autofit/simulator/allocator.py), so a run that fits its card but
+    would reserve more with memory to spare reserves at most what the card holds besides the
+    CUDA context."""
+    from autofit.gpus import load_gpu
+
+    context = (result.overhead_detail or {}).get("cuda_context", 0)
     if row.measure in ("allocated", "active"):
-        return result.peak_allocated_bytes
-    if row.measure == "reserved":
-        return result.peak_reserved_bytes
-    if row.measure == "nvidia_smi":
-        context = (result.overhead_detail or {}).get("cuda_context", 0)
-        return (result.peak_reserved_bytes or 0) + context
-    return None
+        return result.peak_allocated_bytes  # type: ignore[no-any-return]
+    if row.measure not in ("reserved", "nvidia_smi") or result.peak_reserved_bytes is None:
+        return None
+    reserved = result.peak_reserved_bytes
+    if row.gpu is not None and result.peak_bytes is not None:
+        card = load_gpu(row.gpu).memory_bytes
+        if result.peak_bytes <= card:
+            reserved = min(reserved, card - context)
+    return reserved + (context if row.measure == "nvidia_smi" else 0)  # type: ignore[no-any-return]
 
 
 def compared(row: PublishedRow, result: Any, spec: Any) -> dict[str, Any]:

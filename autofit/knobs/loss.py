@@ -26,8 +26,19 @@
   and lists what it leaves out. Apple's cut-cross-entropy (its forward keeps only each row's
   log-sum-exp and its backward makes the logits again block by block) and unsloth's fused loss
   lay their memory out otherwise: neither is modelled.
+- `full_native`: the logits of the whole sequence in the dtype the model makes them, shifted by
+  one position (a copy), and torch's cross-entropy on them with no fp32 upcast: what a training
+  loop of its own does with `F.cross_entropy(model(x).logits[:, :-1], ...)` (universal-llm-trainer's
+  `nn.CrossEntropyLoss` on the bf16 logits, for one). Under pure bf16 the logits, their shifted
+  copy and the log-probabilities are three bf16 tensors where `full` holds one bf16 and two fp32.
+  Under autocast torch upcasts the log-softmax itself, so the two differ by the copy only.
+- `chunked_native`: LitGPT's (litgpt 0.5, `lm_head_chunk_size=128` and `chunked_cross_entropy`
+  with `chunk_size=128`): the output projection over 128-token slices of the sequence, every
+  slice's logits kept (the model returns their list), and the cross-entropy of each slice in the
+  logits' dtype, no fp32 copy. Forward holds the logits and their log-probabilities in bf16;
+  backward makes one slice's gradients at a time.
 
-The workload computes them (autofit/workloads/llm.py: `loss_chunks`, `fused_linear_loss`); this
+The workload computes them (autofit/workloads/llm.py, one function each); this
 knob enters the one asked for around every forward pass. Only causal language models have such a
 loss: for other families it is invalid. Nothing of it reaches a trainer's config: an own-code target gets a note of what the
 training loop must do.
@@ -35,6 +46,7 @@ training loop must do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -46,6 +58,7 @@ if TYPE_CHECKING:
     from autofit.run_state import RunState
 
 CHUNKS = 8  # torchtune's num_output_chunks default
+LITGPT_CHUNK = 128  # litgpt 0.5: the fine-tuning scripts' lm_head_chunk_size and chunk_size
 
 
 class Loss(Knob):
@@ -53,7 +66,8 @@ class Loss(Knob):
     default = "full"
     help = (
         "causal LM loss: full (all logits upcast to fp32 at once) | chunked (8 chunks of the "
-        "sequence) | fused_linear (Liger-Kernel's fused linear cross-entropy)"
+        "sequence) | fused_linear (Liger-Kernel's fused linear cross-entropy) | full_native (all "
+        "logits in the model's dtype, no upcast) | chunked_native (LitGPT's 128-token chunks)"
     )
     values = {
         "full": "the model's own loss: the output projection over the whole sequence, all logits "
@@ -67,6 +81,13 @@ class Loss(Knob):
         "use_liger_kernel=True, axolotl's liger_fused_linear_cross_entropy: true): the output "
         "projection and the cross-entropy over chunks of the tokens, with the gradients made in "
         "forward and no logits kept for backward",
+        "full_native": "the whole sequence's logits in the model's dtype, shifted by one (a "
+        "copy), then torch's cross-entropy with no fp32 upcast (a training loop of its own: "
+        "F.cross_entropy(model(x).logits[:, :-1].reshape(-1, vocab), ...))",
+        "chunked_native": f"LitGPT's loss (litgpt 0.5 lm_head_chunk_size={LITGPT_CHUNK} and "
+        f"chunked_cross_entropy chunk_size={LITGPT_CHUNK}): the output projection over "
+        f"{LITGPT_CHUNK}-token slices, every slice's logits kept, each slice's cross-entropy in "
+        "the logits' dtype",
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
     pass_only = True  # how the forward computes the loss
@@ -76,7 +97,8 @@ class Loss(Knob):
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # Smaller output projections and losses instead of one: never faster. The fused loss
-        # holds less than the chunked one, in more and smaller chunks.
+        # holds less than the chunked one, in more and smaller chunks. The two native losses
+        # are what a trainer's own loop does, not a choice a search makes to save memory.
         if value == "fused_linear":
             return "chunked" if "chunked" in searched else "full"
         return "full" if value == "chunked" else None
@@ -92,6 +114,15 @@ class Loss(Knob):
     def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if value == "full":
             return None
-        from autofit.workloads.llm import fused_linear_loss, loss_chunks
+        # torch only where a forward pass runs: the knobs load without it
+        from autofit.workloads import llm
 
-        return loss_chunks(CHUNKS) if value == "chunked" else fused_linear_loss()
+        loss = {
+            "chunked": functools.partial(llm.chunked_cross_entropy, chunks=CHUNKS),
+            "fused_linear": llm.fused_linear_cross_entropy,
+            "full_native": llm.native_cross_entropy,
+            "chunked_native": functools.partial(
+                llm.litgpt_chunked_cross_entropy, chunk=LITGPT_CHUNK
+            ),
+        }[value]
+        return llm.loss_computed_by(loss)

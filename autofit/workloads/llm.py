@@ -14,7 +14,6 @@ every expert takes an equal share of the rows (`equal_share_grouped_mm`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -81,26 +80,16 @@ def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) ->
 
 
 # The loss the workload computes instead of the model's own over the full logits, None for that
-# one; the loss knob sets it around each forward pass (loss_chunks, fused_linear_loss).
+# one; the loss knob sets it around each forward pass (loss_computed_by).
 _LOSS: ContextVar[Callable[[Any, torch.Tensor], torch.Tensor] | None] = ContextVar(
     "loss", default=None
 )
 
 
 @contextmanager
-def loss_chunks(chunks: int) -> Iterator[None]:
-    """Inside, `CausalLMWorkload.loss` runs the output projection and the loss in `chunks`."""
-    token = _LOSS.set(functools.partial(chunked_cross_entropy, chunks=chunks))
-    try:
-        yield
-    finally:
-        _LOSS.reset(token)
-
-
-@contextmanager
-def fused_linear_loss() -> Iterator[None]:
-    """Inside, `CausalLMWorkload.loss` is Liger-Kernel's fused linear cross-entropy."""
-    token = _LOSS.set(fused_linear_cross_entropy)
+def loss_computed_by(loss: Callable[[Any, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Inside, `CausalLMWorkload.loss` is `loss(model, input_ids)` (one of the functions below)."""
+    token = _LOSS.set(loss)
     try:
         yield
     finally:
@@ -147,6 +136,49 @@ def _summed_cross_entropy(
     return torch.nn.functional.cross_entropy(
         logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def native_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy as a training loop of its own computes it from the model's
+    output, in the logits' own dtype: the logits of every position (batch x sequence x
+    vocabulary, as the model makes them), shifted by one position, which copies them (a slice
+    of all but the last position is not contiguous), then torch's cross-entropy with no fp32
+    upcast; the logits are dropped when the loss returns. Under autocast torch's own rules make
+    the log-probabilities fp32 all the same."""
+    logits = model(input_ids=input_ids).logits
+    shifted = logits[:, :-1, :].reshape(-1, logits.shape[-1])
+    return torch.nn.functional.cross_entropy(shifted, input_ids[:, 1:].reshape(-1))
+
+
+def litgpt_chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Next-token cross-entropy as LitGPT fine-tunes (litgpt 0.5: `GPT.forward` with
+    `lm_head_chunk_size`, `chunked_cross_entropy` with `chunk_size`, both `chunk`): the output
+    projection over `chunk`-token slices of the sequence, every slice's logits kept (the model
+    returns their list), then torch's cross-entropy on each slice in the logits' own dtype with
+    no fp32 upcast, the per-token losses concatenated and summed over the targets. The model's
+    forward is replaced so whatever wraps the causal LM (peft, FSDP's root unit) runs around it.
+
+    LitGPT's loop keeps the list in a local (`logits = model(...)`) through backward and the
+    optimizer step, until the next step's forward has made its own: the list is kept on the
+    model the same way, replaced only once the next one exists."""
+    lm = causal_lm(model)
+
+    def chunked_forward(input_ids: torch.Tensor, **_: Any) -> list[torch.Tensor]:
+        hidden = lm.model(input_ids=input_ids).last_hidden_state
+        return [lm.lm_head(part) for part in hidden.split(chunk, dim=1)]
+
+    with _forward_as(lm, chunked_forward):
+        chunks = model(input_ids=input_ids)
+    object.__setattr__(lm, "_litgpt_logits", chunks)  # the loop's `logits`, as said above
+    targets = torch.nn.functional.pad(input_ids, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    losses = [
+        torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+            ignore_index=IGNORE_INDEX, reduction="none",
+        )
+        for logits, labels in zip(chunks, targets.split(chunk, dim=1), strict=True)
+    ]  # fmt: skip
+    return torch.cat(losses).sum() / (targets != IGNORE_INDEX).sum()
 
 
 def fused_linear_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
