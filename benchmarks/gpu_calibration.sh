@@ -6,7 +6,7 @@
 # the last one stopped) and are copied to $OUT when it is set, with the logs.
 #
 # On a machine whose Python lacks autofit's dependencies, wheels in .whl/ are installed first into
-# /tmp/site (see README.md, "Calibrating on a GPU").
+# /tmp/site (see docs/calibrate.md, "Calibrating on a GPU").
 set -u
 budget=${1:-540}
 shift || true

@@ -12,7 +12,7 @@ paged or plain 8-bit AdamW or AdamW, the full or the chunked loss; llm_70b_qlora
 guides' recipe, also with activations offloaded), every probe simulated, and reads back its
 trials: for each sequence length, the largest batch that fits and the fastest run at that batch
 (its checkpointing, optimizer, loss and activation offload), and which of those settings fit at
-some batch. One probe of the 70B model costs about a minute and a half of one CPU core (README),
+some batch. One probe of the 70B model costs about a minute and a half of one CPU core (docs/recipes.md),
 so a card's search of the full space takes a while. Writes results/benchmarks/<space>.json and
 prints a Markdown table.
 """

@@ -2,7 +2,7 @@
 and restarted under two workers, a PostgreSQL server that stays away, an SQLite file locked by
 another process past the driver's timeout, a database that is damaged, on a disk that fills or
 is read-only, a worker stopped (SIGSTOP) past its claim's grace and resumed, SIGTERM to a group of
-workers as they write. What must hold (README: Reliability): every finished probe is recorded
+workers as they write. What must hold (docs/cluster.md, Reliability): every finished probe is recorded
 exactly once, a storage away for a while is waited for with one notice, one away too long or
 broken ends the search in one line that says how to resume, a stopped group says what it
 finished and is gone within 2 s.
@@ -331,7 +331,7 @@ def test_a_full_or_read_only_disk_is_named_at_once_and_what_it_holds_is_kept(
 def _stop_outside_a_write(worker: subprocess.Popen[str], path: Path) -> None:
     """SIGSTOP `worker` at a moment it holds no lock on the SQLite file at `path`. Stopped inside
     a write (its heartbeat's, every grace/4) it would hold the file's lock until it resumes: the
-    others could not write for as long (SQLite has one writer; README: Reliability)."""
+    others could not write for as long (SQLite has one writer; docs/cluster.md, Reliability)."""
     for _ in range(100):
         os.kill(worker.pid, signal.SIGSTOP)
         connection = sqlite3.connect(path, timeout=0.2, isolation_level=None)

@@ -125,11 +125,11 @@ def test_an_error_inside_the_users_module_is_one_line_naming_it(tmp_path: Path) 
     )
 
 
-def test_the_readme_custom_model_works_as_printed(tmp_path: Path) -> None:
-    """The README's module, saved where it says, and its probe command as printed, run by the
+def test_the_documented_custom_model_works_as_printed(tmp_path: Path) -> None:
+    """docs/models.md's module, saved where it says, and its probe command as printed, run by the
     installed `autofit` script in that folder (whose own directory, not the working one, is what
     Python puts on the path)."""
-    readme = (TESTS.parent / "README.md").read_text()
+    readme = (TESTS.parent / "docs" / "models.md").read_text()
     code = re.search(r"```python\n# my_models/tiny.py\n(.*?)```", readme, re.S)
     assert code is not None
     (tmp_path / "my_models").mkdir()

@@ -12,7 +12,7 @@
 #   3. a slurm.conf of its own (this machine's hostname, CPUs and memory) in a scratch folder,
 #      named by SLURM_CONF for the daemons and for sbatch/squeue (submitit calls them);
 #   4. a PostgreSQL cluster of its own (initdb, pg_ctl) on a free port, and a database `autofit`;
-#   5. the README's example sweep: 4 searches, all of which must succeed (exit 0), then a sweep
+#   5. docs/cluster.md's example sweep: 4 searches, all of which must succeed (exit 0), then a sweep
 #      with one job that fails at run time, whose one summary line must name it (exit 1);
 #   6. the trials each study holds in PostgreSQL, then stops slurmd, slurmctld, PostgreSQL and
 #      munged (only the daemons it started), and removes the scratch folder unless KEEP=1.
@@ -141,7 +141,7 @@ LAUNCHER=(
     hydra.launcher.mem_gb=4
 )
 
-say "the README's sweep: 2 models x 2 GPUs on SLURM, one PostgreSQL study each"
+say "docs/cluster.md's sweep: 2 models x 2 GPUs on SLURM, one PostgreSQL study each"
 start=$SECONDS
 set -x
 "$PYTHON" -m autofit search -m model=tiny_sana,sana_600m gpu=a40,l40s backend=simulate \

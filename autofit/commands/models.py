@@ -79,7 +79,7 @@ def run_config(cfg: Any) -> int:
             f"{row['model']:<15} {row['family']:<15} {count(row['params']):>10} {published:>10}  {row['native']:<12} {companions}"
         )
     print(
-        "\nmodel=custom model.entry=package.module:function trains your own model (see README.md)"
+        "\nmodel=custom model.entry=package.module:function trains your own model (see docs/models.md)"
     )
     out = Path(cfg.out) if cfg.out else Path("results") / "models.json"
     try:

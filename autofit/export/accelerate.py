@@ -3,8 +3,8 @@
 The file says how to launch: processes, mixed precision, and, when the run uses ZeRO, the
 DeepSpeed block accelerate builds its DeepSpeed plugin from, or with FSDP2 the `fsdp_config`
 block accelerate builds its FullyShardedDataParallelPlugin from (each knob's accelerate words).
-Every other knob is the training script's; the README lists what it must do. The diffusers target
-launches its example scripts with the same file.
+Every other knob is the training script's; the export's README.txt lists what it must do. The
+diffusers target launches its example scripts with the same file.
 """
 
 from __future__ import annotations

@@ -178,10 +178,10 @@ class ExportPlan:
 class Target:
     """One trainer autofit exports to.
 
-    Subclasses set `name`, `summary` (one line for --help and the README), `families`: the model
-    families the trainer can train, each mapped to what the trainer calls it (None: any family,
-    for targets that configure one's own training code), and `own_code` when the knobs the
-    target's files cannot hold become notes of what one's training code must do. `build` writes
+    Subclasses set `name`, `summary` (one line for --help and docs/export.md), `families`: the
+    model families the trainer can train, each mapped to what the trainer calls it (None: any
+    family, for targets that configure one's own training code), and `own_code` when the knobs
+    the target's files cannot hold become notes of what one's training code must do. `build` writes
     the layout through the plan (module docstring), adds the files with `plan.add`, and sets
     `plan.command` to the shell line that launches training with them.
     """

@@ -3,8 +3,8 @@
 The JSON carries the batch (micro-batch per GPU, gradient accumulation, their product over the
 GPUs), the precision block, the ZeRO stage and offload, and DeepSpeed's own optimizer where
 ZeRO-Offload needs it: each knob's DeepSpeed words (autofit/knobs/). The training code builds the
-model and the optimizer (the README lists what it must build). The same config serves the
-trainers that take a DeepSpeed JSON (SimpleTuner's `deepspeed_config`).
+model and the optimizer (the export's README.txt lists what it must build). The same config
+serves the trainers that take a DeepSpeed JSON (SimpleTuner's `deepspeed_config`).
 """
 
 from __future__ import annotations

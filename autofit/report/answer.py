@@ -3,7 +3,7 @@
 The best run (its knobs, samples/s and peak), its headroom (the budget less its peak), the command
 that exports it, and how far to trust its figures: measured on the GPU, or simulated, and then
 what the published comparison found, held-out runs first (calibration/margins.yaml, which
-`autofit calibrate set=published` writes; tests/test_report.py holds the README to it).
+`autofit calibrate set=published` writes; tests/test_report.py holds the README and docs/accuracy.md to it).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ WINDOW_FLOOR_ATTR = "window_floor"
 # died or the machine was busy: a rerun probes them again unless told to keep them.
 RETRIED = (Outcome.CRASH.value, Outcome.TIMEOUT.value)
 # How long a stopping search waits to finish its writes and give back its claims: its stop
-# signal gets 2 s in all (README: Reliability).
+# signal gets 2 s in all (docs/cluster.md, Reliability).
 CLOSE_S = 1.5
 
 

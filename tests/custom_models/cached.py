@@ -1,5 +1,5 @@
 """A model whose first forward pass fills a cache it keeps (as rotary embeddings' tables are
-often built on first use): the README's tiny MLP with a table made on the first call and added
+often built on first use): docs/models.md's tiny MLP with a table made on the first call and added
 to the input at every call after it."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""A model whose step is not affine in the batch: the README's tiny MLP (custom_models.tiny)
+"""A model whose step is not affine in the batch: docs/models.md's tiny MLP (custom_models.tiny)
 trained with a contrastive loss that compares every sample with every other (as CLIP's does), so
 its difference tensor holds batch x batch x 64 numbers."""
 

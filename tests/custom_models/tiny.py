@@ -1,4 +1,4 @@
-"""The README's example of a custom model, verbatim: a small MLP over the tokens of an image."""
+"""docs/models.md's example of a custom model, verbatim: a small MLP over the tokens of an image."""
 
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""The README's tiny MLP with a trainable layer the loss never reaches (a head left out of this
+"""docs/models.md's tiny MLP with a trainable layer the loss never reaches (a head left out of this
 objective): its weight gets no gradient, so the optimizer keeps no state for it."""
 
 import dataclasses
