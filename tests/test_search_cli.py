@@ -285,8 +285,8 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     from autofit.models import load_preset
     from autofit.probe.spec import Outcome, ProbeResult
     from autofit.results import Status
+    from autofit.search.combination import Combination
     from autofit.search.display import config_words
-    from autofit.search.engine import Combination
     from autofit.search.space import load_space
 
     space = load_space("default", load_preset("sana_1600m"))
@@ -343,3 +343,39 @@ def test_a_storage_folder_outside_the_working_folder_is_made_with_a_note(tmp_pat
     inside = in_process(*args, "storage=sqlite:///mine/studies.db", cwd=work)
     assert inside.returncode == 0 and "note: making" not in inside.stderr
     assert (work / "mine" / "studies.db").is_file()
+
+
+def test_a_search_for_a_trainer_simulates_what_that_trainer_runs(tmp_path: Path) -> None:
+    """The diffusers scripts build torch's AdamW told nothing (foreach), which autofit's default
+    (fused) is not: with trainer=diffusers every trial runs foreach, the start line says so, and
+    the best exports without a refusal. A space that searches the knob keeps it."""
+    from autofit.export import TARGETS, trainer_stack
+    from autofit.models import load_preset
+
+    space = tmp_path / "lora.yaml"
+    space.write_text(
+        "batch_size: {min: 1, max: 2}\nresolution: [x1]\n"
+        "knobs:\n  train_mode: [lora]\n  optimizer: [adamw]\n  checkpointing: [false]\n"
+    )
+    done = autofit(
+        "search", "model=tiny_sana", "gpu=a40", f"space={space}", "trainer=diffusers",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "optimizer_impl=foreach as diffusers runs it" in done.stdout
+    out = tmp_path / "results" / "tiny_sana-a40-lora-diffusers"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best"]["config"]["optimizer_impl"] == "foreach"
+    assert all(p["config"]["optimizer_impl"] == "foreach" for p in summary["pareto"])
+    exported = autofit(
+        "export",
+        "target=diffusers",
+        f"study={out.name}",
+        f"out={tmp_path / 'export'}",
+        cwd=tmp_path,
+    )
+    assert exported.returncode == 0, exported.stderr
+
+    searched = {"train_mode": ("lora",), "optimizer_impl": ("fused", "foreach")}
+    assert trainer_stack(TARGETS["diffusers"], load_preset("tiny_sana"), searched) == {}
+    assert trainer_stack(TARGETS["kohya"], load_preset("flux_dev"), {"train_mode": ("lora",)}) == {}

@@ -208,6 +208,18 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     check_settings(data["backend"], data["margin"], data["timeout_s"])
     check_host_memory(data.get("host_memory_gib"))
     space = load_space(str(data["space"]), preset)
+    trainer = data.get("trainer")
+    chosen, stack = None, {}
+    if trainer is not None:
+        from autofit.export import target, trainer_stack
+
+        chosen = target(trainer, setting="trainer")
+        chosen.check_family(preset, setting="trainer")
+        # what the trainer runs of the knobs it decides itself, fixed for every trial
+        stack = trainer_stack(chosen, preset, space.knobs)
+        space = dataclasses.replace(
+            space, knobs={**space.knobs, **{k: (v,) for k, v in stack.items()}}
+        )
     margin = chosen_margin(
         data["margin"], preset.family, classes_spanned(preset.family, space.knobs)
     )
@@ -249,13 +261,6 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
             f"storage_patience_s={shown(patience)} is not valid; expected seconds >= 0"
         )
 
-    trainer = data.get("trainer")
-    chosen = None
-    if trainer is not None:
-        from autofit.export import target
-
-        chosen = target(trainer, setting="trainer")
-        chosen.check_family(preset, setting="trainer")
     left_out = left_out_by(space, gpu, chosen, preset)
     # Before any folder or study is made: a backend that cannot run here, a model that fails.
     backend = resolve(data["backend"], gpu, budget)
@@ -282,6 +287,7 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
             "storage": storage}  # fmt: skip
     if trainer:
         meta["trainer"] = trainer
+        meta["trainer_stack"] = stack
     # Every setting as the user gave it, but where the folder and the study are: the `rerun`
     # line and the probe lines printed for the user repeat them (autofit/results/write.py).
     given = _job_overrides() if given is None else given
@@ -364,7 +370,10 @@ def _search(run: _Checked) -> int:
         f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)} at a "
         f"{run.margin * 100:g}% margin ({meta['margin_basis']}), host budget "
         f"{budget_words(host_budget)}; study {study_name}"
-        + (f"; only runs {trainer} can launch" if trainer else ""),
+        + (f"; only runs {trainer} can launch" if trainer else "")
+        + "".join(
+            f"; {k}={v} as {trainer} runs it" for k, v in meta.get("trainer_stack", {}).items()
+        ),
         flush=True,
     )
     try:

@@ -6,6 +6,7 @@ target must do). `export` plans one export and writes it. Nothing here imports t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
-from autofit.knobs import defaults
+from autofit.knobs import REGISTRY, defaults
+from autofit.knobs.base import Subject
 from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
@@ -55,6 +57,23 @@ def unlaunchable(chosen: Target, preset: ModelPreset, config: dict[str, Any]) ->
     return None
 
 
+def trainer_stack(
+    chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The knobs `chosen` decides itself that a search for it simulates as that trainer runs
+    them (the first value it runs when told nothing), where autofit's default is one it cannot
+    run as measured: the diffusers scripts' AdamW is torch's foreach, which holds a temporary
+    the size of the trained weights that autofit's fused default does not. Knobs the space
+    searches are left to it; the words are judged on the space's first values."""
+    subject = Subject({**defaults(), **{k: v[0] for k, v in searched.items()}}, preset)
+    own = {
+        name: knob.trainers_own_value(chosen.vocabulary, subject, chosen.own_code)
+        for name, knob in REGISTRY.items()
+        if name not in searched
+    }
+    return {name: value for name, value in own.items() if value is not None}
+
+
 __all__ = [
     "TARGETS",
     "ExportPlan",
@@ -62,6 +81,7 @@ __all__ = [
     "Target",
     "load_point",
     "target",
+    "trainer_stack",
     "unlaunchable",
     "readme",
     "write_export",

@@ -30,6 +30,7 @@ def _kohya(value: Any, s: Subject) -> Say:
 
 class Attention(Knob):
     name = "attention"
+    decided_by_trainer = True
     default = "sdpa"
     help = "attention kernel: sdpa (fused) | math (full attention matrix)"
     values = {

@@ -106,6 +106,13 @@ class Refuse:
     offers: str = ""
 
 
+def _asks_nothing(words: Say | Refuse) -> bool:
+    """Words that say nothing at all: what the trainer does when told nothing."""
+    return isinstance(words, Say) and not (
+        words.settings or words.note or words.warning or words.files
+    )
+
+
 # A table per value, or a function of the value and the run.
 Words = Mapping[Any, Say | Refuse] | Callable[[Any, Subject], Say | Refuse | None]
 
@@ -122,6 +129,12 @@ class Knob:
     # Whether the default is also what a trainer does when told nothing: then a trainer without
     # words for this knob runs the default as measured (a batch size is never such a default).
     default_asks_nothing: ClassVar[bool] = True
+    # Whether a trainer decides this knob itself when told nothing (how its stack runs: the
+    # optimizer's implementation, where text is encoded, its loss), rather than the user's
+    # choice of run (a batch, a method): a search with `trainer=` simulates the trainer's own
+    # value where autofit's default is one that trainer cannot run as measured
+    # (`trainers_own_value`).
+    decided_by_trainer: ClassVar[bool] = False
     # Whether the knob changes the memory each extra sample adds (the search shares its estimate
     # of that slope between configurations that differ only in knobs that do not).
     per_sample_memory: ClassVar[bool] = True
@@ -302,3 +315,24 @@ class Knob:
         if not fine:
             return f"no value of {self.name} with the rest of this run"
         return f"{self.name}=" + ", ".join(text(v) for v in fine)
+
+    def trainers_own_value(
+        self, vocabulary: str, subject: Subject, own_code: bool = False
+    ) -> Any | None:
+        """The value a trainer runs when told nothing, where this knob is one the trainer decides
+        and autofit's default is not something it runs as measured (it refuses it, or runs it with
+        a warning): the first value its words express by asking nothing. None otherwise."""
+        if not self.decided_by_trainer or self.choices is None:
+            return None
+        if not self.applies(subject.config, subject.preset):
+            return None
+        said = self.express(vocabulary, self.default, subject, own_code)
+        if isinstance(said, Say) and not said.warning:
+            return None
+        for value in self.choices:
+            other = subject.with_value(self.name, value)
+            if value != self.default and _asks_nothing(
+                self.express(vocabulary, value, other, own_code)
+            ):
+                return value
+        return None

@@ -53,6 +53,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
 
 class Encoders(Knob):
     name = "encoders"
+    decided_by_trainer = True
     default = "cached"
     help = "frozen text encoders and VAE: cached (precomputed) | online (on the GPU)"
     values = {

@@ -45,6 +45,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class FsdpVersion(Knob):
     name = "fsdp_version"
+    decided_by_trainer = True
     default = 2
     kind = int
     help = "which FSDP the fsdp knob runs: 2 (fully_shard) | 1 (FullyShardedDataParallel, flat parameters)"

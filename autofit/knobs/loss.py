@@ -9,8 +9,8 @@
   after the other, so only one chunk's fp32 upcast exists at a time, and in backward only one
   chunk's fp32 gradients. torchtune's `CEWithChunkedOutputLoss` (num_output_chunks=8, with the
   model's output projection chunked by `set_num_output_chunks`,
-  torchtune/modules/loss/ce_chunked_output_loss.py) and LitGPT's `lm_head_chunk_size` with
-  `chunked_cross_entropy` (litgpt/model.py, litgpt/utils.py) do this. As there, each chunk's
+  torchtune/modules/loss/ce_chunked_output_loss.py) does this (LitGPT chunks too, but keeps every
+  chunk's logits and never upcasts them: `chunked_native`). As there, each chunk's
   log-probabilities stay saved for backward: what chunking removes is the full fp32 copy of the
   logits (less one chunk) in forward and the full fp32 gradients in backward.
 - `fused_linear`: Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5,
@@ -63,6 +63,7 @@ LITGPT_CHUNK = 128  # litgpt 0.5: the fine-tuning scripts' lm_head_chunk_size an
 
 class Loss(Knob):
     name = "loss"
+    decided_by_trainer = True
     default = "full"
     help = (
         "causal LM loss: full (all logits upcast to fp32 at once) | chunked (8 chunks of the "
@@ -73,8 +74,7 @@ class Loss(Knob):
         "full": "the model's own loss: the output projection over the whole sequence, all logits "
         "upcast to fp32, then cross-entropy (transformers' model(input_ids, labels=...))",
         "chunked": f"the output projection and the fp32 cross-entropy over {CHUNKS} chunks of the "
-        "sequence, one chunk at a time (torchtune's CEWithChunkedOutputLoss, LitGPT's "
-        "lm_head_chunk_size): the loss is the sum over chunks divided by the number of targets",
+        "sequence, one chunk at a time (torchtune's CEWithChunkedOutputLoss): the loss is the sum over chunks divided by the number of targets",
         "fused_linear": "Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5, "
         "LigerFusedLinearCrossEntropyLoss; for transformers models "
         "apply_liger_kernel_to_<model>(fused_linear_cross_entropy=True), transformers' and TRL's "

@@ -59,6 +59,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
 
 class OptimizerImpl(Knob):
     name = "optimizer_impl"
+    decided_by_trainer = True
     default = "fused"
     help = (
         "how AdamW steps (optimizer=adamw): fused | foreach (torch's default on a GPU) | for_loop"
