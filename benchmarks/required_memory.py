@@ -5,7 +5,7 @@ from the first event.
         [--batches 5,6,7] [--repeat 3]
 
 Traces the model's two steps at each batch (bf16 autocast, AdamW; the default batches: just over
-the largest that fits an A40 at 1024 px) on the A40, then times `required_memory` (autofit/simulator/allocator.py) on each step's log under the A40's budget,
+the largest that fits an A40 at 1024 px) on the A40, then times `required_memory` (autofit/simulator/allocator_replay.py) on each step's log under the A40's budget,
 alternately as it runs (its replays under a limit go on from a copy of the plentiful replay where
 the limit first matters) and with every replay from the first event, for both allocator settings.
 Prints the median of each, checks the two give the same answer, and writes
@@ -26,10 +26,11 @@ from autofit.models import load_preset
 from autofit.probe.build import make_spec
 from autofit.probe.scan import TracedPoint
 from autofit.probe.worker import versions
-from autofit.simulator import allocator
-from autofit.simulator.allocator import MODELS, required_memory
+from autofit.simulator import allocator_replay
+from autofit.simulator.allocator import MODELS
+from autofit.simulator.allocator_replay import required_memory
 
-GOES_ON = allocator._Progress.run
+GOES_ON = allocator_replay._Progress.run
 
 
 def from_the_start(self: Any, events: Any, sizes: Any, watch: int | None = None) -> Any:
@@ -40,13 +41,13 @@ def from_the_start(self: Any, events: Any, sizes: Any, watch: int | None = None)
 def timed(
     log: Any, workspace: int, limit: int, setting: str, start_over: bool
 ) -> tuple[float, Any]:
-    allocator._Progress.run = from_the_start if start_over else GOES_ON  # type: ignore[method-assign]
+    allocator_replay._Progress.run = from_the_start if start_over else GOES_ON  # type: ignore[method-assign]
     try:
         started = time.perf_counter()
         need = required_memory(log.events, log.sizes, [workspace], limit, setting)
         return time.perf_counter() - started, need
     finally:
-        allocator._Progress.run = GOES_ON  # type: ignore[method-assign]
+        allocator_replay._Progress.run = GOES_ON  # type: ignore[method-assign]
 
 
 def main() -> None:

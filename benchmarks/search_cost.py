@@ -102,7 +102,7 @@ def grid(
     """Every batch of every combination of the space, each a probe; per combination the
     largest batch that fits; the best configuration by the search's own rule; the timing; the
     combinations where memory is not monotonic in the batch."""
-    from autofit.search.engine import Combination
+    from autofit.search.combination import Combination
     from autofit.search.pareto import best_config
 
     preset, gpu = load_preset(model), load_gpu(gpu_name)

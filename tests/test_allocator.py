@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.simulator.allocator import CachingAllocatorModel, replay, required_memory, segment_size
+from autofit.simulator.allocator import CachingAllocatorModel, segment_size
+from autofit.simulator.allocator_replay import replay, required_memory
 
 MIB = 1 << 20
 

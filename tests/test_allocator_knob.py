@@ -16,12 +16,8 @@ from autofit.knobs import REGISTRY
 from autofit.knobs.allocator import environment
 from autofit.probe import run_probe
 from autofit.probe.launcher import ForkServer, Launcher, SpawnLauncher
-from autofit.simulator.allocator import (
-    MODELS,
-    ExpandableSegmentsModel,
-    replay,
-    required_memory,
-)
+from autofit.simulator.allocator import MODELS, ExpandableSegmentsModel
+from autofit.simulator.allocator_replay import replay, required_memory
 
 MIB = 1 << 20
 TESTS = Path(__file__).parent
@@ -257,7 +253,7 @@ def test_replays_that_go_on_from_a_copy_answer_as_replays_from_the_start(
     """required_memory's replays under a limit go on from a copy of the plentiful replay taken
     where the limit first matters; the answers are those of replaying each from the start, at
     limits below, at and above the allocated peak, and with persistent allocations over it."""
-    import autofit.simulator.allocator as allocator_module
+    import autofit.simulator.allocator_replay as allocator_module
 
     events, sizes = _random_log(seed)
     persistent = [4 * MIB]

@@ -317,7 +317,7 @@ def test_the_best_is_what_the_rule_picks_from_every_batch_of_every_combination(
 
 
 def _combination(resolution: int = 512, **knobs: Any) -> Any:
-    from autofit.search.engine import Combination
+    from autofit.search.combination import Combination
 
     defaults = {"precision": "bf16", "optimizer": "adamw", "checkpointing": False, "zero_stage": 0}
     return Combination({**defaults, **knobs}, resolution)
@@ -327,7 +327,7 @@ def test_of_the_ready_groups_the_one_with_the_longest_chain_waiting_on_it_starts
     """A combination with checkpointing waits on the same without it; one with both memory
     savers on both of those: the group at the head of that chain starts before a group no
     other waits on, whatever their order in the waves."""
-    from autofit.search.engine import _GroupQueue, _heights
+    from autofit.search.scheduler import GroupQueue, chain_heights
 
     searched = dataclasses.replace(space(), knobs={**space().knobs, "zero_stage": (0, 2)})
     alone = [_combination(precision="bf16_pure", optimizer="sgd")]
@@ -335,9 +335,9 @@ def test_of_the_ready_groups_the_one_with_the_longest_chain_waiting_on_it_starts
     middle = [_combination(checkpointing=True)]
     tail = [_combination(checkpointing=True, zero_stage=2)]
     groups = [alone, head, middle, tail]
-    heights = _heights(groups, searched)
+    heights = chain_heights(groups, searched)
     assert [heights[id(g)] for g in groups] == [0, 2, 1, 0]
-    queue = _GroupQueue(groups, heights=heights)
+    queue = GroupQueue(groups, heights=heights)
     assert queue.next() is head
     assert queue.next() is middle  # ready: this queue waits on nothing
     queue.done(head)
@@ -350,14 +350,14 @@ def test_a_group_that_would_trace_the_updates_another_is_tracing_waits_for_it() 
     """Two groups that share their setup-and-update traces (the same optimizers at two
     resolutions) do not start at once while neither has traced them: another group starts
     beside the first, and the second once the first is done."""
-    from autofit.search.engine import _GroupQueue, _shared_updates
+    from autofit.search.scheduler import GroupQueue, shared_updates
 
     at_512 = [_combination(512), _combination(512, optimizer="sgd")]
     at_1024 = [_combination(1024), _combination(1024, optimizer="sgd")]
     other = [_combination(512, precision="bf16_pure"), _combination(512, precision="bf16_pure", optimizer="sgd")]  # fmt: skip
-    assert _shared_updates(at_512) == _shared_updates(at_1024) != _shared_updates(other)
+    assert shared_updates(at_512) == shared_updates(at_1024) != shared_updates(other)
     heights = {id(at_512): 2, id(at_1024): 1, id(other): 0}
-    queue = _GroupQueue([at_512, at_1024, other], heights=heights, shared=_shared_updates)
+    queue = GroupQueue([at_512, at_1024, other], heights=heights, shared=shared_updates)
     assert queue.next() is at_512
     assert queue.next() is other  # not at_1024, whose updates at_512 is tracing
     queue.done(at_512)
@@ -365,9 +365,9 @@ def test_a_group_that_would_trace_the_updates_another_is_tracing_waits_for_it() 
 
 
 def test_of_groups_alike_otherwise_one_at_the_target_resolution_starts_first() -> None:
-    from autofit.search.engine import _GroupQueue
+    from autofit.search.scheduler import GroupQueue
 
     at_512, at_1024 = [_combination(512)], [_combination(1024)]
-    queue = _GroupQueue([at_512, at_1024], target=1024)
+    queue = GroupQueue([at_512, at_1024], target=1024)
     assert queue.next() is at_1024
     assert queue.next() is at_512

@@ -17,7 +17,7 @@ from autofit.knobs import invalid_reason
 from autofit.models import load_preset
 from autofit.probe.worker import execute
 from autofit.run_state import logical_numel
-from autofit.simulator.allocator import required_memory
+from autofit.simulator.allocator_replay import required_memory
 from autofit.simulator.tracker import round_allocation
 from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit.gpus import GpuSpec
 from autofit.host import host_ranks, loader
-from autofit.simulator.allocator import required_memory
+from autofit.simulator.allocator_replay import required_memory
 from autofit.simulator.step_log import HostReport, StepLog
 
 if TYPE_CHECKING:

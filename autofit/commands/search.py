@@ -19,8 +19,9 @@ from autofit.host import budget_words, check_host_memory, host_budget_bytes
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome, ProbeResult
 from autofit.results import Status
+from autofit.search.combination import Combination
 from autofit.search.display import config_words
-from autofit.search.engine import Combination, SearchListener
+from autofit.search.engine import SearchListener
 from autofit.search.pareto import fastest_and_best
 from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace

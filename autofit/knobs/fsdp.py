@@ -293,7 +293,7 @@ class Fsdp(Knob):
 
             FsdpEmulation(run, RESHARD_AFTER_FORWARD[value], run.knobs["world_size"], offload)
             return
-        from autofit.simulator.fsdp import shard_for_real
+        from autofit.simulator.fsdp_real import shard_for_real
 
         shard_for_real(run, RESHARD_AFTER_FORWARD[value])
 

@@ -1,7 +1,7 @@
 """fsdp_version: which PyTorch FSDP the fsdp knob runs.
 
 - `2` (the default, what autofit measured before this knob): FSDP2, `fully_shard`, per-parameter
-  DTensor shards (autofit/simulator/fsdp.py).
+  DTensor shards (autofit/simulator/fsdp.py; fsdp_real.py runs `fully_shard` itself).
 - `1`: FSDP1, `FullyShardedDataParallel` with flat parameters and `use_orig_params=False`: what
   accelerate's `fsdp_version: 1` (its default until 1.x), the HF Trainer's `fsdp` argument and
   Lightning/LitGPT's FSDPStrategy run. It holds more than FSDP2: the root unit (embedding, final

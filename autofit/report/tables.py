@@ -329,7 +329,19 @@ def _percent(change: float | None) -> str:
 
 
 def comparison_tables(comparison: Comparison) -> list[Table]:
+    """Two studies side by side: the configurations whose figures changed, the combinations
+    whose largest fitting batch changed, and the best configuration of each."""
     names = comparison.after.knob_names or comparison.before.knob_names
+    return [
+        _changed_configurations(comparison, names),
+        _changed_largest(comparison, names),
+        _best_before_and_after(comparison, names),
+    ]
+
+
+def _changed_configurations(comparison: Comparison, names: list[str]) -> Table:
+    """The configurations whose fit, peak or throughput changed, with a note that counts those
+    probed by both studies and by one only."""
     # Regressions first, then other changes to configurations both probed, then the rest.
     changed = sorted(
         (c for c in comparison.configurations if c.changed),
@@ -378,7 +390,11 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
     )
     if not both:
         configurations.note += " (no configuration in common: were the same knobs searched?)"
+    return configurations
 
+
+def _changed_largest(comparison: Comparison, names: list[str]) -> Table:
+    """The combinations whose largest fitting batch, or status, changed."""
     largest = Table("largest fitting batch per combination, where it changed",
                     ["res", *names, "before", "after", ""])  # fmt: skip
     for c in comparison.combinations:
@@ -397,7 +413,11 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         )
     if not largest.rows:
         largest.note = "no change"
+    return largest
 
+
+def _best_before_and_after(comparison: Comparison, names: list[str]) -> Table:
+    """Each study's best configuration, and how the throughput changed between them."""
     best = Table("best configuration before and after",
                  ["", "configuration", "samples/s", "peak", "budget"])  # fmt: skip
     for label, study in (("before", comparison.before), ("after", comparison.after)):
@@ -417,4 +437,4 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         )
         same = comparison.before.best["config"] == comparison.after.best["config"]
         best.note = f"{'same configuration' if same else 'a different configuration'}, throughput {speed:+.1%}"
-    return [configurations, largest, best]
+    return best

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autofit.probe.spec import ProbeResult
 from autofit.probe.summary import headroom, host_line, provenance
 from autofit.results import Status
-from autofit.search.engine import Combination
+from autofit.search.combination import Combination
 from autofit.search.pareto import BestRule
 from autofit.units import size, value
 

@@ -102,7 +102,33 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
             raise ConfigError(
                 f"{path}: unknown key {shown(key)}; valid keys: {', '.join(TOP_LEVEL)}"
             )
+    min_batch, max_batch = _batch_range(data, path)
+    resolutions = _resolutions(data, preset, path)
+    knobs = _family_knobs(data, _knobs(data.get("knobs") or {}, path), preset, path)
+    counts = [len(values) for values in knobs.values()] + [len(resolutions)]
+    if math.prod(counts) > MAX_COMBINATIONS:
+        raise ConfigError(
+            f"{path}: {' x '.join(map(str, counts))} = {math.prod(counts)} combinations of knob "
+            f"values and resolutions; autofit searches at most {MAX_COMBINATIONS} (a probe or "
+            "more each): search fewer values, or split the space"
+        )
+    target, target_resolution, target_min_batch = _target(
+        data, preset, path, resolutions, max_batch
+    )
+    return SearchSpace(
+        name=file.stem,
+        min_batch=min_batch,
+        max_batch=max_batch,
+        resolutions=resolutions,
+        knobs=knobs,
+        target_resolution=target_resolution,
+        target_min_batch=target_min_batch,
+        best_rule=BestRule().replaced(target, f"{path}: target."),
+    )
 
+
+def _batch_range(data: dict[str, Any], path: str) -> tuple[int, int]:
+    """The space's `batch_size`: its min and max."""
     batch = data.get("batch_size") or {}
     if not isinstance(batch, dict):
         raise ConfigError(f"{path}: batch_size: expected min and max")
@@ -112,18 +138,30 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
     )
     if min_batch > max_batch:
         raise ConfigError(f"{path}: batch_size: min={min_batch} is above max={max_batch}")
+    return min_batch, max_batch
 
+
+def _resolutions(data: dict[str, Any], preset: ModelPreset, path: str) -> tuple[int, ...]:
+    """The space's resolutions in pixels, each once, in the file's order."""
     raw_resolutions = data.get("resolution", ["x1"])
     if not isinstance(raw_resolutions, list) or not raw_resolutions:
         raise ConfigError(f"{path}: resolution: expected a non-empty list")
-    resolutions = tuple(
+    return tuple(
         dict.fromkeys(
             _resolution(v, preset, f"{path}: resolution[{i}]")
             for i, v in enumerate(raw_resolutions)
         )
     )
 
-    knobs = _knobs(data.get("knobs") or {}, path)
+
+def _family_knobs(
+    data: dict[str, Any],
+    knobs: dict[str, tuple[Any, ...]],
+    preset: ModelPreset,
+    path: str,
+) -> dict[str, tuple[Any, ...]]:
+    """The common `knobs` with the values the space's `families` section gives the preset's
+    family in their place; every family's section is checked, whichever the preset's."""
     families = data.get("families") or {}
     if not isinstance(families, dict):
         raise ConfigError(f"{path}: families: expected a mapping of model family -> knobs")
@@ -137,14 +175,18 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
         overrides = _knobs(section or {}, path, prefix=f"families.{family}")
         if family == preset.family:  # a family's values replace the common ones
             knobs = {**knobs, **overrides}
+    return knobs
 
-    counts = [len(values) for values in knobs.values()] + [len(resolutions)]
-    if math.prod(counts) > MAX_COMBINATIONS:
-        raise ConfigError(
-            f"{path}: {' x '.join(map(str, counts))} = {math.prod(counts)} combinations of knob "
-            f"values and resolutions; autofit searches at most {MAX_COMBINATIONS} (a probe or "
-            "more each): search fewer values, or split the space"
-        )
+
+def _target(
+    data: dict[str, Any],
+    preset: ModelPreset,
+    path: str,
+    resolutions: tuple[int, ...],
+    max_batch: int,
+) -> tuple[dict[str, Any], int, int]:
+    """The space's `target` section, checked: the section itself (for the best rule), its
+    resolution (one of those searched) and its least batch (no more than the space's max)."""
     target = data.get("target") or {}
     if not isinstance(target, dict):
         raise ConfigError(f"{path}: target: expected {', '.join(TARGET)}")
@@ -168,16 +210,7 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
         raise ConfigError(
             f"{path}: target.min_batch={target_min_batch} is above batch_size.max={max_batch}"
         )
-    return SearchSpace(
-        name=file.stem,
-        min_batch=min_batch,
-        max_batch=max_batch,
-        resolutions=resolutions,
-        knobs=knobs,
-        target_resolution=target_resolution,
-        target_min_batch=target_min_batch,
-        best_rule=BestRule().replaced(target, f"{path}: target."),
-    )
+    return target, target_resolution, target_min_batch
 
 
 def _knobs(section: Any, path: str, prefix: str = "knobs") -> dict[str, tuple[Any, ...]]:

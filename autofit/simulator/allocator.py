@@ -44,15 +44,14 @@ segment size, not the pages to map, with the fraction: up to 20 MiB early under 
 rule that an expandable segment is given back whole once all its pages are unmapped (the
 address range costs no memory).
 
-A run can fit in less memory than it reserves where memory is plentiful: `required_memory`
-finds both figures, and the smallest limit under which the run does not run out.
+Replaying a tracker's event log through these models, and the least memory a run needs, are
+autofit/simulator/allocator_replay.py.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 MIB = 1 << 20
 SMALL_REQUEST = 1 * MIB  # largest request served from the small pool
@@ -78,7 +77,10 @@ def segment_size(request: int) -> int:
     return -(-request // LARGE_ROUNDING) * LARGE_ROUNDING
 
 
-class _Block:
+class Block:
+    """A range of one segment: a live request, a free block, or (expandable segments) address
+    space with no pages mapped; linked to its neighbours in the segment's address order."""
+
     __slots__ = ("address", "size", "small", "free", "mapped", "prev", "next")
 
     def __init__(self, address: int, size: int, small: bool, mapped: bool = True) -> None:
@@ -87,8 +89,8 @@ class _Block:
         self.small = small
         self.free = True
         self.mapped = mapped  # expandable segments only: whether pages back this range
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
 
 
 class _Pool:
@@ -96,32 +98,32 @@ class _Pool:
 
     def __init__(self) -> None:
         self._keys: list[tuple[int, int]] = []
-        self._blocks: dict[int, _Block] = {}
+        self._blocks: dict[int, Block] = {}
 
-    def add(self, block: _Block) -> None:
+    def add(self, block: Block) -> None:
         bisect.insort(self._keys, (block.size, block.address))
         self._blocks[block.address] = block
 
-    def remove(self, block: _Block) -> None:
+    def remove(self, block: Block) -> None:
         index = bisect.bisect_left(self._keys, (block.size, block.address))
         del self._keys[index]
         del self._blocks[block.address]
 
-    def whole_segments(self) -> list[_Block]:
+    def whole_segments(self) -> list[Block]:
         return [b for b in self._blocks.values() if b.prev is None and b.next is None]
 
     def has_fit(self, size: int) -> bool:
         """Whether a free block of at least `size` bytes is here."""
         return bisect.bisect_left(self._keys, (size, -1)) < len(self._keys)
 
-    def cloned(self, twin: dict[int, _Block]) -> _Pool:
+    def cloned(self, twin: dict[int, Block]) -> _Pool:
         """This pool over the clones of its blocks (`twin`: id of a block -> its clone)."""
         pool = _Pool()
         pool._keys = list(self._keys)
         pool._blocks = {address: twin[id(block)] for address, block in self._blocks.items()}
         return pool
 
-    def best_fit(self, size: int) -> _Block | None:
+    def best_fit(self, size: int) -> Block | None:
         index = bisect.bisect_left(self._keys, (size, -1))
         if index == len(self._keys):
             return None
@@ -129,7 +131,7 @@ class _Pool:
         self.remove(block)
         return block
 
-    def expandable_fit(self, size: int) -> _Block | None:
+    def expandable_fit(self, size: int) -> Block | None:
         """get_free_block with expandable segments: from the smallest block that fits, step to
         the next larger one while that one could grow to less (a block followed by unmapped
         space counts as the size it could grow to)."""
@@ -148,32 +150,12 @@ class _Pool:
         self.remove(block)
         return block
 
-    def free_blocks(self) -> list[_Block]:
+    def free_blocks(self) -> list[Block]:
         return list(self._blocks.values())
 
 
 class AllocatorOutOfMemory(Exception):
     """A segment did not fit under the limit even after the cache was given back."""
-
-
-@dataclass(frozen=True)
-class AllocatorReplay:
-    """What the replay saw: its reserved peak, and the event that ran out of memory, if one did."""
-
-    peak_reserved_bytes: int
-    peak_event: int  # index of the event at which the reserved peak was reached (-1: before any)
-    segments: int
-    oom_event: int | None = None  # -1: the persistent allocations alone did not fit
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """A run's memory on a GPU with the allocator limited to `limit` bytes."""
-
-    reserved_when_plentiful: int  # what the allocator reserves with no limit in sight
-    required: int  # the smallest limit (to 2 MiB) under which the run does not run out
-    fits: bool  # whether it runs under `limit`
-    oom_event: int | None  # where it runs out under `limit`, if it does
 
 
 class CachingAllocatorModel:
@@ -184,7 +166,7 @@ class CachingAllocatorModel:
         self.reserved = 0
         self.segments = 0
 
-    def malloc(self, size: int) -> _Block:
+    def malloc(self, size: int) -> Block:
         small = size <= SMALL_REQUEST
         pool = self._pools[small]
         block = pool.best_fit(size)
@@ -196,7 +178,7 @@ class CachingAllocatorModel:
         else:
             split = remainder > SMALL_REQUEST
         if split:
-            rest = _Block(block.address + size, remainder, small)
+            rest = Block(block.address + size, remainder, small)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
                 block.next.prev = rest
@@ -211,19 +193,19 @@ class CachingAllocatorModel:
         cached block fits it, else a new segment."""
         return 0 if self._pools[size <= SMALL_REQUEST].has_fit(size) else segment_size(size)
 
-    def cloned(self, twin: dict[int, _Block]) -> CachingAllocatorModel:
+    def cloned(self, twin: dict[int, Block]) -> CachingAllocatorModel:
         model = CachingAllocatorModel(self.limit)
         model._pools = {small: pool.cloned(twin) for small, pool in self._pools.items()}
         model._next_address, model.reserved = self._next_address, self.reserved
         model.segments = self.segments
         return model
 
-    def blocks(self) -> Iterable[_Block]:
+    def blocks(self) -> Iterable[Block]:
         """The free blocks it holds (the rest hang off them, or off the caller's)."""
         for pool in self._pools.values():
             yield from pool.free_blocks()
 
-    def free(self, block: _Block) -> None:
+    def free(self, block: Block) -> None:
         pool = self._pools[block.small]
         block.free = True
         prev, nxt = block.prev, block.next
@@ -242,14 +224,14 @@ class CachingAllocatorModel:
                 nxt.next.prev = block
         pool.add(block)
 
-    def _new_segment(self, size: int, small: bool) -> _Block:
+    def _new_segment(self, size: int, small: bool) -> Block:
         if self.limit is not None and self.reserved + size > self.limit:
             self._release_cache()
             if self.reserved + size > self.limit:
                 raise AllocatorOutOfMemory
         # Segments get disjoint address ranges; the gap keeps blocks of different segments from
         # ever looking adjacent.
-        block = _Block(self._next_address, size, small)
+        block = Block(self._next_address, size, small)
         self._next_address += size + LARGE_ROUNDING
         self.reserved += size
         self.segments += 1
@@ -264,7 +246,7 @@ class CachingAllocatorModel:
                 self.segments -= 1
 
 
-def _link_after(block: _Block, new: _Block) -> None:
+def _link_after(block: Block, new: Block) -> None:
     """Put `new` right after `block` in its segment's address order."""
     new.prev, new.next = block, block.next
     if block.next is not None:
@@ -272,7 +254,7 @@ def _link_after(block: _Block, new: _Block) -> None:
     block.next = new
 
 
-def _absorb_next(block: _Block) -> None:
+def _absorb_next(block: Block) -> None:
     """`block` takes over the range of the block after it."""
     after = block.next
     assert after is not None
@@ -290,8 +272,8 @@ class ExpandableSegmentsModel:
         self._pools = {True: _Pool(), False: _Pool()}  # free mapped blocks
         self._page = {True: SMALL_PAGE, False: LARGE_PAGE}
         # Unmapped ranges by address. Each pool's segment starts as one; the pools' are disjoint.
-        self._unmapped: dict[bool, dict[int, _Block]] = {
-            small: {base: _Block(base, ADDRESS_SPACE, small, mapped=False)}
+        self._unmapped: dict[bool, dict[int, Block]] = {
+            small: {base: Block(base, ADDRESS_SPACE, small, mapped=False)}
             for small, base in ((True, 0), (False, 2 * ADDRESS_SPACE))
         }
         self.limit = limit
@@ -311,7 +293,7 @@ class ExpandableSegmentsModel:
             return 0
         return -(-size // self._page[small]) * self._page[small]
 
-    def cloned(self, twin: dict[int, _Block]) -> ExpandableSegmentsModel:
+    def cloned(self, twin: dict[int, Block]) -> ExpandableSegmentsModel:
         model = ExpandableSegmentsModel(self.limit)
         model._pools = {small: pool.cloned(twin) for small, pool in self._pools.items()}
         model._unmapped = {
@@ -321,14 +303,14 @@ class ExpandableSegmentsModel:
         model.reserved, model._mapped = self.reserved, dict(self._mapped)
         return model
 
-    def blocks(self) -> Iterable[_Block]:
+    def blocks(self) -> Iterable[Block]:
         """The free and unmapped blocks it holds (the rest hang off them, or off the caller's)."""
         for pool in self._pools.values():
             yield from pool.free_blocks()
         for ranges in self._unmapped.values():
             yield from ranges.values()
 
-    def malloc(self, size: int) -> _Block:
+    def malloc(self, size: int) -> Block:
         small = size <= SMALL_REQUEST
         pool = self._pools[small]
         block = pool.expandable_fit(size)
@@ -340,18 +322,18 @@ class ExpandableSegmentsModel:
                 if block is None:
                     raise AllocatorOutOfMemory
         if block.size - size >= MIN_SPLIT_REMAINDER_SMALL:  # either pool, with expandable segments
-            rest = _Block(block.address + size, block.size - size, small)
+            rest = Block(block.address + size, block.size - size, small)
             _link_after(block, rest)
             block.size = size
             pool.add(rest)
         block.free = False
         return block
 
-    def free(self, block: _Block) -> None:
+    def free(self, block: Block) -> None:
         block.free = True
         self._pools[block.small].add(self._merge_free(block))
 
-    def _merge_free(self, block: _Block) -> _Block:
+    def _merge_free(self, block: Block) -> Block:
         """Merge a free mapped block with its free mapped neighbours (taking them out of the
         pool); the merged block."""
         pool = self._pools[block.small]
@@ -366,11 +348,11 @@ class ExpandableSegmentsModel:
             _absorb_next(block)
         return block
 
-    def _grow(self, small: bool, size: int) -> _Block | None:
+    def _grow(self, small: bool, size: int) -> Block | None:
         """try_allocate_expandable_block: the lowest place in the segment with `size` bytes of
         free and unmapped space, mapped up to `size` (whole pages); None where mapping would
         exceed the limit (pages mapped before that stay mapped, free)."""
-        candidate: _Block | None = self._find_room(small, size)
+        candidate: Block | None = self._find_room(small, size)
         assert candidate is not None
         if not candidate.mapped:
             candidate = self._map(candidate, min(candidate.size, size))
@@ -382,7 +364,7 @@ class ExpandableSegmentsModel:
             self._pools[small].remove(candidate)
         return candidate
 
-    def _find_room(self, small: bool, size: int) -> _Block:
+    def _find_room(self, small: bool, size: int) -> Block:
         """find_expandable_block: the lowest unmapped range (or the free block before it) from
         which free and unmapped space adds up to `size`."""
         unmapped = self._unmapped[small]
@@ -397,7 +379,7 @@ class ExpandableSegmentsModel:
                 return start
         raise AssertionError("an expandable segment's address range never runs out here")
 
-    def _map(self, unmapped: _Block, size: int) -> _Block | None:
+    def _map(self, unmapped: Block, size: int) -> Block | None:
         """map_block: whole pages over the first `size` bytes of the (page-aligned) unmapped
         range, merged with free mapped neighbours; the merged free block, or None over the
         limit."""
@@ -408,7 +390,7 @@ class ExpandableSegmentsModel:
             return None
         del self._unmapped[small][unmapped.address]
         if mapped < unmapped.size:
-            rest = _Block(unmapped.address + mapped, unmapped.size - mapped, small, mapped=False)
+            rest = Block(unmapped.address + mapped, unmapped.size - mapped, small, mapped=False)
             _link_after(unmapped, rest)
             unmapped.size = mapped
             self._unmapped[small][rest.address] = rest
@@ -431,12 +413,12 @@ class ExpandableSegmentsModel:
                     continue
                 pool.remove(block)
                 if start > block.address:
-                    _link_after(block, _Block(start, block.address + block.size - start, small))
+                    _link_after(block, Block(start, block.address + block.size - start, small))
                     block.size = start - block.address
                     pool.add(block)
                     block = block.next  # type: ignore[assignment]
                 if end < block.address + block.size:
-                    _link_after(block, _Block(end, block.address + block.size - end, small))
+                    _link_after(block, Block(end, block.address + block.size - end, small))
                     block.size = end - block.address
                     pool.add(block.next)  # type: ignore[arg-type]
                 block.mapped = False
@@ -461,154 +443,3 @@ MODELS: dict[str, type[CachingAllocatorModel] | type[ExpandableSegmentsModel]] =
     "default": CachingAllocatorModel,
     "expandable_segments": ExpandableSegmentsModel,
 }
-
-
-def replay(
-    events: Sequence[int],
-    sizes: Sequence[int],
-    persistent: Iterable[int] = (),
-    limit: int | None = None,
-    allocator: str = "default",
-) -> AllocatorReplay:
-    """Replay a tracker's event log (id = allocated, ~id = freed) through the allocator model
-    for the `allocator` setting (a key of `MODELS`).
-
-    `persistent` allocations are made first and never freed (the cuBLAS workspace, for one).
-    With a `limit`, the replay stops at the first request that does not fit under it.
-    """
-    started = _Progress.start(allocator, limit, persistent)
-    if isinstance(started, AllocatorReplay):
-        return started
-    return started.run(events, sizes)[0]
-
-
-class _Progress:
-    """A replay part-way through an event log: the model, the blocks it holds by allocation id,
-    its reserved peak so far and where, and the next event. `resumed` makes a copy to go on from
-    under another limit: `required_memory` replays the common start of its replays once."""
-
-    def __init__(self, model: AllocatorModel, held: dict[int, _Block], peak: int, at: int) -> None:
-        self.model, self.held, self.peak, self.peak_event = model, held, peak, at
-        self.index = 0
-
-    @staticmethod
-    def start(
-        allocator: str, limit: int | None, persistent: Iterable[int]
-    ) -> _Progress | AllocatorReplay:
-        """The model after the persistent allocations; their AllocatorReplay if they do not
-        fit."""
-        model = MODELS[allocator](limit)
-        try:
-            for size in persistent:
-                model.malloc(size)
-        except AllocatorOutOfMemory:
-            return AllocatorReplay(model.reserved, -1, model.segments, oom_event=-1)
-        return _Progress(model, {}, model.reserved, -1)
-
-    def run(
-        self, events: Sequence[int], sizes: Sequence[int], watch: int | None = None
-    ) -> tuple[AllocatorReplay, _Progress | None]:
-        """Replays the rest of the log. With `watch`, also a copy of the progress just before
-        the first event after which more than `watch` bytes are reserved (None: no event is):
-        until that event, a replay limited to `watch` or more does just what this one does."""
-        model, held = self.model, self.held
-        peak, peak_event = self.peak, self.peak_event
-        before_crossing: _Progress | None = None
-        candidate: _Progress | None = None
-        if watch is not None and model.reserved > watch:
-            watch = None  # over it before the first event: a limited replay differs from the start
-        for index in range(self.index, len(events)):
-            event = events[index]
-            if event >= 0:
-                size = sizes[event]
-                if watch is not None and model.reserved + model.most_growth(size) > watch:
-                    candidate = self._copied(index, peak, peak_event)
-                try:
-                    held[event] = model.malloc(size)
-                except AllocatorOutOfMemory:
-                    return AllocatorReplay(peak, peak_event, model.segments, index), None
-                if model.reserved > peak:
-                    peak, peak_event = model.reserved, index
-                if watch is not None and model.reserved > watch:
-                    # the copy made before this very event, if any (else none to go on from)
-                    if candidate is not None and candidate.index == index:
-                        before_crossing = candidate
-                    watch = None
-            else:
-                block = held.pop(~event, None)
-                if block is not None:
-                    model.free(block)
-        return AllocatorReplay(peak, peak_event, model.segments), before_crossing
-
-    def _copied(self, index: int, peak: int, peak_event: int) -> _Progress:
-        """This progress as it stands before event `index`, its blocks cloned."""
-        found: dict[int, _Block] = {}
-        stack = [*self.held.values(), *self.model.blocks()]
-        while stack:  # every block of every segment: each hangs off a held, free or unmapped one
-            block = stack.pop()
-            if id(block) not in found:
-                found[id(block)] = block
-                stack.extend(b for b in (block.prev, block.next) if b is not None)
-        twin: dict[int, _Block] = {}
-        for key, block in found.items():
-            clone = twin[key] = _Block.__new__(_Block)
-            clone.address, clone.size, clone.small = block.address, block.size, block.small
-            clone.free, clone.mapped = block.free, block.mapped
-        for key, block in found.items():
-            clone = twin[key]
-            clone.prev = None if block.prev is None else twin[id(block.prev)]
-            clone.next = None if block.next is None else twin[id(block.next)]
-        held = {event: twin[id(block)] for event, block in self.held.items()}
-        copy = _Progress(self.model.cloned(twin), held, peak, peak_event)
-        copy.index = index
-        return copy
-
-    def resumed(self, limit: int) -> _Progress:
-        """A copy to go on from under `limit` (no less than the `watch` it was taken for)."""
-        copy = self._copied(self.index, self.peak, self.peak_event)
-        copy.model.limit = limit
-        return copy
-
-
-def required_memory(
-    events: Sequence[int],
-    sizes: Sequence[int],
-    persistent: Sequence[int],
-    limit: int,
-    allocator: str = "default",
-    plentiful_reserved: int | None = None,
-) -> Requirement:
-    """How the run fares with the allocator (setting `allocator`) limited to `limit`, and the
-    least it needs. `plentiful_reserved`: what a replay without a limit reserved at most, where
-    the caller has replayed it (within `limit`, the answer needs no replay).
-
-    Every replay under a limit of `limit` or more does what the plentiful one does up to the
-    first event after which that one reserves more than `limit`: those replays go on from a
-    copy of the plentiful one there. For a batch just over the budget (the one above the
-    largest that fits, which every scan reports) that event comes late, 56% to 68% into Sana
-    1600M's steps, and the answer two to three times sooner (benchmarks/required_memory.py);
-    far over the budget, about as soon as from the start."""
-    if plentiful_reserved is not None and plentiful_reserved <= limit:
-        return Requirement(plentiful_reserved, plentiful_reserved, True, None)
-    started = _Progress.start(allocator, None, persistent)
-    assert isinstance(started, _Progress), "nothing runs out of memory without a limit"
-    plentiful, crossing = started.run(events, sizes, watch=limit)
-    if plentiful.peak_reserved_bytes <= limit:
-        return Requirement(plentiful.peak_reserved_bytes, plentiful.peak_reserved_bytes, True, None)
-
-    def under(cap: int) -> AllocatorReplay:
-        if crossing is None or cap < limit:
-            return replay(events, sizes, persistent, cap, allocator)
-        return crossing.resumed(cap).run(events, sizes)[0]
-
-    capped = under(limit)
-    fits = capped.oom_event is None
-    # The least limit that works: between what is known to fail and what is known to work.
-    works, fails = (limit, 0) if fits else (plentiful.peak_reserved_bytes, limit)
-    while works - fails > LARGE_ROUNDING:
-        middle = (works + fails) // 2
-        if under(middle).oom_event is None:
-            works = middle
-        else:
-            fails = middle
-    return Requirement(plentiful.peak_reserved_bytes, works, fits, capped.oom_event)

@@ -40,7 +40,7 @@ import numpy as np
 
 from autofit.gpus import GpuSpec
 from autofit.run_state import Exchange
-from autofit.simulator.allocator import replay
+from autofit.simulator.allocator_replay import replay
 from autofit.simulator.roofline import (
     Kernel,
     RooflineCounter,
@@ -349,8 +349,8 @@ class BatchCurve:
 
 def gpu_fits(log: StepLog, persistent: Sequence[int], limit: int, allocator: str) -> bool:
     """Whether the run's allocations fit the allocator under `limit`: what
-    allocator.required_memory decides (the plentiful replay within the limit, or a replay under
-    the limit that does not run out), without the search for the least limit."""
+    allocator_replay.required_memory decides (the plentiful replay within the limit, or a replay
+    under the limit that does not run out), without the search for the least limit."""
     if log.peak + sum(persistent) > limit:
         return False
     plentiful = replay(log.events, log.sizes, persistent, allocator=allocator).peak_reserved_bytes

@@ -1,5 +1,6 @@
 """PyTorch FSDP2's memory layout (`fully_shard`), emulated for fake tensors and for world sizes
-beyond one GPU, and `fully_shard` itself for real runs in a one-process group.
+beyond one GPU (the groups it shards: autofit/simulator/fsdp_groups.py; `fully_shard` itself for
+real runs in a one-process group: autofit/simulator/fsdp_real.py).
 
 A probe runs one process, so it cannot run FSDP2 across N GPUs; `FsdpEmulation` lays out rank 0's
 memory as torch 2.13's FSDP2 does (torch/distributed/fsdp/_fully_shard/: _fsdp_param.py,
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,9 +44,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autofit.run_state import set_logical_numel
+from autofit.simulator.fsdp_groups import Group, fsdp_groups
 
 if TYPE_CHECKING:
-    from autofit.models import ModelPreset
     from autofit.run_state import RunState
 
 QUANT_STORAGE = torch.bfloat16  # FSDP-QLoRA's bnb_4bit_quant_storage
@@ -55,66 +55,6 @@ QUANT_STORAGE = torch.bfloat16  # FSDP-QLoRA's bnb_4bit_quant_storage
 def shard_rows(rows: int, world_size: int) -> int:
     """Rows of a dim-0 chunk rank 0 holds (torch.chunk: every chunk but the last is this size)."""
     return -(-rows // world_size)
-
-
-# -- the groups accelerate makes ----------------------------------------------------------------
-
-
-@dataclass
-class Group:
-    """The modules one `fully_shard` call takes, and whether they reshard after forward."""
-
-    modules: list[nn.Module]
-    reshard_after_forward: bool
-    params: list[nn.Parameter] = field(default_factory=list)
-
-
-def _call(model: nn.Module, method: str) -> Any:
-    try:
-        return getattr(model, method, lambda: None)()
-    except NotImplementedError:  # transformers' base class for models without embeddings
-        return None
-
-
-def final_norm(model: nn.Module) -> nn.Module | None:
-    """accelerate's `_find_final_norm`: the last child of the base model whose class is a norm."""
-    prefix = getattr(model, "base_model_prefix", "")
-    base = getattr(model, prefix, None) if prefix else model
-    if not isinstance(base, nn.Module):
-        return None
-    found = None
-    for _, module in base.named_children():
-        if "Norm" in type(module).__name__:
-            found = module
-    return found
-
-
-def fsdp_groups(model: nn.Module, preset: ModelPreset, reshard_after_forward: bool) -> list[Group]:
-    """The `fully_shard` calls accelerate 1.15's fsdp2_prepare_model makes, in its order, each
-    with the parameters it manages (those no earlier call took; a tied weight once)."""
-    groups = [
-        Group([block], reshard_after_forward)
-        for path in preset.blocks
-        for block in model.get_submodule(path)
-    ]
-    embed, head = _call(model, "get_input_embeddings"), _call(model, "get_output_embeddings")
-    tied = embed is not None and head is not None and embed.weight is head.weight
-    if embed is not None and not tied:
-        groups.append(Group([embed], reshard_after_forward))
-    wrapped = {id(m) for g in groups for m in g.modules}
-    tail = [final_norm(model), embed, head] if tied else [final_norm(model), head]
-    tail = [m for m in dict.fromkeys(tail) if m is not None and id(m) not in wrapped]
-    if tail:
-        groups.append(Group(tail, False))
-    groups.append(Group([model], False))  # the root: FSDP2 never reshards it after forward
-    taken: set[int] = set()
-    for group in groups:
-        for module in group.modules:
-            for param in module.parameters():
-                if id(param) not in taken:
-                    taken.add(id(param))
-                    group.params.append(param)
-    return groups
 
 
 # -- the emulation ------------------------------------------------------------------------------
@@ -479,75 +419,3 @@ def step_on_host(run: RunState, optimizer: Any) -> None:
 
     optimizer.register_step_pre_hook(before)
     optimizer.register_step_post_hook(after)
-
-
-# -- the real thing -----------------------------------------------------------------------------
-
-
-def shard_for_real(run: RunState, reshard_after_forward: bool) -> None:
-    """`fully_shard` on `run`'s model in a one-process group (gloo on the CPU, NCCL on a GPU),
-    over the groups accelerate makes, with accelerate's mixed-precision policy; the optimizer
-    built before it is pointed at the sharded (DTensor) parameters that replace the originals."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    from autofit.distributed import join_group_of_one
-
-    # The process group and the mesh keep their bookkeeping (the mesh's rank tensor) on the CPU
-    # as a library's own, which on a GPU run no ledger counts: made unseen by the tracker, or
-    # the cpu backend (where the CPU is the device) would count them as GPU memory.
-    with _disable_current_modes():
-        join_group_of_one(run.device)
-        mesh = init_device_mesh(run.device.type, (1,))
-    dtype = run.dtypes.autocast
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    offload = CPUOffloadPolicy() if run.knobs["fsdp_offload"] == "cpu" else OffloadPolicy()
-    # The optimizer built before sharding is pointed at the sharded (DTensor) parameters that
-    # replace the originals. Until then it holds names, not the originals: fully_shard frees a
-    # group's unsharded weights when it returns (_fsdp_param.py, _init_sharded_param), and a
-    # reference kept here would hold every group's until all are sharded.
-    names = {id(p): name for name, p in run.model.named_parameters()}
-    optimized = [[names[id(p)] for p in group["params"]] for group in run.optimizer.param_groups]
-    for param_group in run.optimizer.param_groups:
-        param_group["params"] = []
-    groups = fsdp_groups(run.model, run.preset, reshard_after_forward)
-    for group in groups:
-        group.params.clear()  # fully_shard takes the modules; their weights it replaces
-    for group in groups:
-        modules = group.modules if len(group.modules) > 1 else group.modules[0]
-        # The root's None: FSDP2's own choice for the root, never resharded after forward.
-        reshard = group.reshard_after_forward if group.modules[0] is not run.model else None
-        fully_shard(
-            modules,
-            mesh=mesh,
-            reshard_after_forward=reshard,
-            mp_policy=policy,
-            offload_policy=offload,
-        )
-    # The model was built in host memory (the knob's build_context) and fully_shard placed each
-    # shard, and each group's buffers, on its device; where that device is the host's own (the
-    # cpu backend) the buffers are copied out of host memory here, as onto a GPU.
-    for name, buffer in list(run.model.named_buffers()):
-        if buffer.device == run.host_device:
-            module_name, _, leaf = name.rpartition(".")
-            module = run.model.get_submodule(module_name)
-            module._buffers[leaf] = buffer.to(run.device, copy=True)
-    run.tag(list(run.model.buffers()), "parameters")
-    after = dict(run.model.named_parameters())
-    for param_group, group_names in zip(run.optimizer.param_groups, optimized, strict=True):
-        param_group["params"] = [after[name] for name in group_names]
-    run.tag(list(run.model.parameters()), "parameters")  # the tracker counts a DTensor's local
-    for group in groups:
-        for module in group.modules:
-            # After FSDP2's own pre-forward hook (prepended) has gathered the group: its weights
-            # are the gathered ones now. A weight freed by resizing its storage and gathered
-            # back keeps this category (the tracker), as the emulation's gathered weights have.
-            module.register_forward_pre_hook(
-                lambda module, _args: run.tag(list(module.parameters()), "parameters")
-            )

@@ -94,26 +94,7 @@ class ZeroEmulation:
                 continue
             self.offsets[param] = total
             total += share(param.numel(), world_size)
-
-        # DeepSpeed pins the master weights and gradients it offloads (pin_memory: true, as
-        # exported); the moments are the CPU optimizer's own, pageable.
-        def pinned() -> Any:
-            return run.host(pinned=True) if self.offload else nullcontext()
-
-        with pinned():
-            host_device = run.host_device if self.offload else device
-            self.master = torch.zeros(total, dtype=torch.float32, device=host_device)
-            self.grads32 = torch.zeros_like(self.master)
-        with run.host() if self.offload else nullcontext():
-            self.exp_avg = torch.zeros_like(self.master)
-            self.exp_avg_sq = torch.zeros_like(self.master)
-            self.step_count = torch.zeros((), dtype=torch.float32, device=host_device)
-        with pinned():
-            # Stages 1 and 2 reduce gradients into a 16-bit share and cast it to fp32 for the step;
-            # stage 3 reduces them straight into the fp32 share.
-            self.grads = (
-                self.grads32 if stage == 3 else torch.zeros(total, dtype=half, device=host_device)
-            )
+        self._allocate_state(total, half)
         # The bucket gradients are gathered into before each reduction (`reduce_bucket_size`,
         # 5e8 elements by default): DeepSpeed allocates it whole, whatever the model's size.
         self.bucket = torch.empty(REDUCE_BUCKET_ELEMENTS, dtype=half, device=device)
@@ -150,6 +131,35 @@ class ZeroEmulation:
         # the host), freeing them. Stage 3 gathers weights in its pass.
         self.updates_without_a_pass = stage < 3
         self.reads_gradients = stage < 2
+
+    def _allocate_state(self, total: int, half: torch.dtype) -> None:
+        """This rank's flat share (`total` elements) of the optimizer's state: fp32 master
+        weights, fp32 gradients, the two moments and the step count, and the gradients' share
+        as they are reduced into it (`half`: the 16-bit dtype), in host memory when the
+        optimizer is offloaded."""
+        run, device = self.run, self.run.device
+
+        # DeepSpeed pins the master weights and gradients it offloads (pin_memory: true, as
+        # exported); the moments are the CPU optimizer's own, pageable.
+        def pinned() -> Any:
+            return run.host(pinned=True) if self.offload else nullcontext()
+
+        with pinned():
+            host_device = run.host_device if self.offload else device
+            self.master = torch.zeros(total, dtype=torch.float32, device=host_device)
+            self.grads32 = torch.zeros_like(self.master)
+        with run.host() if self.offload else nullcontext():
+            self.exp_avg = torch.zeros_like(self.master)
+            self.exp_avg_sq = torch.zeros_like(self.master)
+            self.step_count = torch.zeros((), dtype=torch.float32, device=host_device)
+        with pinned():
+            # Stages 1 and 2 reduce gradients into a 16-bit share and cast it to fp32 for the step;
+            # stage 3 reduces them straight into the fp32 share.
+            self.grads = (
+                self.grads32
+                if self.stage == 3
+                else torch.zeros(total, dtype=half, device=host_device)
+            )
 
     # -- stage 3: weights partitioned, gathered around each module -------------------------------
 
