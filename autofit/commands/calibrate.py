@@ -185,24 +185,12 @@ def run_published(data: dict[str, Any]) -> int:
     from autofit.paths import ensure_writable
     from autofit.probe.build import check_settings
     from autofit.results import RESULTS
-    from autofit.units import size
 
     check_settings("simulate", data["margin"], data["timeout_s"])
     rows = load_published()
     out = Path(data["out"]) if data.get("out") else RESULTS / "calibration" / "published.csv"
-    expressible = [r for r in rows if r.expressible]
     whole = not data.get("only")
-    if not whole:
-        only = data["only"]
-        wanted = [str(w) for w in (only if isinstance(only, list) else [only])]
-        known = {r.id: r for r in expressible}
-        unknown = [w for w in wanted if w not in known]
-        if unknown:
-            raise ConfigError(
-                f"only={','.join(unknown)}: not an expressible row of the published set; valid: "
-                + ", ".join(known)
-            )
-        expressible = [known[w] for w in wanted]
+    expressible = _chosen_rows(rows, data.get("only"))
     if data["dry_run"]:
         for row in expressible:
             print(
@@ -218,22 +206,11 @@ def run_published(data: dict[str, Any]) -> int:
         flush=True,
     )
 
-    def report(done: dict[str, Any]) -> None:
-        error = "" if done["error"] is None else f" ({done['error']:+.1%})"
-        published = size(done["published_bytes"]) if done["published_bytes"] else ""
-        speed = ""
-        if done["throughput_error"] is not None:
-            speed = (f"; {done['sim_samples_per_s']:.3f} samples/s against "
-                     f"{done['published_samples_per_s']:.3f} ({done['throughput_error']:+.1%})")  # fmt: skip
-        print(f"  {done['id']} [{done['use']}]: {done['measure']} {published} published, simulated "
-              f"{size(done['simulated_bytes'])}{error}; peak {size(done['sim_peak_bytes'])}"
-              f"{speed}", flush=True)  # fmt: skip
-
     margin = data["margin"]
     # The whole set derives the margins first: judged at the table it writes, not the old one.
     derive = whole and margin == AUTO
     ordered = simulate_rows(
-        expressible, 0.0 if derive else margin, data["timeout_s"], on_done=report
+        expressible, 0.0 if derive else margin, data["timeout_s"], on_done=_print_row
     )
     table = None
     if derive:
@@ -252,6 +229,37 @@ def run_published(data: dict[str, Any]) -> int:
           + (f"\n\nmargins in {where}" if table is not None else "")
           + f"\nrows in {out}, figures in {out.with_suffix('.json')}")  # fmt: skip
     return 0
+
+
+def _chosen_rows(rows: list[Any], only: Any) -> list[Any]:
+    """The expressible rows, or those `only=` names (one id or a list), in its order."""
+    expressible = [r for r in rows if r.expressible]
+    if not only:
+        return expressible
+    wanted = [str(w) for w in (only if isinstance(only, list) else [only])]
+    known = {r.id: r for r in expressible}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise ConfigError(
+            f"only={','.join(unknown)}: not an expressible row of the published set; valid: "
+            + ", ".join(known)
+        )
+    return [known[w] for w in wanted]
+
+
+def _print_row(done: dict[str, Any]) -> None:
+    """One compared row as it finishes: its figure against the simulation's, and its speed."""
+    from autofit.units import size
+
+    error = "" if done["error"] is None else f" ({done['error']:+.1%})"
+    published = size(done["published_bytes"]) if done["published_bytes"] else ""
+    speed = ""
+    if done["throughput_error"] is not None:
+        speed = (f"; {done['sim_samples_per_s']:.3f} samples/s against "
+                 f"{done['published_samples_per_s']:.3f} ({done['throughput_error']:+.1%})")  # fmt: skip
+    print(f"  {done['id']} [{done['use']}]: {done['measure']} {published} published, simulated "
+          f"{size(done['simulated_bytes'])}{error}; peak {size(done['sim_peak_bytes'])}"
+          f"{speed}", flush=True)  # fmt: skip
 
 
 def _error_line(label: str, figures: dict[str, Any]) -> str:

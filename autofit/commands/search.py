@@ -198,10 +198,7 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from autofit.backends import resolve
-    from autofit.paths import ensure_writable
-    from autofit.search.recorder import default_storage
     from autofit.search.space import load_space
-    from autofit.search.storage import check_url, storage_file
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
@@ -210,22 +207,63 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     check_host_memory(data.get("host_memory_gib"))
     space = load_space(str(data["space"]), preset)
     trainer = data.get("trainer")
-    chosen, stack = None, {}
-    if trainer is not None:
-        from autofit.export import target, trainer_stack
-
-        chosen = target(trainer, setting="trainer")
-        chosen.check_family(preset, setting="trainer")
-        # what the trainer runs of the knobs it decides itself, fixed for every trial
-        stack = trainer_stack(chosen, preset, space.knobs)
-        space = dataclasses.replace(
-            space, knobs={**space.knobs, **{k: (v,) for k, v in stack.items()}}
-        )
+    chosen, stack, space = _for_trainer(trainer, preset, space)
     margin = chosen_margin(
         data["margin"], preset.family, classes_spanned(preset.family, space.knobs)
     )
     budget = gpu.budget_bytes(margin.value)
-    target = data.get("target") or {}
+    space = _with_target(data.get("target") or {}, preset, space)
+    jobs, retry_failed, grace, patience = _worker_settings(data)
+
+    left_out = left_out_by(space, gpu, chosen, preset)
+    # Before any folder or study is made: a backend that cannot run here, a model that fails.
+    backend = resolve(data["backend"], gpu, budget)
+    check_custom(preset, data["timeout_s"])
+
+    study_name, out = study_and_folder(data, preset, gpu, space)
+    storage = _prepared_storage(data.get("storage"), out)
+
+    host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
+    meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
+            "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
+            "storage": storage}  # fmt: skip
+    if trainer:
+        meta["trainer"] = trainer
+        meta["trainer_stack"] = stack
+    # Every setting as the user gave it, but where the folder and the study are: the `rerun`
+    # line and the probe lines printed for the user repeat them (autofit/results/write.py).
+    given = _job_overrides() if given is None else given
+    if given is not None:
+        meta["overrides"] = [o for o in given if key_of(o) not in ("out", "study", "storage")]
+    checked = _Checked(
+        meta, space, preset, gpu, backend, margin.value, data["timeout_s"], host_budget,
+        left_out, out, jobs or _default_jobs(backend), retry_failed, grace, patience,
+    )  # fmt: skip
+    try:
+        return _search(checked)
+    except StorageError as exc:
+        raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
+
+
+def _for_trainer(
+    trainer: Any, preset: Any, space: SearchSpace
+) -> tuple[Any, dict[str, Any], SearchSpace]:
+    """The target `trainer=` names (None without one), the values it runs of the knobs it
+    decides itself, and the space with those fixed for every trial."""
+    if trainer is None:
+        return None, {}, space
+    from autofit.export import target, trainer_stack
+
+    chosen = target(trainer, setting="trainer")
+    chosen.check_family(preset, setting="trainer")
+    stack = trainer_stack(chosen, preset, space.knobs)
+    fixed = {**space.knobs, **{k: (v,) for k, v in stack.items()}}
+    return chosen, stack, dataclasses.replace(space, knobs=fixed)
+
+
+def _with_target(target: dict[str, Any], preset: Any, space: SearchSpace) -> SearchSpace:
+    """The space with the `target.` settings checked and in place (the resolution the best is
+    chosen at, the least batch it may have, the best rule's tolerances)."""
     if target.get("resolution") is not None:
         preset.check_resolution(target["resolution"])
         if target["resolution"] not in space.resolutions:
@@ -246,6 +284,11 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
             f"target.min_batch={space.target_min_batch} is above space {space.name}'s largest "
             f"batch, {space.max_batch}; valid: 1 to {space.max_batch}"
         )
+    return space
+
+
+def _worker_settings(data: dict[str, Any]) -> tuple[int | None, bool, float, float]:
+    """`jobs`, `retry_failed`, `claim_grace_s` and `storage_patience_s`, each checked."""
     jobs = data.get("jobs")
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={shown(jobs)} is not valid; expected an integer >= 1")
@@ -261,14 +304,17 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
         raise ConfigError(
             f"storage_patience_s={shown(patience)} is not valid; expected seconds >= 0"
         )
+    return jobs, retry_failed, float(grace), float(patience)
 
-    left_out = left_out_by(space, gpu, chosen, preset)
-    # Before any folder or study is made: a backend that cannot run here, a model that fails.
-    backend = resolve(data["backend"], gpu, budget)
-    check_custom(preset, data["timeout_s"])
 
-    study_name, out = study_and_folder(data, preset, gpu, space)
-    storage = data.get("storage") or default_storage(Path("results"))
+def _prepared_storage(given: str | None, out: Path) -> str:
+    """The study storage's URL (`storage=`, else results/studies.db), checked and writable,
+    before anything is probed: the results folder `out` and a SQLite file's folder."""
+    from autofit.paths import ensure_writable
+    from autofit.search.recorder import default_storage
+    from autofit.search.storage import check_url, storage_file
+
+    storage = given or default_storage(Path("results"))
     check_url(storage)  # before any folder is made
     ensure_writable(out / "summary.json")
     file = storage_file(storage)
@@ -281,28 +327,7 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         ensure_writable(file, "study storage")
-
-    host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
-    meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
-            "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
-            "storage": storage}  # fmt: skip
-    if trainer:
-        meta["trainer"] = trainer
-        meta["trainer_stack"] = stack
-    # Every setting as the user gave it, but where the folder and the study are: the `rerun`
-    # line and the probe lines printed for the user repeat them (autofit/results/write.py).
-    given = _job_overrides() if given is None else given
-    if given is not None:
-        meta["overrides"] = [o for o in given if key_of(o) not in ("out", "study", "storage")]
-    checked = _Checked(
-        meta, space, preset, gpu, backend, margin.value, data["timeout_s"], host_budget,
-        left_out, out, jobs or _default_jobs(backend), retry_failed, float(grace),
-        float(patience),
-    )  # fmt: skip
-    try:
-        return _search(checked)
-    except StorageError as exc:
-        raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
+    return storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,25 +383,13 @@ def _search(run: _Checked) -> int:
     from autofit.search.recorder import StudyRecorder
 
     meta, space, preset, gpu, backend = run.meta, run.space, run.preset, run.gpu, run.backend
-    study_name, trainer, host_budget = meta["study"], meta.get("trainer"), run.host_budget
-    budget, knob_names = gpu.budget_bytes(run.margin), list(space.knobs)
+    study_name, host_budget, knob_names = meta["study"], run.host_budget, list(space.knobs)
     recorder = StudyRecorder(
         meta["storage"], study_name, {k: v for k, v in meta.items() if k != "storage"},
         retry_failed=run.retry_failed, claim_grace_s=run.grace_s, patience_s=run.patience_s,
     )  # fmt: skip
     progress = Progress(sys.stderr, space, knob_names)
-    print(
-        f"searching {preset.name} on {gpu.name} [{backend}]: space {space.name}, "
-        f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
-        f"batch {space.min_batch}..{space.max_batch}, budget {size(budget)} at a "
-        f"{run.margin * 100:g}% margin ({meta['margin_basis']}), host budget "
-        f"{budget_words(host_budget)}; study {study_name}"
-        + (f"; only runs {trainer} can launch" if trainer else "")
-        + "".join(
-            f"; {k}={v} as {trainer} runs it" for k, v in meta.get("trainer_stack", {}).items()
-        ),
-        flush=True,
-    )
+    print(_start_line(run), flush=True)
     try:
         uses = libraries_of(preset.family, space.knobs)  # the fork server leaves out the rest
         with launcher_for(backend, preset.family, uses) as launcher:
@@ -422,22 +435,43 @@ def _search(run: _Checked) -> int:
         f"in {result.wall_s:.0f} s; results in {run.out}/ (summary.json, trials.csv, pareto.csv, best.yaml)"
     )
     if result.best is None:
-        smallest = summary["nothing_fits"]["smallest_peak_bytes"]
-        over_host = [r for r in result.results if r.outcome is Outcome.OOM_HOST]
-        if over_host:
-            least = min(r.host_peak_bytes or 0 for r in over_host)
-            raise AutofitError(
-                f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= "
-                f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
-                f"(the least host memory found is {size(least)} against a host budget of "
-                f"{budget_words(host_budget)}; set host_memory_gib= to the machine's RAM)"
-            )
-        raise AutofitError(
-            f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
-            f"the smallest peak found is {size(smallest)} against a budget of {size(budget)}"
-        )
+        raise _nothing_fits(run, result, summary["nothing_fits"]["smallest_peak_bytes"])
     print("\n" + display.best_block(result.best, knob_names, result.fastest, space.best_rule))
     return 0
+
+
+def _start_line(run: _Checked) -> str:
+    """The search's first line: the question it answers, its budget and what backs the margin."""
+    meta, space, gpu, trainer = run.meta, run.space, run.gpu, run.meta.get("trainer")
+    return (
+        f"searching {run.preset.name} on {gpu.name} [{run.backend}]: space {space.name}, "
+        f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
+        f"batch {space.min_batch}..{space.max_batch}, budget {size(gpu.budget_bytes(run.margin))} at a "
+        f"{run.margin * 100:g}% margin ({meta['margin_basis']}), host budget "
+        f"{budget_words(run.host_budget)}; study {meta['study']}"
+        + (f"; only runs {trainer} can launch" if trainer else "")
+        + "".join(
+            f"; {k}={v} as {trainer} runs it" for k, v in meta.get("trainer_stack", {}).items()
+        )
+    )
+
+
+def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
+    """Why no run fits: over the host's budget where runs fit the GPU, else the least peak."""
+    space, gpu = run.space, run.gpu
+    over_host = [r for r in result.results if r.outcome is Outcome.OOM_HOST]
+    if over_host:
+        least = min(r.host_peak_bytes or 0 for r in over_host)
+        return AutofitError(
+            f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= "
+            f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
+            f"(the least host memory found is {size(least)} against a host budget of "
+            f"{budget_words(run.host_budget)}; set host_memory_gib= to the machine's RAM)"
+        )
+    return AutofitError(
+        f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
+        f"the smallest peak found is {size(smallest)} against a budget of {size(gpu.budget_bytes(run.margin))}"
+    )
 
 
 def left_out_by(space: Any, gpu: Any, trainer: Any = None, preset: Any = None) -> Any:
