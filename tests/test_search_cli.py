@@ -321,6 +321,33 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     progress.on_start(47)
     progress.on_probe(fits, reused=True)
     assert log.getvalue().rstrip().endswith("(reused); 0/47 combinations done")
+    progress.close()
+
+
+def test_a_search_quiet_for_a_while_says_what_it_is_on() -> None:
+    """Off a terminal (a log, CI, SLURM) a long trace writes nothing of its own: after `quiet_s`
+    without a line, one says what the workers are on and how far the search is; the lines stop
+    with the search."""
+    from autofit.commands.search import Progress
+    from autofit.models import load_preset
+    from autofit.search.space import load_space
+
+    space = load_space("default", load_preset("sana_1600m"))
+    log = io.StringIO()
+    progress = Progress(log, space, list(space.knobs), quiet_s=0.2)
+    progress.on_start(47)
+    progress.on_work("precision=bf16 optimizer=adamw @1024px", True)
+    deadline = time.monotonic() + 10
+    while "working on" not in log.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = log.getvalue().splitlines()[0]
+    assert line.startswith("[") and "] working on precision=bf16 optimizer=adamw @1024px; " in line
+    assert line.endswith("0/47 combinations done"), line
+    progress.on_work("precision=bf16 optimizer=adamw @1024px", False)
+    progress.close()
+    written = log.getvalue()
+    time.sleep(0.5)
+    assert log.getvalue() == written  # nothing after the search ends
 
 
 def test_a_storage_folder_outside_the_working_folder_is_made_with_a_note(tmp_path: Path) -> None:

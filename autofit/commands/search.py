@@ -27,6 +27,8 @@ from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace
 from autofit.units import many, size
 
+# The longest a search's progress stays silent: a line at least this often, on a terminal or not.
+QUIET_S = 20.0
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
 
@@ -35,10 +37,17 @@ class Progress(SearchListener):
     """Combinations left with an estimate of the time left, probes done, the current best with
     its peak against the budget: one line kept up to date on a terminal (numbers first; only
     the best's knob words are cut to the terminal's width), a plain log line per probe
-    otherwise."""
+    otherwise. Never silent for long: when nothing was written for `quiet_s` seconds (a long
+    trace, a large model's first probe), a line says what the workers are on and how far the
+    search is, on a terminal and in a log alike."""
 
     def __init__(
-        self, stream: TextIO, space: SearchSpace, knob_names: list[str], width: int | None = None
+        self,
+        stream: TextIO,
+        space: SearchSpace,
+        knob_names: list[str],
+        width: int | None = None,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self.stream = stream
         self.live = stream.isatty()
@@ -52,6 +61,43 @@ class Progress(SearchListener):
         self.best: ProbeResult | None = None
         self._invalid: dict[str, int] = {}  # reason -> combinations, logged as one line each
         self._lock = threading.Lock()
+        self._working: dict[str, int] = {}  # what the workers are on (label -> workers)
+        self._written = time.perf_counter()  # when the stream was last written to
+        self._stop = threading.Event()
+        self._quiet_s = quiet_s
+        self._beat = threading.Thread(target=self._heartbeat, name="progress", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(1.0, self._quiet_s / 4)):
+            with self._lock:
+                if time.perf_counter() - self._written < self._quiet_s:
+                    continue
+                if self.live:
+                    self._show()
+                else:
+                    self._line(f"working on {self._work_words()}; {self._left()}")
+
+    def _work_words(self) -> str:
+        if not self._working:
+            return "the next combinations"
+        labels = list(self._working)
+        more = f" (and {len(labels) - 1} more)" if len(labels) > 1 else ""
+        return labels[0] + more
+
+    def _line(self, text: str) -> None:
+        """One log line, stamped with the time since the start (off a terminal)."""
+        self.stream.write(f"[{self._elapsed()}] {text}\n")
+        self.stream.flush()
+        self._written = time.perf_counter()
+
+    def on_work(self, label: str, started: bool) -> None:
+        with self._lock:
+            count = self._working.get(label, 0) + (1 if started else -1)
+            if count > 0:
+                self._working[label] = count
+            else:
+                self._working.pop(label, None)
 
     def _elapsed(self) -> str:
         return _clock(time.perf_counter() - self.started)
@@ -114,16 +160,16 @@ class Progress(SearchListener):
                     peak += f" (host {size(result.host_peak_bytes)})"
                 speed = f"{result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
                 source = "reused" if reused else f"{result.wall_s or 0:.1f} s"
-                self.stream.write(
-                    f"[{self._elapsed()}] probe {self.done}: {knobs} batch={config['batch_size']} "
+                self._line(
+                    f"probe {self.done}: {knobs} batch={config['batch_size']} "
                     f"res={config['resolution']} -> {result.outcome.value} {peak} {speed} ({source}); "
-                    f"{self._left()}\n"
+                    f"{self._left()}"
                 )
-            self.stream.flush()
 
     def _show(self) -> None:
         self.stream.write("\r" + self.status().ljust(self.width - 1))
         self.stream.flush()
+        self._written = time.perf_counter()
 
     def on_combination(self, combination: Combination) -> None:
         with self._lock:
@@ -137,17 +183,18 @@ class Progress(SearchListener):
                 self._invalid[combination.reason] = self._invalid.get(combination.reason, 0) + 1
             elif combination.status is Status.PRUNED:
                 self._log_invalid()
-                self.stream.write(
-                    f"[{self._elapsed()}] {combination.status.value}: {combination.label()}: {combination.reason}\n"
+                self._line(
+                    f"{combination.status.value}: {combination.label()}: {combination.reason}"
                 )
-                self.stream.flush()
 
     def _log_invalid(self) -> None:
         for reason, count in self._invalid.items():
-            self.stream.write(f"[{self._elapsed()}] invalid: {count} combinations: {reason}\n")
+            self._line(f"invalid: {count} combinations: {reason}")
         self._invalid.clear()
 
     def close(self) -> None:
+        self._stop.set()
+        self._beat.join()
         with self._lock:
             if self.live:
                 self.stream.write("\n")

@@ -65,6 +65,9 @@ class SearchListener:
     def on_start(self, runnable: int) -> None:
         """The invalid combinations are known (each heard of); `runnable` are left to search."""
 
+    def on_work(self, label: str, started: bool) -> None:
+        """A worker started (or ended) tracing or probing what `label` says."""
+
 
 @dataclass
 class SearchResult:
@@ -350,16 +353,16 @@ class Search:
         ready = lambda group: self._parents_answered(group, searched)  # noqa: E731
         heights = chain_heights(groups, self.space)
         target = self.space.target_resolution
-        run_groups(GroupQueue(groups, ready, heights, shared_updates, target), search, self.jobs)
+        queue = GroupQueue(groups, ready, heights, shared_updates, target)
+        run_groups(queue, self._announced(search, ""), self.jobs)
         space = self.space
         if space.best_rule.prefers_lighter:
             # The runs the best rule weighs that the search has not seen: every batch as fast
             # as the floor the fastest run sets, of each combination that may hold one.
             floor = space.best_rule.floor(self._fastest())
             to_weigh = unweighed(runnable, floor, space, self._windows, self._reaches)
-            run_groups(
-                GroupQueue([[c] for c in to_weigh]), lambda g: self._weigh(g[0], floor), self.jobs
-            )
+            weigh = self._announced(lambda g: self._weigh(g[0], floor), "weighing ")
+            run_groups(GroupQueue([[c] for c in to_weigh]), weigh, self.jobs)
         results = list(self._results)
         fastest, best = fastest_and_best(
             results, space.target_resolution, space.target_min_batch, space.best_rule
@@ -375,6 +378,22 @@ class Search:
             fastest=fastest if fastest is not best else None,
             best=best,
         )
+
+    def _announced(
+        self, search: Callable[[list[Combination]], Any], doing: str
+    ) -> Callable[[list[Combination]], Any]:
+        """`search` with the listener told what each group is while a worker is on it."""
+
+        def run(group: list[Combination]) -> Any:
+            more = f" and {len(group) - 1} sharing its pass" if len(group) > 1 else ""
+            label = doing + group[0].label() + more
+            self.listener.on_work(label, True)
+            try:
+                return search(group)
+            finally:
+                self.listener.on_work(label, False)
+
+        return run
 
     def _groups(self, wave: list[Combination]) -> list[list[Combination]]:
         """A wave's combinations in the groups searched together, in the order to search them."""
