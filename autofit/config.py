@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.errors import ConfigError, shown, suggest
-from autofit.gpus import FIELD_PATHS, is_gpu_file, load_gpu, load_gpu_file
+from autofit.gpus import FIELD_PATHS, gpu_suggestion, is_gpu_file, load_gpu, load_gpu_file
 from autofit.models import load_preset
 from autofit.paths import conf_dir, group_options
 from autofit.workloads import check_family
@@ -97,9 +97,11 @@ def _check_groups(parsed: list[Any]) -> None:
                 continue  # the user's own card: read and checked by _gpu_files
             if value not in options:
                 also = " (or a path to a GPU file: gpu=path/to/card.yaml)" if group == "gpu" else ""
+                near = (
+                    gpu_suggestion(str(value)) if group == "gpu" else suggest(str(value), options)
+                )
                 raise ConfigError(
-                    f"unknown {group} {shown(value)}{suggest(str(value), options)}; "
-                    f"valid: {', '.join(options)}{also}"
+                    f"unknown {group} {shown(value)}{near}; valid: {', '.join(options)}{also}"
                 )
 
 

@@ -3,6 +3,7 @@ or a user's own file in the same format, `gpu=path/to/card.yaml`)."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -16,6 +17,10 @@ from autofit.yaml_files import read_yaml
 MIB = 1 << 20
 MATH_MODES = ("fp32", "tf32", "fp16", "bf16")
 _CAPABILITY = re.compile(r"\d+\.\d+\Z")
+# A card's memory as people write it after its name: rtx4060ti_8, a100-80gb, 4090 24GB.
+_MEMORY_SUFFIX = re.compile(
+    r"(?P<base>.+?)(?:[_\- ](?P<gb>\d{1,3})(?:gb)?|(?P<gb2>\d{1,3})gb)\Z", re.I
+)
 # The NVMe drive ZeRO-Infinity offloads to, in the machine the card sits in, unless its entry
 # says otherwise: one NVMe SSD on PCIe 4.0 x4. Samsung 990 PRO's datasheet gives 7.45 GB/s
 # sequential read and 6.9 GB/s sequential write; the lower, since a step's reads and writes share
@@ -38,7 +43,9 @@ class GpuSpec:
     the machine the card sits in, for ZeRO-Infinity's NVMe offload. The two overheads are what a
     fake run cannot see: the CUDA context (outside PyTorch's allocator) and the cuBLAS workspace
     (inside it). `reserved_mib` is memory something else holds on this card (a display, other
-    processes): it comes out of every budget.
+    processes): it comes out of every budget. `tensor_cores` is false for a card without them
+    (before Volta, and the GTX 16 series): it has no TF32 and no bf16, and PyTorch's 16-bit
+    matmuls, which accumulate in fp32, run on its FP32 units: autofit prices them at `fp32`.
     """
 
     name: str
@@ -54,6 +61,7 @@ class GpuSpec:
     cublas_workspace_mib: float
     reserved_mib: int = 0
     nvme_gbs: float = NVME_GBS
+    tensor_cores: bool = True
     notes: str = ""
 
     @classmethod
@@ -65,19 +73,27 @@ class GpuSpec:
                 f"{source}: expected a mapping of GPU fields, got {_kind(data)}; "
                 f"fields: {', '.join(FIELDS)}"
             )
-        for key in data:
-            if key not in FIELDS:
-                raise ConfigError(
-                    f"{source}: unknown field {shown(key)}{suggest(str(key), list(FIELDS))}; "
-                    f"valid fields: {', '.join(FIELDS)}"
-                )
-        for key in REQUIRED:
-            if key not in data:
-                raise ConfigError(
-                    f"{source}: missing field '{key}'; every GPU entry sets {', '.join(REQUIRED)}"
-                )
-        for key, value in data.items():
-            _check(source, key, value)
+        # Every mistake at once: a card file is written by hand, fixed in one go.
+        unknown = [key for key in data if key not in FIELDS]
+        missing = [key for key in REQUIRED if key not in data]
+        problems = [f"unknown field {shown(k)}{suggest(str(k), list(FIELDS))}" for k in unknown]
+        if missing:
+            named = ", ".join(f"'{k}'" for k in missing)
+            problems.append(f"missing field{'s' if len(missing) > 1 else ''} {named}")
+        problems += [
+            f"{key}={shown(value)} is not valid; expected {_RULES[key][1]}"
+            for key, value in data.items()
+            if key in FIELDS and not _RULES[key][0](value)
+        ]
+        if problems:
+            tail = (
+                f"; every GPU entry sets {', '.join(REQUIRED)}"
+                if missing
+                else f"; valid fields: {', '.join(FIELDS)}"
+                if unknown
+                else ""
+            )
+            raise ConfigError(f"{source}: " + "; ".join(problems) + tail)
         values = dict(data)
         values["tflops"] = {k: float(v) for k, v in data["tflops"].items()}
         values["compute_capability"] = _capability(data["compute_capability"])
@@ -91,6 +107,12 @@ class GpuSpec:
             raise ConfigError(
                 f"{source}: bf16={str(self.bf16).lower()} but tflops {has} bf16; a GPU with "
                 "bf16 gives its bf16 TFLOPS, one without (before Ampere) gives none"
+            )
+        if not self.tensor_cores and {"tf32", "bf16"} & set(self.tflops):
+            extra = " and ".join(sorted({"tf32", "bf16"} & set(self.tflops)))
+            raise ConfigError(
+                f"{source}: tensor_cores=false but tflops gives {extra}; a card without tensor "
+                "cores has neither (give fp32 and its fp16 figure only)"
             )
         if self.reserved_mib >= self.memory_mib:
             raise ConfigError(
@@ -177,6 +199,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "cublas_workspace_mib": _SIZE,
     "reserved_mib": (lambda v: _is_int(v) and v >= 0,
                      "a whole number of MiB >= 0, what a display or other processes hold"),
+    "tensor_cores": (lambda v: isinstance(v, bool), "true or false (false before Volta)"),
     "notes": (lambda v: isinstance(v, str), "text"),
 }  # fmt: skip
 
@@ -206,12 +229,6 @@ def _capability(value: Any) -> str | None:
     return text if isinstance(text, str) and _CAPABILITY.match(text) else None
 
 
-def _check(source: str, key: str, value: Any) -> None:
-    test, expected = _RULES[key]
-    if not test(value):
-        raise ConfigError(f"{source}: {key}={shown(value)} is not valid; expected {expected}")
-
-
 def load_gpu(name: str) -> GpuSpec:
     """The shipped entry `conf/gpu/<name>.yaml`, read without composing a whole config."""
     from autofit.paths import conf_dir, group_options
@@ -220,9 +237,44 @@ def load_gpu(name: str) -> GpuSpec:
     if not path.exists():
         valid = group_options("gpu")
         raise ConfigError(
-            f"unknown gpu {shown(name)}{suggest(name, valid)}; valid: {', '.join(valid)}"
+            f"unknown gpu {shown(name)}{gpu_suggestion(name)}; valid: {', '.join(valid)}"
         )
     return load_gpu_file(path, source=f"conf/gpu/{name}.yaml")
+
+
+def memory_class(spec: GpuSpec) -> int:
+    """The card's memory as its name states it: whole GB (GiB of the driver's total, rounded)."""
+    return round(spec.memory_mib / 1024)
+
+
+def gpu_suggestion(name: str) -> str:
+    """The words an unknown `gpu=` gets: the entries it most likely means, those of the memory
+    it names first (`rtx4060_16` means the 16 GB RTX 4060 Ti), or, where no entry is near, that
+    the card has none and how to give one."""
+    from autofit.paths import group_options
+
+    options = group_options("gpu")
+    match = _MEMORY_SUFFIX.match(name)
+    base = match.group("base") if match else name
+    gb = int(match.group("gb") or match.group("gb2")) if match else None
+    near = [o for o in options if base and o.lower().startswith(base.lower())]
+    if not near:  # the card's own name without its maker's prefix: a6000, 4090
+        near = [o for o in options if len(base) >= 3 and base.lower() in o.lower()]
+    if not near:
+        near = difflib.get_close_matches(name, options, n=1, cutoff=0.8)  # a typo, not another card
+    if gb is not None:
+        same = [o for o in near if memory_class(load_gpu(o)) == gb]
+        near = same or near
+    if not near:
+        return (
+            ": autofit has no entry for that card; give it as a file, gpu=path/to/card.yaml "
+            "(docs/gpus.md has a whole one)"
+        )
+    if len(near) > 3:
+        return suggest(name, options)
+    quoted = [f"'{o}'" for o in near]
+    listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 def is_gpu_file(value: Any) -> bool:

@@ -142,7 +142,11 @@ def test_reserved_memory_lowers_the_budget() -> None:
 def test_a_stored_entry_without_reserved_memory_loads_and_keeps_its_fingerprint() -> None:
     a40 = load_gpu("a40")
     # written before them
-    old = {k: v for k, v in a40.to_dict().items() if k not in ("reserved_mib", "nvme_gbs")}
+    old = {
+        k: v
+        for k, v in a40.to_dict().items()
+        if k not in ("reserved_mib", "nvme_gbs", "tensor_cores")
+    }
     stored = ProbeSpec(model={}, gpu=old, knobs={})
     assert ProbeSpec.from_json(stored.to_json()).gpu_spec == a40
     assert a40.fingerprint() == fingerprint(old)  # probes of older studies are still found
@@ -252,3 +256,72 @@ def test_a_shipped_entry_with_a_bad_override_names_the_entry(tmp_path: Path) -> 
         "autofit: error: gpu.tflops.bf16: the gpu entry t4 does not set it; add it with "
         "+gpu.tflops.bf16=<value>"
     ]
+
+
+def test_every_mistake_in_a_card_file_is_reported_at_once(tmp_path: Path) -> None:
+    """A hand-written file with a misspelt field, a missing one and a wrong value: one line
+    names all three, so one edit fixes the file."""
+    card(tmp_path, memory_mib=DROP, memroy_mib=8188, bf16="yes", display=DROP)
+    done = in_process("probe", "model=tiny_mlp", "gpu=card.yaml", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    for words in (
+        "unknown field 'memroy_mib' (did you mean 'memory_mib'?)",
+        "missing fields 'display', 'memory_mib'",
+        "bf16='yes' is not valid; expected true or false",
+        "every GPU entry sets name, display, memory_mib",
+    ):
+        assert words in line, line
+
+
+@pytest.mark.parametrize(
+    "name,said",
+    [
+        ("rtx4060_16", " (did you mean 'rtx4060ti_16'?)"),  # the 16 GB one of the family named
+        ("rtx4060ti_8", " (did you mean 'rtx4060ti_16'?)"),  # the only one there is
+        ("a100-80gb", " (did you mean 'a100_80'?)"),
+        ("a100", " (did you mean 'a100_40' or 'a100_80'?)"),
+        ("a6000", " (did you mean 'rtx_a6000'?)"),
+        ("rtx4900", " (did you mean 'rtx4090'?)"),
+        (
+            "gtx1080ti",
+            ": autofit has no entry for that card; give it as a file, gpu=path/to/card.yaml",
+        ),
+    ],
+)
+def test_an_unknown_card_gets_the_entries_it_means_or_how_to_add_it(name: str, said: str) -> None:
+    from autofit.gpus import gpu_suggestion
+
+    assert gpu_suggestion(name).startswith(said)
+    with pytest.raises(ConfigError, match=re.escape(f"unknown gpu '{name}'{said}")):
+        load_gpu(name)
+
+
+def test_a_card_without_tensor_cores_prices_16_bit_matmuls_at_its_fp32_rate(tmp_path: Path) -> None:
+    """Without tensor cores there is no TF32 nor bf16, and PyTorch's fp16 matmuls accumulate in
+    fp32 on the FP32 units: the same card with its fp16 figure four times its fp32 is slower in
+    fp16 once `tensor_cores: false` says it has none (a batch large enough for the math to
+    outweigh the memory traffic)."""
+    pascal = {"bf16": False, "compute_capability": "6.1", "tflops": {"fp32": 11.0, "fp16": 44.0}}
+    speeds = {}
+    for cores in (True, False):
+        card(tmp_path, file=f"c{cores}.yaml", name=f"c{cores}", tensor_cores=cores, **pascal)
+        for precision in ("fp16", "fp32"):
+            done = in_process(
+                "probe", "model=tiny_mlp", f"gpu=c{cores}.yaml", f"precision={precision}",
+                "batch_size=4096", "out=r.json", cwd=tmp_path,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            speeds[cores, precision] = json.loads((tmp_path / "r.json").read_text())["step_time_s"]
+    # with tensor cores fp16 is faster than fp32; without, the two take the same math time
+    assert speeds[True, "fp16"] < speeds[False, "fp16"]
+    assert speeds[True, "fp16"] < speeds[True, "fp32"]
+    bad = card(
+        tmp_path,
+        file="bad.yaml",
+        tensor_cores=False,
+        bf16=False,
+        tflops={"fp32": 1, "fp16": 2, "tf32": 1},
+    )
+    done = in_process("probe", "model=tiny_mlp", f"gpu={bad.name}", cwd=tmp_path)
+    assert done.returncode == 2 and "tensor_cores=false but tflops gives tf32" in done.stderr

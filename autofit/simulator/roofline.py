@@ -363,7 +363,10 @@ class RooflineCounter(TorchDispatchMode):
 
     def _math_rate(self, packet: Any, dtype: torch.dtype | None) -> float:
         tflops = self.gpu.tflops
-        if dtype == torch.bfloat16:
+        if dtype in (torch.bfloat16, torch.float16) and not self.gpu.tensor_cores:
+            # fp32 accumulation without tensor cores: the FP32 units do the math
+            peak = tflops["fp32"]
+        elif dtype == torch.bfloat16:
             peak = tflops.get("bf16", tflops["fp32"])
         elif dtype == torch.float16:
             peak = tflops["fp16"]
