@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.errors import ConfigError, shown, suggest
+from autofit.families import check_family
 from autofit.gpus import FIELD_PATHS, gpu_suggestion, is_gpu_file, load_gpu, load_gpu_file
 from autofit.models import load_preset
 from autofit.paths import conf_dir, group_options
-from autofit.workloads import check_family
 
 GROUPS = ("model", "gpu")
 _MISSING = object()

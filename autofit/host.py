@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from autofit.errors import ConfigError, shown
+from autofit.families import family as declared
 
 GIB = 1 << 30
 
@@ -34,7 +35,6 @@ GIB = 1 << 30
 # other ranks only its shapes (map_location="meta"): see `loader`.
 DIFFUSERS_SHARD_BYTES = 10 * 10**9
 TRANSFORMERS_SHARD_BYTES = 5 * 10**9
-_TRANSFORMERS_FAMILIES = ("llm",)
 
 
 def loader_shard_bytes(family: str) -> int:
@@ -44,8 +44,14 @@ def loader_shard_bytes(family: str) -> int:
     the GPU (casting or quantizing each weight on the way); it reads the checkpoint a shard at a
     time. autofit builds the whole model on the host and then moves it; the host ledger counts
     that transient (pageable storages made and freed during setup) as at most one shard of the
-    library that loads this family. A model built straight on the GPU has no loader transient."""
-    return TRANSFORMERS_SHARD_BYTES if family in _TRANSFORMERS_FAMILIES else DIFFUSERS_SHARD_BYTES
+    library that loads this family (its declared `loader`, autofit/families/). A model built
+    straight on the GPU has no loader transient."""
+    return TRANSFORMERS_SHARD_BYTES if _transformers(family) else DIFFUSERS_SHARD_BYTES
+
+
+def _transformers(family: str) -> bool:
+    """Whether transformers loads the family's checkpoints (its declared loader)."""
+    return declared(family).loader == "transformers"
 
 
 def loader(family: str, knobs: dict[str, Any]) -> tuple[int | None, int]:
@@ -57,7 +63,7 @@ def loader(family: str, knobs: dict[str, Any]) -> tuple[int | None, int]:
     from autofit.knobs.train_mode import FOUR_BIT_MODES
 
     quantized = knobs.get("train_mode") in FOUR_BIT_MODES
-    if knobs.get("zero_stage") == 3 and family in _TRANSFORMERS_FAMILIES and not quantized:
+    if knobs.get("zero_stage") == 3 and _transformers(family) and not quantized:
         return None, 1
     return loader_shard_bytes(family), host_ranks(knobs)
 

@@ -50,6 +50,12 @@ class ModelPreset:
     published_params_b: float | None = None
     entry: str | None = None  # model=custom only: package.module:function
     notes: str = ""
+    # Where the trainers find this model, not what a probe trains (a preset's fingerprint and the
+    # spec a probe gets leave them out): the published weights autofit's random ones take the
+    # shape of, and per export target the names it has for the preset (SimpleTuner's
+    # model_flavour, the shipped Sana config); the family declares the rest (autofit/families/).
+    weights: str | None = None
+    trainers: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None) -> ModelPreset:
@@ -92,7 +98,8 @@ class ModelPreset:
         return cls(**{**data, "companions": companions})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What a probe trains: every field but where the trainers find the model."""
+        return {k: v for k, v in asdict(self).items() if k not in PUBLISHED}
 
     def swapped_per_list(self, swap: int) -> list[int]:
         """How many blocks of each of `blocks` a swap of `swap` keeps in host memory: the last
@@ -209,7 +216,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                            "billions of parameters > 0, or null"),
     "entry": (lambda v: v is None or isinstance(v, str), "package.module:function, or null"),
     "notes": (lambda v: isinstance(v, str), "text"),
+    "weights": (lambda v: v is None or isinstance(v, str), "a hub id or path, or null"),
+    "trainers": (lambda v: isinstance(v, dict) and all(
+                     isinstance(names, dict) and all(isinstance(n, str) for n in names.values())
+                     for names in v.values()),
+                 "a mapping of export target to its names for the preset, e.g. "
+                 "{simpletuner: {model_flavour: dev}}"),
 }  # fmt: skip
+PUBLISHED = ("weights", "trainers")  # where the trainers find the model (ModelPreset.to_dict)
 
 # An architecture's sizes (and its inputs'), as diffusers and transformers name them: counts
 # (num_layers, num_attention_heads, ...) and widths (hidden_size, attention_head_dim,

@@ -170,12 +170,12 @@ import autofit.probe.worker, autofit.backends.simulate
 times = {"worker and backend (torch)": lap()}
 from autofit.probe.libraries import leave_out_unused
 from autofit.probe.spec import ProbeSpec
-from autofit.workloads import FAMILIES
+from autofit.families import REGISTRY
 spec = ProbeSpec.from_json(sys.stdin.read())
 left_out = leave_out_unused([spec])
 import torch._dynamo
 times["torch._dynamo"] = lap()
-__import__(FAMILIES[spec.model["family"]])
+__import__(REGISTRY[spec.model["family"]].workload)
 times["the model family's workload"] = lap()
 autofit.probe.worker.execute(spec)
 times["build, trace and figures"] = lap()

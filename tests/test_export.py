@@ -27,11 +27,11 @@ from autofit.errors import AutofitError, ConfigError
 from autofit.export import TARGETS, load_point, write_export
 from autofit.export.base import Refused
 from autofit.export.defaults import MARK, Row, mode_of, table
+from autofit.families import kohya_max_blocks_to_swap
 from autofit.knobs import REGISTRY, Refuse, Subject
 from autofit.knobs import defaults as knob_defaults
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import group_options
-from autofit.trainers import kohya_max_blocks_to_swap
 
 if sys.version_info >= (3, 11):
     import tomllib

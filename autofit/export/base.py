@@ -28,9 +28,9 @@ from typing import Any, NoReturn
 from autofit.errors import ConfigError
 from autofit.export.defaults import MARK, Defaults, table
 from autofit.export.point import StudyPoint
+from autofit.families import TRAINERS, trained_by
 from autofit.knobs import REGISTRY, Refuse, Subject
 from autofit.models import ModelPreset
-from autofit.trainers import WEIGHTS
 from autofit.units import value as knob_text  # a knob value as the command line writes it
 
 
@@ -178,18 +178,23 @@ class ExportPlan:
 class Target:
     """One trainer autofit exports to.
 
-    Subclasses set `name`, `summary` (one line for --help and docs/export.md), `families`: the
-    model families the trainer can train, each mapped to what the trainer calls it (None: any
-    family, for targets that configure one's own training code), and `own_code` when the knobs
-    the target's files cannot hold become notes of what one's training code must do. `build` writes
-    the layout through the plan (module docstring), adds the files with `plan.add`, and sets
-    `plan.command` to the shell line that launches training with them.
+    Subclasses set `name`, `summary` (one line for --help and docs/export.md), and `own_code`
+    when the knobs the target's files cannot hold become notes of what one's training code must
+    do. The families it trains are theirs to declare (`families`). `build` writes the layout
+    through the plan (module docstring), adds the files with `plan.add`, and sets `plan.command`
+    to the shell line that launches training with them.
     """
 
     name: str = ""
     summary: str = ""
-    families: Mapping[str, str] | None = None
     own_code: bool = False
+
+    @property
+    def families(self) -> Mapping[str, str] | None:
+        """The model families the trainer can train, each mapped to what the trainer calls it
+        (its script or model name), as the families declare it (autofit/families/); None: any
+        family, for targets that configure one's own training code."""
+        return trained_by(self.name) if self.name in TRAINERS else None
 
     @property
     def vocabulary(self) -> str:
@@ -234,7 +239,7 @@ class Target:
 
 def weights(plan: ExportPlan) -> str:
     """The weights to train: the preset's published ones, or a placeholder and a note."""
-    known = WEIGHTS.get(plan.point.model)
+    known = plan.point.preset.weights
     if known:
         return known
     placeholder = f"path/to/{plan.point.model}"

@@ -1,12 +1,12 @@
 """`target=diffusers`: the argument line for the matching diffusers example training script.
 
-The script is the family's example in the diffusers repository (examples/...; the list is in
-autofit/trainers.py), launched with `accelerate launch` and the accelerate config this target
-writes beside it (processes, mixed precision, DeepSpeed for ZeRO). Each knob's diffusers words
-(autofit/knobs/) give its arguments; `launch.sh` holds the whole command. The arguments end
-with the example's documented learning rate, schedule and steps (and Flux's guidance) for the
-family and mode (autofit/export/trainer_defaults.yaml), which a comment in `launch.sh` marks as
-defaults to review.
+The script is the family's example in the diffusers repository (examples/...; each family
+declares its scripts, autofit/families/), launched with `accelerate launch` and the accelerate
+config this target writes beside it (processes, mixed precision, DeepSpeed for ZeRO). Each
+knob's diffusers words (autofit/knobs/) give its arguments; `launch.sh` holds the whole command.
+The arguments end with the example's documented learning rate, schedule and steps (and Flux's
+guidance) for the family and mode (autofit/export/trainer_defaults.yaml), which a comment in
+`launch.sh` marks as defaults to review.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 from autofit.export.accelerate import accelerate_config, launch_prefix
 from autofit.export.base import ExportPlan, Target, weights
-from autofit.trainers import DATA_DIR, DIFFUSERS_SCRIPTS, diffusers_script
+from autofit.families import diffusers_script
+from autofit.trainers import DATA_DIR
 
 
 def _argument(flag: str, value: Any) -> str:
@@ -28,7 +29,6 @@ class Diffusers(Target):
     summary = (
         "the argument line for the matching diffusers example script, with an accelerate config"
     )
-    families = {family: script.path for (family, _), script in DIFFUSERS_SCRIPTS.items()}
 
     def build(self, plan: ExportPlan) -> None:
         import yaml

@@ -4,10 +4,11 @@ Keys are sd-scripts' argument names (its config file holds them without the dash
 kohya words (autofit/knobs/) give them, sd-scripts' rules included (its block-swap limits, fp8 at
 most for a quantized base, no EMA). The trainer is the family's script in sd-scripts:
 `flux_train.py` / `flux_train_network.py`, `sd3_train.py` / `sd3_train_network.py`,
-`sdxl_train.py` / `sdxl_train_network.py`; sd-scripts has no Sana trainer and no SD3 ControlNet
-trainer. Below what the run measured, train.toml holds sd-scripts' documented learning rate,
-epochs or steps and FLUX.1's timestep and guidance flags for the family and mode (autofit/export/
-trainer_defaults.yaml), each marked as a default to review.
+`sdxl_train.py` / `sdxl_train_network.py`, as each family declares it (autofit/families/);
+sd-scripts has no Sana trainer and no SD3 ControlNet trainer. Below what the run measured,
+train.toml holds sd-scripts' documented learning rate, epochs or steps and FLUX.1's timestep and
+guidance flags for the family and mode (autofit/export/trainer_defaults.yaml), each marked as a
+default to review.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 from autofit.export.base import ExportPlan, Target
 from autofit.export.defaults import MARK
 from autofit.export.toml import dumps
-from autofit.trainers import DATA_DIR, KOHYA_COMPANION_FILES, KOHYA_SCRIPTS
+from autofit.families import KohyaScripts, kohya
+from autofit.trainers import DATA_DIR
 
 
-def _files(plan: ExportPlan) -> dict[str, Any]:
+def _files(plan: ExportPlan, scripts: KohyaScripts) -> dict[str, Any]:
     point = plan.point
     files = {"pretrained_model_name_or_path": f"path/to/{point.model}.safetensors"}
-    for key, name in KOHYA_COMPANION_FILES[point.family].items():
+    for key, name in scripts.files.items():
         files[key] = f"path/to/{name}"
     plan.note(
         f"replace the 'path/to/...' placeholders of train.toml ({', '.join(files)}) with your files"
@@ -55,11 +57,12 @@ def _dataset(batch_size: int, resolution: int) -> dict[str, Any]:
 class Kohya(Target):
     name = "kohya"
     summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, SD3, SDXL)"
-    families = {family: scripts.full for family, scripts in KOHYA_SCRIPTS.items()}
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point
-        args = _files(plan)
+        scripts = kohya(point.family)
+        assert scripts is not None  # the family's check refused it otherwise
+        args = _files(plan, scripts)
         dataset = plan.add(
             "dataset.toml",
             dumps(_dataset(plan.value("batch_size"), plan.value("resolution"))),
@@ -71,7 +74,6 @@ class Kohya(Target):
             output_name=point.study,
             save_model_as="safetensors",
         )
-        scripts = KOHYA_SCRIPTS[point.family]
         script = scripts.full if point.config["train_mode"] == "full" else scripts.lora
         world = plan.value("world_size")  # the launcher's --num_processes
         args.update(plan.say_rest())

@@ -19,7 +19,7 @@ import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target, knob_text
-from autofit.trainers import SANA_BASE_CONFIGS
+from autofit.families import REGISTRY, SanaScript
 
 
 def nested(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -66,16 +66,17 @@ class Sana(Target):
     summary = (
         "an overlay of NVlabs Sana's train config (configs/sana_config/), and its launch flags"
     )
-    families = {"sana": "train_scripts/train.py"}
 
     def build(self, plan: ExportPlan) -> None:
         import yaml
 
         world = plan.point.world_size
+        script = REGISTRY[plan.point.family].trainer(self.name)
+        assert isinstance(script, SanaScript)  # the family's check refused it otherwise
         settings = plan.say_rest()
         defaults = plan.training_defaults(leaves(settings))
         data = nested({**settings, **defaults})
-        base = SANA_BASE_CONFIGS.get(plan.point.model)
+        base = plan.point.preset.trainers.get("sana", {}).get("config")
         if base is None:
             base = "configs/sana_config/path/to/your_config.yaml"
             plan.note(
@@ -89,7 +90,7 @@ class Sana(Target):
             f"overlay of {base} in Sana's config layout",
         )
         plan.command = " ".join(
-            [f"torchrun --nproc_per_node={world} train_scripts/train.py",
+            [f"torchrun --nproc_per_node={world} {script.script}",
              shlex.quote(f"--config_path={base}"), "--work_dir=output/autofit", *flags(data)]
         )  # fmt: skip
         plan.note("run the launch command from Sana's repository folder")

@@ -17,23 +17,21 @@ from typing import Any
 
 from autofit.export.base import ExportPlan, Target, weights
 from autofit.export.deepspeed import ds_config_of
-from autofit.trainers import (
-    DATA_DIR,
-    SIMPLETUNER_ENV,
-    SIMPLETUNER_FAMILIES,
-    SIMPLETUNER_FLAVOURS,
-)
+from autofit.families import simpletuner
+from autofit.trainers import DATA_DIR, SIMPLETUNER_ENV
 
 
 def _model(plan: ExportPlan) -> dict[str, Any]:
     point = plan.point
-    config: dict[str, Any] = {"model_family": SIMPLETUNER_FAMILIES[point.family]}
-    flavour = SIMPLETUNER_FLAVOURS.get(point.model)
+    model = simpletuner(point.family)
+    assert model is not None  # the family's check refused it otherwise
+    config: dict[str, Any] = {"model_family": model.model_family}
+    flavour = point.preset.trainers.get("simpletuner", {}).get("model_flavour")
     if flavour:
         config["model_flavour"] = flavour
     else:
         config["pretrained_model_name_or_path"] = weights(plan)
-    if point.family == "sd3_controlnet":
+    if model.controlnet:
         config["controlnet"] = True
     return config
 
@@ -67,7 +65,6 @@ def _databackend(resolution: int) -> list[dict[str, Any]]:
 class SimpleTuner(Target):
     name = "simpletuner"
     summary = "SimpleTuner's config.json and multidatabackend.json (copy them to config/autofit/)"
-    families = SIMPLETUNER_FAMILIES
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point

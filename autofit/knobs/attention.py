@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import kohya
 from autofit.knobs.base import Knob, Say, Subject, say
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 def _kohya(value: Any, s: Subject) -> Say:
     if value == "sdpa":
         return say(sdpa=True)
-    if s.family == "sdxl":
+    scripts = kohya(s.family)
+    if scripts is not None and not scripts.always_fused_attention:
         return Say()  # SDXL without sdpa/xformers runs its plain attention: the math path
     return Say(
         warning=f"sd-scripts' {s.family} model always runs torch's fused attention, which holds "

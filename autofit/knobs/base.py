@@ -28,12 +28,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autofit.errors import ConfigError, shown
 from autofit.units import value as text
+from autofit.words import Refuse as Refuse  # re-exported: the knobs' vocabulary
+from autofit.words import Say as Say
+from autofit.words import say as say
 
 if TYPE_CHECKING:
     from autofit.gpus import GpuSpec
@@ -75,35 +78,6 @@ class Subject:
 
     def with_value(self, knob: str, value: Any) -> Subject:
         return dataclasses.replace(self, config={**self.config, knob: value})
-
-
-@dataclass(frozen=True)
-class Say:
-    """A trainer's words for a value: `settings` in the trainer's own names (what a key means is
-    the target's layout: a config file's key, a command-line flag, `section.key` in a nested
-    file), `note` for what the user must do, `warning` where the trainer cannot say it and the run
-    is the measured one all the same (it picks its own fused attention kernel, say), and `files`
-    to write beside the config (name -> (text, description))."""
-
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    note: str = ""
-    warning: str = ""
-    files: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-
-
-def say(note: str = "", warning: str = "", **settings: Any) -> Say:
-    """`Say` with the settings as keyword arguments: say(optimizer_type="AdamW8bit")."""
-    return Say(settings=settings, note=note, warning=warning)
-
-
-@dataclass(frozen=True)
-class Refuse:
-    """The trainer cannot run this value as measured (the run would differ, or use more memory).
-    `offers` says what the trainer can run instead; for a knob with a closed set of values it is
-    worked out from the knob's own words when left empty."""
-
-    why: str
-    offers: str = ""
 
 
 def _asks_nothing(words: Say | Refuse) -> bool:

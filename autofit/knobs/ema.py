@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import diffusers_script
 from autofit.knobs.base import Knob, Refuse, Say, Subject, say
-from autofit.trainers import diffusers_script
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import COMPANION_LIBRARIES, diffusers_script
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
-from autofit.trainers import DATA_DIR, diffusers_script
-from autofit.workloads import COMPANION_LIBRARIES
+from autofit.trainers import DATA_DIR
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

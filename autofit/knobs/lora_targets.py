@@ -13,32 +13,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autofit.families import REGISTRY, diffusers
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
-LLM_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-LLM_MLP = ["gate_proj", "up_proj", "down_proj"]
-DIFFUSION_ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
 ADAPTER_MODES = ("lora", "qlora", "dora", "qdora")  # the train_mode values that train adapters
-SETS: dict[str, dict[str, list[str]]] = {
-    "llm": {"qv": ["q_proj", "v_proj"], "attention": LLM_ATTENTION, "mlp": LLM_MLP,
-            "all_linear": LLM_ATTENTION + LLM_MLP},
-    "flux": {"attention": DIFFUSION_ATTENTION},
-    "sd3": {"attention": DIFFUSION_ATTENTION},
-    "sana": {"attention": DIFFUSION_ATTENTION},
-    "sdxl": {"attention": DIFFUSION_ATTENTION},
-}  # fmt: skip
+
+
+def _sets(preset: ModelPreset) -> Mapping[str, tuple[str, ...]]:
+    """The module sets autofit knows for the preset's family (its declaration's `lora_sets`)."""
+    return REGISTRY[preset.family].lora_sets if preset.family in REGISTRY else {}
 
 
 def target_modules(value: str, preset: ModelPreset) -> list[str]:
     """The module names LoRA adapts for this value on this model."""
-    return list(preset.lora_targets) if value == "preset" else SETS[preset.family][value]
+    return list(preset.lora_targets) if value == "preset" else list(_sets(preset)[value])
 
 
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     if value == "preset":
         return Say()
-    if s.family not in ("flux", "sd3", "sana"):
+    scripts = diffusers(s.family)
+    if scripts is None or not scripts.lora_layers:
         return Refuse(
             f"the diffusers {s.family} LoRA script adapts a fixed set of modules",
             "lora_targets=preset",
@@ -61,7 +57,7 @@ class LoraTargets(Knob):
 
     def means(self, value: Any, subject: Subject) -> str:
         what = f"LoRA adapters on {self.values[value]}"  # type: ignore[index]
-        if value != "preset" and value not in SETS.get(subject.family, {}):
+        if value != "preset" and value not in _sets(subject.preset):
             return what
         return f"{what} ({', '.join(target_modules(value, subject.preset))})"
 
@@ -71,13 +67,14 @@ class LoraTargets(Knob):
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if not self.applies(context.knobs, context.model) or value == "preset":
             return None
-        known = dict(SETS.get(context.model.family, {}))
+        known = dict(_sets(context.model))
         config = context.model.architecture.get("config", {})
         if "num_experts" in config or "num_local_experts" in config:
             # A mixture of experts has no dense feed-forward projections: transformers stores its
             # experts as fused 3-D parameters, which peft's target_modules cannot adapt.
-            known = {k: v for k, v in known.items() if not set(v) & set(LLM_MLP)}
-            if value in SETS.get(context.model.family, {}) and value not in known:
+            dense = set(REGISTRY[context.model.family].feed_forward)
+            known = {k: v for k, v in known.items() if not set(v) & dense}
+            if value in _sets(context.model) and value not in known:
                 offered = ", ".join(["preset", *known])
                 return f"lora_targets={value}: {context.model.name}'s experts are fused 3-D parameters, which peft's target_modules cannot adapt; use {offered}"
         if value not in known:

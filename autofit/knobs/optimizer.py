@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import diffusers_script
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.optimizer_impl import ARGUMENTS, adamw_arguments
 from autofit.knobs.precision import BF16_WEIGHTS
 from autofit.optimizers import LEARNING_RATE
-from autofit.trainers import diffusers_script
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autofit.families import REGISTRY, diffusers_script
 from autofit.knobs.base import Knob, Subject, say
-from autofit.trainers import diffusers_script
 
 
 def _diffusers(value: Any, s: Subject) -> Any:
@@ -37,7 +37,7 @@ class Resolution(Knob):
         )
 
     def means(self, value: Any, subject: Subject) -> str:
-        if subject.family == "llm":
+        if REGISTRY[subject.family].unit == "tokens":
             return f"sequences of {value} tokens"
         return f"{value}x{value} pixel images (or buckets of at most {value}x{value} pixels)"
 

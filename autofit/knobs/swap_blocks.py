@@ -22,9 +22,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import REGISTRY, kohya_max_blocks_to_swap, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.train_mode import FOUR_BIT_MODES
-from autofit.trainers import SIMPLETUNER_BLOCK_SWAP_FAMILIES, kohya_max_blocks_to_swap
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -55,10 +55,12 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     if not value:
         return Say()
-    if s.family not in SIMPLETUNER_BLOCK_SWAP_FAMILIES:
+    model = simpletuner(s.family)
+    if model is None or not model.block_swap:
+        swapping = [name for name in REGISTRY if (m := simpletuner(name)) and m.block_swap]
         return Refuse(
             f"SimpleTuner's block swap (musubi_blocks_to_swap) exists for "
-            f"{', '.join(SIMPLETUNER_BLOCK_SWAP_FAMILIES)}, not {s.family}",
+            f"{', '.join(swapping)}, not {s.family}",
             NONE_OFFERED,
         )
     if len(s.preset.blocks) > 1:

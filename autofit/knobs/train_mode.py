@@ -30,10 +30,10 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import diffusers, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
 from autofit.knobs.trainable_layers import last_blocks
-from autofit.trainers import DIFFUSERS_SCRIPTS, KOHYA_SCRIPTS, diffusers_script
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -63,10 +63,11 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return NO_DORA_KOHYA
     if value == "freeze":
         return NO_FREEZE_KOHYA
-    if value == "full" or s.family not in KOHYA_SCRIPTS:
+    scripts = kohya(s.family)
+    if value == "full" or scripts is None:
         return Say()  # the full fine-tune script (the family's check refuses other families)
     # autofit trains the denoiser's adapters only
-    return say(network_module=KOHYA_SCRIPTS[s.family].network, network_train_unet_only=True)
+    return say(network_module=scripts.network, network_train_unet_only=True)
 
 
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
@@ -77,7 +78,8 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
             f"{diffusers_script(s.family, 'lora').file} has no --use_dora (of the diffusers "  # type: ignore[union-attr]
             "examples, train_dreambooth_lora_sdxl.py and the advanced scripts have it)"
         )
-    offered = ", ".join(mode for family, mode in DIFFUSERS_SCRIPTS if family == s.family)
+    scripts = diffusers(s.family)
+    offered = ", ".join(scripts.scripts if scripts else ())
     return Refuse(f"the diffusers examples train {s.family} only as: {offered or 'nothing'}")
 
 

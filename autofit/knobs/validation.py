@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import COMPANION_LIBRARIES, DiffusersScript, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.validation_resolution import validation_pixels
-from autofit.trainers import DiffusersScript, diffusers_script
-from autofit.workloads import COMPANION_LIBRARIES
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -75,7 +74,8 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         # the host: Flux and SD3 sampling (flux/sd3_train_utils.sample_images) uses prompts encoded
         # before training and moves the VAE in for the decode alone; SDXL sampling
         # (train_util.sample_images_common) moves the VAE in before the denoising.
-        if s.family == "sdxl":
+        scripts = kohya(s.family)
+        if scripts is not None and scripts.sampling_moves_vae_first:
             return Refuse(
                 "sd-scripts' SDXL sampling moves the VAE to the GPU before the denoising, not only "
                 "for the decode"

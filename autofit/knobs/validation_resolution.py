@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autofit.families import diffusers_script
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
-from autofit.trainers import diffusers_script
 
 
 def validation_pixels(knobs: Mapping[str, Any], native: int) -> int:

@@ -7,11 +7,11 @@ from typing import Any
 from autofit.backends import BACKENDS
 from autofit.calibration.margins import ChosenMargin, chosen_margin, run_class
 from autofit.errors import ConfigError, shown
+from autofit.families import check_family
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
 from autofit.probe.spec import DEFAULT_MARGIN, ProbeSpec
-from autofit.workloads import check_family
 
 
 def preset_from_config(data: dict[str, Any]) -> ModelPreset:

@@ -413,11 +413,11 @@ def launcher_for(
     search without LoRA: peft, 0.3 s of the server's 3.9 s of imports). None: all kept."""
     if backend == "cuda":
         return SpawnLauncher()
+    from autofit.families import REGISTRY
     from autofit.probe.forkserver import LEAVE_OUT
     from autofit.probe.libraries import OPTIONAL
-    from autofit.workloads import FAMILIES
 
-    preload = ["autofit.probe.worker", f"autofit.backends.{backend}", FAMILIES[family]]
+    preload = ["autofit.probe.worker", f"autofit.backends.{backend}", REGISTRY[family].workload]
     if uses is not None:
         preload = [f"{LEAVE_OUT}{name}" for name in OPTIONAL if name not in uses] + preload
     return ForkServer(preload=preload)

@@ -9,8 +9,8 @@ import fail, which `importlib.util.find_spec` (the libraries' check for what is 
 not installed. diffusers then takes the code paths it takes where they are not installed, which
 build and run the same model.
 
-What a probe uses is declared, not guessed: the model family's workload (`FAMILY_LIBRARIES` in
-autofit/workloads/__init__.py) and each knob's `libraries` for its value. A library left out and
+What a probe uses is declared, not guessed: the model family's workload (its `libraries`,
+autofit/families/) and each knob's `libraries` for its value. A library left out and
 imported anyway ends the probe as a crash that says so (`crash_message`), never as a quiet
 difference. A process that has imported a library already (a fork server's child) keeps it; a
 search's fork server leaves out, before its imports, what no run of its space uses
@@ -45,10 +45,10 @@ def libraries_of(family: str, values: Mapping[str, Iterable[Any]]) -> set[str] |
     """The optional libraries runs of the model family may import with any of these knob
     values (a knob not named at its default), as `used_libraries` says of one run: what a
     search's fork server needs for every run of its space. None where that is not known."""
+    from autofit.families import REGISTRY as FAMILIES
     from autofit.knobs import REGISTRY
-    from autofit.workloads import FAMILY_LIBRARIES
 
-    declared = FAMILY_LIBRARIES.get(family)
+    declared = FAMILIES[family].libraries if family in FAMILIES else None
     if declared is None:
         return None
     named = set(declared)
@@ -88,7 +88,7 @@ def crash_message(exc: BaseException) -> str:
     if library in OPTIONAL and library in sys.modules and sys.modules[library] is None:
         said += (
             f" (this probe's process left {library} out as its model family and knobs do not "
-            f"use it, autofit/probe/libraries.py: declare it in FAMILY_LIBRARIES or the knob's "
-            f"libraries())"
+            f"use it, autofit/probe/libraries.py: declare it in the family's libraries "
+            f"(autofit/families/) or the knob's libraries())"
         )
     return said

@@ -18,7 +18,8 @@ Batch = dict[str, Any]
 
 class Workload:
     """A model family. Subclass it, implement what the family supports, export the class as
-    `WORKLOAD` from its module, and add the module to `FAMILIES`.
+    `WORKLOAD` from its module, and name the module in the family's declaration
+    (autofit/families/).
 
     The model is built with random weights under whatever device and default dtype the caller
     set; the batch is synthetic but shaped exactly as the trainer's would be; the loss is the one

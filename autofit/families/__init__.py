@@ -1,0 +1,122 @@
+"""Every model family, declared once (autofit/families/base.py says what a family declares).
+
+`REGISTRY` lists the families in the order error messages list them; a preset's `family` names
+one. Nothing here imports torch: a family's workload module is imported only when it is used.
+
+Adding a family: its workload module in autofit/workloads/, its `Family` in a module here with
+its line in `REGISTRY`, its presets in conf/model/, and its tests (docs/contributing.md counts
+the files). The contract tests (tests/test_family_contract.py) hold it to declare every fact,
+and a trainer or a refusal for every export target that trains named families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from autofit.errors import ConfigError, shown, suggest
+from autofit.families.base import (
+    COMPANION_LIBRARIES,
+    TRAINERS,
+    DiffusersScript,
+    DiffusersScripts,
+    Family,
+    KohyaScripts,
+    SanaScript,
+    SimpleTunerModel,
+    Trainer,
+)
+from autofit.families.custom import CUSTOM
+from autofit.families.flux import FLUX
+from autofit.families.llm import LLM
+from autofit.families.mlp import MLP
+from autofit.families.sana import SANA
+from autofit.families.sd3 import SD3
+from autofit.families.sd3_controlnet import SD3_CONTROLNET
+from autofit.families.sdxl import SDXL
+
+REGISTRY: dict[str, Family] = {
+    family.name: family for family in (SANA, SD3, SD3_CONTROLNET, FLUX, SDXL, LLM, CUSTOM, MLP)
+}
+
+T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript)
+
+
+def family(name: Any, where: str = "model.") -> Family:
+    """The family called `name`, or a one-line ConfigError listing the valid ones; `where` says
+    whose it is (the override `model.family=`, or a preset file's `conf/model/x.yaml: `)."""
+    if name not in REGISTRY:
+        raise ConfigError(
+            f"{where}family={shown(name)} is not valid{suggest(str(name), list(REGISTRY))}; "
+            f"valid families: {', '.join(REGISTRY)}"
+        )
+    return REGISTRY[name]
+
+
+def check_family(name: Any, where: str = "model.") -> None:
+    """A one-line ConfigError unless `name` is a family (`family` says how it reads)."""
+    family(name, where)
+
+
+def trained_by(target: str) -> dict[str, str]:
+    """The families the trainer of `target` trains, each with what it calls it (its script or
+    model name), in the registry's order."""
+    return {
+        name: found.name
+        for name, declared in REGISTRY.items()
+        if (found := declared.trainer(target)) is not None
+    }
+
+
+def _trainer(name: str, target: str, kind: type[T]) -> T | None:
+    found = REGISTRY[name].trainer(target) if name in REGISTRY else None
+    assert found is None or isinstance(found, kind), f"{name}: {target} declares {found}"
+    return found
+
+
+def diffusers(name: str) -> DiffusersScripts | None:
+    return _trainer(name, "diffusers", DiffusersScripts)
+
+
+def kohya(name: str) -> KohyaScripts | None:
+    return _trainer(name, "kohya", KohyaScripts)
+
+
+def simpletuner(name: str) -> SimpleTunerModel | None:
+    return _trainer(name, "simpletuner", SimpleTunerModel)
+
+
+def diffusers_script(name: str, train_mode: str) -> DiffusersScript | None:
+    """The diffusers example script that trains family `name` in `train_mode`, if there is one."""
+    scripts = diffusers(name)
+    return scripts.scripts.get(train_mode) if scripts else None
+
+
+def kohya_max_blocks_to_swap(name: str, architecture: Mapping[str, Any]) -> int | None:
+    """The largest `blocks_to_swap` sd-scripts accepts for a model (None: it has no swap)."""
+    scripts = kohya(name)
+    if scripts is None or scripts.max_blocks_to_swap is None:
+        return None
+    return scripts.max_blocks_to_swap(architecture)
+
+
+__all__ = [
+    "COMPANION_LIBRARIES",
+    "REGISTRY",
+    "TRAINERS",
+    "DiffusersScript",
+    "DiffusersScripts",
+    "Family",
+    "KohyaScripts",
+    "SanaScript",
+    "SimpleTunerModel",
+    "Trainer",
+    "check_family",
+    "diffusers",
+    "diffusers_script",
+    "family",
+    "kohya",
+    "kohya_max_blocks_to_swap",
+    "simpletuner",
+    "trained_by",
+]

@@ -1,0 +1,157 @@
+"""The contract of a model family: everything that belongs to one, declared once.
+
+A family is a `Family` in its own module of autofit/families/, listed in `REGISTRY`
+(autofit/families/__init__.py); a preset (`conf/model/<name>.yaml`) names it by `family`, and
+everything else (the probe's loader and libraries, host memory, the knobs' words, the export
+targets, the reference pages) reads the declaration and keeps no table of its own. A family
+declares:
+
+- its workload: the module whose `WORKLOAD` builds the model, batch and loss (it imports torch
+  and the model's library, so only its path is named here, imported when the family is used);
+- its companions: the roles of the frozen models its presets run beside it (text encoders, VAE);
+- its optional libraries: what its workload imports of `autofit/probe/libraries.py`'s OPTIONAL,
+  which a probe's process keeps (None: not known in advance, a user's own code);
+- its loader: the library a trainer loads its weights with (`host.py`'s loader working set);
+- its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
+- its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
+  of their modules are the dense feed-forward projections;
+- per export target that trains named families (diffusers, kohya, simpletuner, sana), the
+  trainer's script and names for it, or a `Refuse` with the reason, in the knobs' vocabulary
+  (autofit/words.py).
+
+What belongs to one preset, not to its family (the published weights, SimpleTuner's flavour,
+Sana's shipped config), is data in the preset's file. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.words import Refuse
+
+# What building a preset's companions (its text encoders and VAE) imports: a run that may build
+# them imports these before it is built (Knob.libraries), and its probe's process keeps them.
+COMPANION_LIBRARIES = ("transformers", "autofit.workloads.companions")
+LOADERS = ("diffusers", "transformers")
+UNITS = ("pixels", "tokens")
+# The attention projections of diffusers' transformer blocks (Attention's to_q, to_k, ...).
+DIFFUSION_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+# --- diffusers: the example training scripts (examples/ in the diffusers repository) ------------
+
+
+@dataclass(frozen=True)
+class DiffusersScript:
+    path: str
+    kind: str  # dreambooth | text_to_image | controlnet
+    lora: bool
+    # What the script does with the encoders: "cached", "online", or "mixed" (text embeddings
+    # precomputed, latents encoded every step).
+    encoders: tuple[str, ...]
+    ema: bool = False  # offers --use_ema (an EMA copy on the GPU)
+    # Why the script cannot run with only the trained model on the GPU (encoders=cached).
+    not_cached: str = "encodes latents with the VAE on the GPU every step"
+    # What its validation loads beside what training holds, if it reloads its text encoders
+    # (validation=reload reproduces it; validation=on is then refused).
+    validation_reloads: str = ""
+
+    @property
+    def file(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class DiffusersScripts:
+    """The family's example scripts, by the train_mode each trains (full, lora), in order."""
+
+    scripts: Mapping[str, DiffusersScript]
+    lora_layers: bool = False  # its LoRA script takes --lora_layers (the modules it adapts)
+
+    @property
+    def name(self) -> str:
+        """The script the export targets' table shows: the last declared (LoRA's, if any)."""
+        return list(self.scripts.values())[-1].path
+
+
+# --- kohya sd-scripts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KohyaScripts:
+    full: str  # the full fine-tune script
+    lora: str  # the LoRA (network) script
+    network: str  # its LoRA network module
+    # The single-file checkpoints its scripts load besides the model itself: key -> file name.
+    files: Mapping[str, str] = field(default_factory=dict)
+    # The largest `blocks_to_swap` its scripts accept for an architecture; None: they have none.
+    max_blocks_to_swap: Callable[[Mapping[str, Any]], int] | None = None
+    # Its model runs torch's fused attention whatever the flags say (SDXL's runs the math path
+    # without sdpa or xformers).
+    always_fused_attention: bool = True
+    # Its sampling moves the VAE to the GPU before the denoising, not only for the decode.
+    sampling_moves_vae_first: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.full
+
+
+# --- SimpleTuner 4.10 ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimpleTunerModel:
+    model_family: str  # its --model_family (a preset's --model_flavour is in the preset's file)
+    controlnet: bool = False  # trained as a ControlNet (--controlnet)
+    block_swap: bool = False  # its model implements musubi block swap (its field registry's list)
+
+    @property
+    def name(self) -> str:
+        return self.model_family
+
+
+# --- NVlabs Sana --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SanaScript:
+    script: str  # the preset's shipped train config is in the preset's file
+
+    @property
+    def name(self) -> str:
+        return self.script
+
+
+Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript
+# The export targets that train named families, and what each declares of a family it trains.
+TRAINERS: dict[str, type[Trainer]] = {
+    "diffusers": DiffusersScripts,
+    "kohya": KohyaScripts,
+    "simpletuner": SimpleTunerModel,
+    "sana": SanaScript,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (the module docstring says what each field means)."""
+
+    name: str
+    workload: str
+    libraries: tuple[str, ...] | None
+    loader: str
+    unit: str | None  # None: the preset says (a user's own model)
+    companions: tuple[str, ...] | None = ()  # None: the preset says (a user's own model)
+    lora_sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The dense feed-forward projections among them (a mixture of experts has none: peft cannot
+    # adapt its fused 3-D experts).
+    feed_forward: tuple[str, ...] = ()
+    trainers: Mapping[str, Trainer | Refuse] = field(default_factory=dict)
+
+    def trainer(self, target: str) -> Trainer | None:
+        """What the trainer of `target` runs for this family; None where it refuses it."""
+        found = self.trainers.get(target)
+        return None if isinstance(found, Refuse) else found

@@ -1,0 +1,64 @@
+"""FLUX.1: double- and single-stream transformer blocks over 16-channel latents, with CLIP-L and
+T5-XXL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.families.base import (
+    DIFFUSION_ATTENTION,
+    DiffusersScript,
+    DiffusersScripts,
+    Family,
+    KohyaScripts,
+    SimpleTunerModel,
+)
+from autofit.words import Refuse
+
+
+def kohya_blocks_to_swap(architecture: Mapping[str, Any]) -> int:
+    """A swap of N blocks moves N//2 double blocks and 2*(N - N//2) single blocks, each at most
+    its count less two."""
+    double = int(architecture.get("num_layers", 19))
+    single = int(architecture.get("num_single_layers", 38))
+    allowed = [
+        n for n in range(double + single) if n // 2 <= double - 2 and (n - n // 2) * 2 <= single - 2
+    ]
+    return max(allowed)
+
+
+FLUX = Family(
+    name="flux",
+    workload="autofit.workloads.flux",
+    libraries=(),
+    loader="diffusers",
+    unit="pixels",
+    companions=("text_encoder", "text_encoder_2", "vae"),
+    lora_sets={"attention": DIFFUSION_ATTENTION},
+    trainers={
+        "diffusers": DiffusersScripts(
+            {
+                "full": DiffusersScript("examples/dreambooth/train_dreambooth_flux.py", "dreambooth", False, ("online",)),
+                # With --cache_latents and one instance prompt this script still holds both text
+                # encoders on the GPU through training: its list `text_encoders` keeps them alive
+                # after it deletes their names (diffusers 2024-12 to 2026-08). Its memory is
+                # encoders=online's. Its validation (after epoch 0, then every
+                # --validation_epochs) loads a second pair of text encoders while that list holds
+                # the first, and renders at FluxPipeline's default 1024 px (the commit before
+                # diffusers issue #10145, 2024-12, through 2026-08).
+                "lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_flux.py", "dreambooth", True, ("online",),
+                                        not_cached="keeps both text encoders on the GPU through training, even with cached latents and one prompt",
+                                        validation_reloads="loads a second pair of text encoders for each validation while its training list still holds the first"),
+            },
+            lora_layers=True,
+        ),
+        "kohya": KohyaScripts(
+            "flux_train.py", "flux_train_network.py", "networks.lora_flux",
+            files={"clip_l": "clip_l.safetensors", "t5xxl": "t5xxl_fp16.safetensors", "ae": "ae.safetensors"},
+            max_blocks_to_swap=kohya_blocks_to_swap,
+        ),
+        "simpletuner": SimpleTunerModel("flux", block_swap=True),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+    },
+)  # fmt: skip

@@ -1,0 +1,26 @@
+"""Causal language models of transformers (Llama, Qwen, their mixtures of experts)."""
+
+from __future__ import annotations
+
+from autofit.families.base import Family
+from autofit.words import Refuse
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+LLM = Family(
+    name="llm",
+    workload="autofit.workloads.llm",
+    libraries=("transformers",),
+    loader="transformers",
+    unit="tokens",
+    companions=(),
+    lora_sets={"qv": ("q_proj", "v_proj"), "attention": ATTENTION, "mlp": MLP, "all_linear": ATTENTION + MLP},
+    feed_forward=MLP,
+    trainers={
+        "diffusers": Refuse("the diffusers examples train image models only"),
+        "kohya": Refuse("sd-scripts trains image models only"),
+        "simpletuner": Refuse("autofit exports SimpleTuner's image models only"),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+    },
+)  # fmt: skip

@@ -1,0 +1,20 @@
+"""A tiny multilayer perceptron: the model small enough to count by hand, for tests."""
+
+from __future__ import annotations
+
+from autofit.families.base import Family
+from autofit.words import Refuse
+
+MLP = Family(
+    name="mlp",
+    workload="autofit.workloads.mlp",
+    libraries=(),
+    loader="diffusers",  # a trainer would load it as a single-file checkpoint of this size
+    unit="pixels",
+    trainers={
+        "diffusers": Refuse("a test model: no trainer's script trains it"),
+        "kohya": Refuse("a test model: no trainer's script trains it"),
+        "simpletuner": Refuse("a test model: no trainer's script trains it"),
+        "sana": Refuse("a test model: no trainer's script trains it"),
+    },
+)

@@ -1,0 +1,48 @@
+"""Stable Diffusion 3 and 3.5: an MMDiT over 16-channel latents, with CLIP-L, CLIP-G and T5-XXL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.families.base import (
+    DIFFUSION_ATTENTION,
+    DiffusersScript,
+    DiffusersScripts,
+    Family,
+    KohyaScripts,
+    SimpleTunerModel,
+)
+from autofit.words import Refuse
+
+
+def kohya_blocks_to_swap(architecture: Mapping[str, Any]) -> int:
+    """sd-scripts swaps at most the joint blocks less two."""
+    return int(architecture["num_layers"]) - 2
+
+
+SD3 = Family(
+    name="sd3",
+    workload="autofit.workloads.sd3",
+    libraries=(),
+    loader="diffusers",
+    unit="pixels",
+    companions=("text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
+    lora_sets={"attention": DIFFUSION_ATTENTION},
+    trainers={
+        "diffusers": DiffusersScripts(
+            {
+                "full": DiffusersScript("examples/dreambooth/train_dreambooth_sd3.py", "dreambooth", False, ("online",)),
+                "lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_sd3.py", "dreambooth", True, ("cached", "online")),
+            },
+            lora_layers=True,
+        ),
+        "kohya": KohyaScripts(
+            "sd3_train.py", "sd3_train_network.py", "networks.lora_sd3",
+            files={"clip_l": "clip_l.safetensors", "clip_g": "clip_g.safetensors", "t5xxl": "t5xxl_fp16.safetensors"},
+            max_blocks_to_swap=kohya_blocks_to_swap,
+        ),
+        "simpletuner": SimpleTunerModel("sd3"),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+    },
+)  # fmt: skip
