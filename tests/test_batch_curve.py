@@ -49,6 +49,7 @@ CASES = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("model,gpu,knobs", CASES, ids=lambda v: str(v)[:40])
 def test_a_replayed_batch_is_a_direct_trace_to_the_byte(model: str, gpu: str, knobs: dict) -> None:
     probe = make(model, gpu, **knobs)
@@ -165,6 +166,7 @@ def test_the_scan_finds_the_largest_batch_a_grid_finds() -> None:
         assert _same(result.to_dict(), direct) == {}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("floor", [0.0, 1.0])
 def test_the_scan_reports_every_batch_the_best_rule_weighs(floor: float) -> None:
     """With a window asked for (ScanWindow), the scan also reports each batch that fits within
@@ -292,6 +294,7 @@ def test_runs_of_frees_compare_in_one_order() -> None:
     assert canonical_frees([0, ~0, 1]) != canonical_frees([0, 1, ~0])  # an allocation between
 
 
+@pytest.mark.long
 def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: Path) -> None:
     """Two structures that differ in the optimizer, over batches 1 to 400,000: each scan is
     kept as its trials (b*, which fits, and b* + 1, which does not), marked replayed; the answer
@@ -352,6 +355,7 @@ print(len(first), len(then), first == then)
 """
 
 
+@pytest.mark.long
 def test_a_process_first_trace_is_the_step_its_next_trace_is() -> None:
     """A probe is the first trace of its process; most of a scan's traces are not. A library a
     knob imports while the run is built under fake tensors (peft, and through it bitsandbytes'
@@ -419,6 +423,7 @@ def _same_run(one: Any, other: Any) -> bool:
     return {k: one.config[k] for k in keys} == {k: other.config[k] for k in keys}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("tolerance", [0.03, 0.2])
 def test_a_simulated_search_ends_with_the_best_a_grid_of_every_batch_gives(
     tmp_path: Path, tolerance: float
@@ -440,6 +445,7 @@ def test_a_simulated_search_ends_with_the_best_a_grid_of_every_batch_gives(
     assert _same(found.best.to_dict(), best.to_dict()) == {}
 
 
+@pytest.mark.long
 def test_a_scan_stored_with_a_higher_floor_is_looked_below(tmp_path: Path) -> None:
     """A search whose fastest run is slower than the one that stored its scans (here: without
     bf16_pure) has a lower floor than their windows: it probes below them, and still ends with

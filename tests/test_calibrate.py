@@ -56,6 +56,7 @@ def test_without_a_gpu_measure_cuda_says_what_to_do(tmp_path: Path) -> None:
     assert not (tmp_path / "calibration").exists()
 
 
+@pytest.mark.long
 def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resumes(
     tmp_path: Path,
 ) -> None:

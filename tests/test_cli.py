@@ -19,6 +19,7 @@ REQUIRED_FIELDS = {
 BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "temporaries", "overhead"}
 
 
+@pytest.mark.long
 def test_the_sana_1600m_probe_from_the_issue(tmp_path: Path) -> None:
     done = autofit(
         "probe", "model=sana_1600m", "gpu=a40", "batch_size=1", "resolution=1024", "precision=bf16",
@@ -47,6 +48,7 @@ def test_the_sana_1600m_probe_from_the_issue(tmp_path: Path) -> None:
     assert "sana_1600m on a40 [simulate]: ok" in done.stdout
 
 
+@pytest.mark.long
 def test_not_fitting_is_an_answer(tmp_path: Path) -> None:
     # tiny_sana needs about 520 MiB: a 0.99 margin leaves an RTX 4090 about 230 MiB.
     done = in_process(
@@ -69,6 +71,7 @@ def test_an_impossible_combination_is_invalid_with_the_reason(tmp_path: Path) ->
     assert "bf16" in result["error"]["message"]
 
 
+@pytest.mark.long
 def test_default_output_goes_under_results(tmp_path: Path) -> None:
     done = autofit("probe", "model=tiny_mlp", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -155,6 +158,7 @@ def test_search_help_shows_the_target_settings_and_sweeps(tmp_path: Path) -> Non
     assert "is taken over by another worker" in grace
 
 
+@pytest.mark.long
 def test_models_in_a_read_only_folder_prints_its_table_and_warns(tmp_path: Path) -> None:
     from helpers import read_only
 

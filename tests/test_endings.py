@@ -44,6 +44,7 @@ ENDINGS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("function", list(ENDINGS))
 def test_a_custom_model_that_ends_or_hangs_its_process_is_one_line(
     tmp_path: Path, function: str
@@ -81,6 +82,7 @@ def _no_cuda_here() -> str:
     return "CUDA did not start ("
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "args",
     [

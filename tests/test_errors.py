@@ -214,6 +214,7 @@ def test_a_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
     assert "a_file/result.json" in line and "cannot write" in line
 
 
+@pytest.mark.long
 def test_a_space_where_nothing_fits_even_at_batch_1_with_every_saving_on(tmp_path: Path) -> None:
     (tmp_path / "tight.yaml").write_text(NOTHING_FITS_SPACE)
     done = in_process(

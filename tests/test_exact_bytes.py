@@ -49,6 +49,7 @@ def by_hand(batch: int) -> dict[str, int]:
     }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("backend", ["cpu", "simulate"])
 @pytest.mark.parametrize("batch", [2, 4])
 def test_mlp_adamw_peak_is_exact(backend: str, batch: int) -> None:

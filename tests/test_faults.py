@@ -110,6 +110,7 @@ def _one_line_error(text: str) -> str:
 # -- PostgreSQL away -------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_two_workers_ride_out_a_postgres_restart_and_record_every_probe_once(
     tmp_path: Path,
 ) -> None:
@@ -138,6 +139,7 @@ def test_two_workers_ride_out_a_postgres_restart_and_record_every_probe_once(
         assert "; retrying for up to 120 s" in said and " is back after " in said, said
 
 
+@pytest.mark.long
 def test_a_postgres_server_away_longer_than_the_patience_ends_the_search_in_one_line(
     tmp_path: Path,
 ) -> None:
@@ -198,6 +200,7 @@ def _result(batch: int = 1) -> ProbeResult:
     )  # fmt: skip
 
 
+@pytest.mark.long
 def test_an_sqlite_file_locked_past_the_drivers_timeout_is_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -222,6 +225,7 @@ def test_an_sqlite_file_locked_past_the_drivers_timeout_is_waited_for(
     assert caplog.text.count("cannot be reached") == 1  # one notice for the outage, not per try
 
 
+@pytest.mark.long
 def test_an_sqlite_file_locked_past_the_patience_is_one_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,6 +258,7 @@ def _damaged(path: Path, how: str) -> None:
         file.write(os.urandom(path.stat().st_size - 4096))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("how", "words"),
     [
@@ -285,6 +290,7 @@ def _mount_small_disk(folder: Path, size: str) -> None:
         pytest.skip(f"root here may not mount a tmpfs ({mounted.stderr.strip()})")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("fault", "words"),
     [
@@ -347,6 +353,7 @@ def _stop_outside_a_write(worker: subprocess.Popen[str], path: Path) -> None:
     raise AssertionError("the worker was inside a write at every try")
 
 
+@pytest.mark.long
 def test_a_worker_stopped_past_its_grace_records_nothing_of_its_scan(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     grace = "claim_grace_s=2"
@@ -390,6 +397,7 @@ def _in_group(group: int) -> list[int]:
     return found
 
 
+@pytest.mark.long
 def test_sigterm_to_a_group_of_workers_as_they_write(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     (tmp_path / "space.yaml").write_text(SPACE)

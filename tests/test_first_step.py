@@ -160,6 +160,7 @@ def test_runs_whose_update_is_not_the_loop_s_own_trace_both_steps(knobs: dict) -
     assert traced.pass_ is None and traced.log is traced.run.tracker  # both steps traced whole
 
 
+@pytest.mark.long
 def test_a_loop_that_keeps_its_gradients_traces_both_steps() -> None:
     """The SD3 ControlNet example zeroes its gradients in place: the second step's backward adds
     into the first's, which the first's own backward made."""
@@ -224,6 +225,7 @@ def test_presets_report_from_one_pass_what_two_whole_steps_report(model: str, kn
     assert _differences(_traced(probe, "one pass"), _traced(probe, "whole")) == []
 
 
+@pytest.mark.long
 def test_a_scan_assembles_the_rest_of_a_group_from_the_first_structure_s_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

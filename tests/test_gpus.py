@@ -89,6 +89,7 @@ def test_the_issue_14_entries_name_their_sources(name: str) -> None:
     assert "# Sources:" in header and "memory_mib:" in header and "tflops:" in header
 
 
+@pytest.mark.long
 def test_a_card_file_runs_a_probe_in_a_fresh_interpreter(tmp_path: Path) -> None:
     card(tmp_path, reserved_mib=1024)
     done = autofit(
@@ -163,6 +164,7 @@ def test_a_changed_card_gets_a_label_of_its_own() -> None:
     assert mine.label.startswith("mylaptop+")
 
 
+@pytest.mark.long
 def test_a_search_on_a_card_file_names_its_study_after_the_card(tmp_path: Path) -> None:
     card(tmp_path)
     (tmp_path / "one.yaml").write_text(SPACE)

@@ -300,6 +300,7 @@ def _old_format(folder: Path) -> None:
             writer.writerows(rows)
 
 
+@pytest.mark.long
 def test_a_search_with_a_small_host_budget_leaves_out_what_the_host_cannot_hold(
     tmp_path: Path,
 ) -> None:

@@ -42,6 +42,7 @@ def dtypes(model: torch.nn.Module) -> dict[str, set[torch.dtype]]:
     return found
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("backend", [simulate, cpu])
 def test_peft_casts_every_weight_but_the_4bit_ones_to_fp32(backend: Any) -> None:
     before, _ = backend.trace(tiny_llama(precision="bf16"))

@@ -118,6 +118,7 @@ def configuration(target: str, knob: str, value: Any, out: Path) -> tuple[Any, A
     return best[1], best[2], best[3]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("knob,value", CASES, ids=[f"{k}={text(v)}" for k, v in CASES])
 def test_every_value_of_every_knob_meets_every_target(

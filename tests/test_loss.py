@@ -67,6 +67,7 @@ def test_chunked_forward_peak_is_lower_by_the_logits() -> None:
     assert difference == bf16_logits + fp32_logits - fp32_chunk + padded_labels - scalars
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "loss,precision",
     [

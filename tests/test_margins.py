@@ -130,6 +130,7 @@ def test_the_committed_table_counts_the_published_set_as_it_stands() -> None:
     assert figures["all"]["false_fits"] == 0  # the margins are derived to leave none
 
 
+@pytest.mark.long
 def test_probe_states_its_margin_and_refuses_a_bad_one(tmp_path: Path) -> None:
     done = autofit("probe", "model=tiny_mlp", "gpu=rtx4090", "out=r.json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

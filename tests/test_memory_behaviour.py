@@ -4,11 +4,13 @@ the same tensors, a tenth of the step."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import spec, with_blocks
 
 from autofit.backends import simulate
 
 
+@pytest.mark.long
 def test_peak_never_decreases_with_batch_size() -> None:
     peaks = [simulate.measure(spec("tiny_sana", batch_size=b)).peak_bytes for b in range(1, 9)]
     assert peaks == sorted(peaks)

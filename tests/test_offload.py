@@ -135,6 +135,7 @@ def test_zero3_lora_collectives_carry_every_weight_and_the_adapters_gradients() 
     assert run.traffic.peer_bytes == 2 * ((2 * weights + gradients) * 3 // 4)  # two steps
 
 
+@pytest.mark.long
 def test_real_deepspeed_zero3_with_lora_holds_the_emulated_model_states() -> None:
     """DeepSpeed 0.19 itself (cpu backend, one process) against the emulation, after the step:
     the same bytes, but for the gradients: DeepSpeed keeps a 16-bit gradient buffer of the

@@ -67,6 +67,7 @@ def one_line(done: subprocess.CompletedProcess[str], exit_code: int = 1) -> str:
 # -- what a search writes ------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_a_search_writes_its_files_whole_with_their_record_and_no_temporaries(
     searched: Path,
 ) -> None:
@@ -303,6 +304,7 @@ def test_a_study_that_is_not_a_name_is_refused_in_one_line(
     assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing written, anywhere
 
 
+@pytest.mark.long
 def test_a_study_name_with_a_space_and_shell_text_is_a_folder_under_results(
     tmp_path: Path,
 ) -> None:

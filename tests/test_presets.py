@@ -26,6 +26,7 @@ def counts() -> dict[str, dict]:
     return {row["model"]: row for row in count_parameters()}
 
 
+@pytest.mark.long
 def test_parameter_counts_are_within_one_percent_of_the_published_figures(counts: dict) -> None:
     checked = 0
     for name, row in counts.items():
@@ -54,6 +55,7 @@ def _probe_at_batch_1(model: str, blocks: int | None) -> None:
         assert result.tokens_per_s == pytest.approx(result.samples_per_s * 4096)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("model", PRESETS)
 def test_every_preset_probes_at_batch_1_and_its_native_size_with_two_of_its_blocks(
     model: str,
@@ -71,6 +73,7 @@ def test_every_preset_probes_at_batch_1_and_its_native_size(model: str) -> None:
     _probe_at_batch_1(model, None)
 
 
+@pytest.mark.long
 def test_a_users_own_model_probes_like_a_preset(tmp_path: Path) -> None:
     done = autofit(
         "probe",
@@ -125,6 +128,7 @@ def test_an_error_inside_the_users_module_is_one_line_naming_it(tmp_path: Path) 
     )
 
 
+@pytest.mark.long
 def test_the_documented_custom_model_works_as_printed(tmp_path: Path) -> None:
     """docs/models.md's module, saved where it says, and its probe command as printed, run by the
     installed `autofit` script in that folder (whose own directory, not the working one, is what

@@ -73,6 +73,7 @@ def assert_measures_the_best_run(cwd: Path) -> None:
         assert result["peak_bytes"] == best["peak_bytes"]
 
 
+@pytest.mark.long
 def test_the_rerun_line_rewrites_the_folder(workdir: Path) -> None:
     before = summary(workdir)
     rerun = before["rerun"]
@@ -84,6 +85,7 @@ def test_the_rerun_line_rewrites_the_folder(workdir: Path) -> None:
     assert after["best"]["config"] == before["best"]["config"] and after["rerun"] == rerun
 
 
+@pytest.mark.long
 def test_the_rerun_a_damaged_folder_names_rewrites_it(workdir: Path) -> None:
     trials = workdir / "results" / STUDY / "trials.csv"
     trials.write_text(trials.read_text()[:-5])  # the last row cut short
@@ -95,12 +97,14 @@ def test_the_rerun_a_damaged_folder_names_rewrites_it(workdir: Path) -> None:
     assert in_process("report", AS_TYPED, cwd=workdir).returncode == 0
 
 
+@pytest.mark.long
 def test_the_best_runs_probe_line_measures_it(workdir: Path) -> None:
     header = (workdir / "results" / STUDY / "best.yaml").read_text().splitlines()[1]
     run_as_printed(header.removeprefix("# Re-measure it with: "), workdir)
     assert_measures_the_best_run(workdir)
 
 
+@pytest.mark.long
 def test_the_reports_export_line_and_the_exports_probe_line_run(workdir: Path) -> None:
     report = in_process("report", AS_TYPED, cwd=workdir)
     assert report.returncode == 0, report.stderr

@@ -22,7 +22,6 @@ from autofit.probe.runner import run_probe
 from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 from autofit.probe.worker import execute
 from autofit.search.space import load_space
-from autofit.workloads import FAMILIES, FAMILY_LIBRARIES
 from tests.helpers import custom_preset, spec, with_blocks
 
 PEFT = {"peft", "transformers"}  # peft imports transformers at its own import
@@ -49,10 +48,6 @@ def test_a_probe_uses_what_its_family_and_knobs_declare(
     assert used_libraries(spec(model, **knobs)) == used
 
 
-def test_every_model_family_declares_its_libraries() -> None:
-    assert set(FAMILY_LIBRARIES) == set(FAMILIES)
-
-
 def test_a_users_own_model_code_may_use_any_library() -> None:
     with custom_preset("custom_models.tiny:build") as preset:
         probe = make_spec(preset, load_gpu("a40"), {}, backend="simulate")
@@ -70,6 +65,7 @@ def test_a_searchs_libraries_are_those_of_every_value_of_its_space() -> None:
     assert libraries_of("sana", default.knobs) == {"bitsandbytes", "transformers"}
 
 
+@pytest.mark.long
 def test_a_fork_server_leaves_out_what_no_run_of_its_search_uses(tmp_path: Path) -> None:
     """Its children answer a run that does not use the library as a fresh worker does, and one
     that does ends as a crash that says the library was left out."""
@@ -90,6 +86,7 @@ def _comparable(result: ProbeResult | dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(figures))
 
 
+@pytest.mark.long
 def test_a_fresh_worker_leaves_out_what_its_probe_does_not_use_and_answers_the_same(
     tmp_path: Path,
 ) -> None:

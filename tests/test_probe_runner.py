@@ -39,6 +39,7 @@ def _dead(pid: int) -> bool:
     return "\nState:\tZ" in status.read_text()  # a zombie has exited; only its entry remains
 
 
+@pytest.mark.long
 def test_timeout_kills_the_whole_process_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: Launcher
 ) -> None:
@@ -93,6 +94,7 @@ def test_a_kill_sent_before_the_server_has_forked_the_worker_still_ends_it(
         assert proc.wait(timeout=0) == -9
 
 
+@pytest.mark.long
 def test_a_server_that_does_not_answer_a_kill_is_given_up_within_bounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,6 +172,7 @@ def test_a_probe_whose_fork_server_dies_is_retried_once_then_not_answered(
                 running.result(timeout=120)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 def test_a_worker_whose_parent_cannot_kill_it_ends_its_own_group_at_its_deadline(
     tmp_path: Path, kind: str
@@ -243,6 +246,7 @@ def test_results_round_trip_through_json(launcher: Launcher) -> None:
     assert again == result
 
 
+@pytest.mark.long
 def test_the_fork_server_runs_probes_concurrently_and_survives_its_workers() -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import in_process
 from test_signals import TESTS, _gone_within
 
@@ -48,6 +49,7 @@ def test_a_configuration_error_leaves_no_fork_server(tmp_path: Path) -> None:
     assert not _gone_within(folder, 1)
 
 
+@pytest.mark.long
 def test_a_stop_signal_ends_the_probe_its_worker_and_the_server(tmp_path: Path) -> None:
     folder = tmp_path.resolve()
     hangs = folder / "hangs"

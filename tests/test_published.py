@@ -31,6 +31,7 @@ def test_the_set_covers_every_family_autofit_has(rows: list) -> None:
     assert {"llm", "sana", "sd3", "sdxl", "flux"} <= families
 
 
+@pytest.mark.long
 def test_a_fast_subset_stays_within_the_bounds() -> None:
     # An LLM row measured by reserved bytes, a diffusion row by allocated bytes, and a run the
     # source saw run out of memory: one of each kind of comparison.

@@ -22,6 +22,7 @@ def generated() -> dict[Path, str]:
     return pages()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["knobs.md", "export.md"])
 def test_a_committed_reference_page_is_what_the_generator_writes(
     name: str, generated: dict[Path, str]

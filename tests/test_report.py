@@ -32,6 +32,9 @@ from autofit.report.tables import config_words, host_cell
 from autofit.results import load_study
 from autofit.units import size
 
+# Its fixtures run whole searches: the module is of the long group (pyproject.toml).
+pytestmark = pytest.mark.long
+
 # Two resolutions: at 64 px every batch fits (so checkpointing is pruned), at 256 px the budget
 # stops the batch (oom); bf16 cannot run on a T4 (invalid). A 96.3% margin leaves a T4 ~568 MiB.
 SPACE = """

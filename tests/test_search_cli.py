@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers import autofit, in_process
 
@@ -38,6 +39,7 @@ knobs:
 """
 
 
+@pytest.mark.long
 def test_quick_search_writes_its_results_and_a_rerun_repeats_no_probe(tmp_path: Path) -> None:
     done = autofit("search", "model=tiny_sana", "gpu=a40", "space=quick", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -83,6 +85,7 @@ def _finished_probes(db: Path) -> int:
         return 0
 
 
+@pytest.mark.long
 def test_a_search_killed_with_sigkill_loses_no_finished_probe(tmp_path: Path) -> None:
     (tmp_path / "wide.yaml").write_text(WIDE_SPACE)
     args = [
@@ -118,6 +121,7 @@ def test_a_search_killed_with_sigkill_loses_no_finished_probe(tmp_path: Path) ->
     assert _finished_probes(db) == summary["n_probes"]  # and none was run twice
 
 
+@pytest.mark.long
 def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_path: Path) -> None:
     cases = {
         "unknown_knob.yaml": (
@@ -185,6 +189,7 @@ def test_a_bad_space_is_rejected_before_any_probe_naming_the_file_and_key(tmp_pa
     )
 
 
+@pytest.mark.long
 def test_when_nothing_fits_it_says_so_and_exits_non_zero(tmp_path: Path) -> None:
     done = autofit("search", "model=tiny_mlp", "gpu=l4", "space=quick", "margin=0.98", cwd=tmp_path)
     assert done.returncode == 1
@@ -201,6 +206,7 @@ def test_when_nothing_fits_it_says_so_and_exits_non_zero(tmp_path: Path) -> None
     )
 
 
+@pytest.mark.long
 def test_a_card_without_bf16_searches_fp16_and_one_with_it_leaves_fp16_out(
     tmp_path: Path,
 ) -> None:
@@ -237,6 +243,7 @@ def test_a_card_without_bf16_searches_fp16_and_one_with_it_leaves_fp16_out(
     assert left_out_by(space, load_gpu("v100_32"))({**knobs, "precision": "fp16"}) is None
 
 
+@pytest.mark.long
 def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
     done = autofit("search", "-m", "model=tiny_mlp", "gpu=a40,l4", "space=quick", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -244,6 +251,7 @@ def test_a_sweep_runs_one_search_per_combination(tmp_path: Path) -> None:
         assert (tmp_path / "results" / f"tiny_mlp-{gpu}-quick" / "summary.json").exists()
 
 
+@pytest.mark.long
 def test_a_changed_preset_is_measured_again_not_reused(tmp_path: Path) -> None:
     first = autofit("search", "model=tiny_sana", "gpu=a40", "space=quick", "study=s", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -256,6 +264,7 @@ def test_a_changed_preset_is_measured_again_not_reused(tmp_path: Path) -> None:
     assert summary["reused_probes"] == 0 and summary["new_probes"] > 0
 
 
+@pytest.mark.long
 def test_a_custom_model_gets_a_study_of_its_own(tmp_path: Path) -> None:
     done = autofit(
         "search", "model=custom", "gpu=l4", "space=quick", "model.entry=custom_models.tiny:build",
@@ -350,6 +359,7 @@ def test_a_search_quiet_for_a_while_says_what_it_is_on() -> None:
     assert log.getvalue() == written  # nothing after the search ends
 
 
+@pytest.mark.long
 def test_a_storage_folder_outside_the_working_folder_is_made_with_a_note(tmp_path: Path) -> None:
     """`sqlite:////x/y.db` (four slashes) is an absolute path: the folder it makes outside the
     working folder is named on stderr; one inside it is made without a word."""
@@ -372,6 +382,7 @@ def test_a_storage_folder_outside_the_working_folder_is_made_with_a_note(tmp_pat
     assert (work / "mine" / "studies.db").is_file()
 
 
+@pytest.mark.long
 def test_a_search_for_a_trainer_simulates_what_that_trainer_runs(tmp_path: Path) -> None:
     """The diffusers scripts build torch's AdamW told nothing (foreach), which autofit's default
     (fused) is not: with trainer=diffusers every trial runs foreach, the start line says so, and

@@ -88,6 +88,7 @@ def _recorded_probes(folder: Path) -> int:
         return connection.execute(query).fetchone()[0]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "sig",
     [
@@ -125,6 +126,7 @@ def test_a_stop_signal_ends_the_search_and_all_its_probes_within_2_s(
     assert not list((folder / "tmp").glob("autofit-updates-*"))
 
 
+@pytest.mark.long
 def test_sigkill_of_the_search_and_its_group_leaves_no_probe_running(tmp_path: Path) -> None:
     folder = tmp_path.resolve()
     proc, _ = _hanging_search(folder)

@@ -79,6 +79,7 @@ def _fits(study_folder: Path) -> tuple[list[str], list[str]]:
     return printed, raw
 
 
+@pytest.mark.long
 def test_a_sweep_ends_with_one_table_of_its_jobs_printed_and_as_csv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,6 +97,7 @@ def test_a_sweep_ends_with_one_table_of_its_jobs_printed_and_as_csv(
     assert _empty_folders(tmp_path) == []
 
 
+@pytest.mark.long
 def test_a_job_where_nothing_fits_and_a_failed_one_have_their_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -161,6 +163,7 @@ def test_a_sweep_folder_of_the_user_s_gets_the_logs_and_the_table_and_no_empty_j
 
 # submitit_local in the default run; joblib and basic (which the in-process test below also runs)
 # each take as long, so under `pytest -m slow`.
+@pytest.mark.long
 @pytest.mark.parametrize(
     "launcher",
     [
@@ -283,6 +286,7 @@ def _dies_fails_or_raises(cfg) -> int:
     return 2 if cfg.gpu.name == "l40s" else 0
 
 
+@pytest.mark.long
 def test_a_job_that_dies_is_listed_with_every_other_failed_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

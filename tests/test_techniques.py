@@ -353,6 +353,7 @@ def _weights(module: torch.nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
+@pytest.mark.long
 def test_validation_offload_holds_one_loaded_component_at_a_time() -> None:
     # With cached encoders, validation=on loads the text encoder and the VAE onto the GPU for the
     # pass; offload keeps both in host memory and copies each in only while it runs (diffusers'
@@ -478,6 +479,7 @@ def test_block_ring_holds_the_resident_count_and_exchanges_oldest_first() -> Non
     assert all(ready <= needed for ready, needed, _ in exchanges)
 
 
+@pytest.mark.long
 def test_swapping_more_blocks_of_flux_is_never_faster_at_one_batch() -> None:
     probe = spec("flux_dev", resolution=256, train_mode="lora", checkpointing=True)
     times = [

@@ -95,10 +95,12 @@ def _workers_split_the_probes(tmp_path: Path, storage: str, count: int) -> None:
     ]  # no claim left
 
 
+@pytest.mark.long
 def test_workers_on_a_fresh_sqlite_file_split_the_probes(tmp_path: Path) -> None:
     _workers_split_the_probes(tmp_path, _sqlite(tmp_path), 3)
 
 
+@pytest.mark.long
 def test_workers_on_a_fresh_postgres_database_split_the_probes(
     tmp_path: Path,
     postgres_server: PostgresServer,  # noqa: F811
@@ -124,6 +126,7 @@ StudyRecorder(sys.argv[1], "fresh", {"model": "m", "gpu": "g"})
 """
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_many_processes_opening_a_fresh_storage_at_once_all_succeed(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -197,6 +200,7 @@ def test_one_of_many_simultaneous_claims_wins(tmp_path: Path) -> None:
         recorder.close()
 
 
+@pytest.mark.long
 def test_a_claim_is_held_while_its_heartbeat_beats_and_taken_over_once_it_stops(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -327,6 +331,7 @@ def _wait_for_claim(storage: str, worker: subprocess.Popen[str], timeout: float 
     raise AssertionError("the worker never claimed a probe")
 
 
+@pytest.mark.long
 def test_the_claim_of_a_killed_worker_is_taken_over(tmp_path: Path) -> None:
     (tmp_path / "one.yaml").write_text(ONE)
     storage, grace = _sqlite(tmp_path), "claim_grace_s=2"

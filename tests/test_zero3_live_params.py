@@ -86,6 +86,7 @@ def _from_first_fetch(events: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return events[start:]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "knobs",
     [
