@@ -61,6 +61,7 @@ def test_a_replayed_batch_is_a_direct_trace_to_the_byte(model: str, gpu: str, kn
         assert replayed["source"] == "replayed"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "model,gpu,knobs,member",
     [

@@ -299,6 +299,7 @@ def test_an_unknown_card_gets_the_entries_it_means_or_how_to_add_it(name: str, s
         load_gpu(name)
 
 
+@pytest.mark.long
 def test_a_card_without_tensor_cores_prices_16_bit_matmuls_at_its_fp32_rate(tmp_path: Path) -> None:
     """Without tensor cores there is no TF32 nor bf16, and PyTorch's fp16 matmuls accumulate in
     fp32 on the FP32 units: the same card with its fp16 figure four times its fp32 is slower in

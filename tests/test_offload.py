@@ -151,6 +151,7 @@ def test_real_deepspeed_zero3_with_lora_holds_the_emulated_model_states() -> Non
     assert live[0] - live[1] == 2 * adapters - 4 * adapters + 2 * 512
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["lora", "qlora"])
 def test_real_deepspeed_zero2_with_lora_frees_what_the_emulation_keeps_after_the_step(
     mode: str,
