@@ -656,11 +656,21 @@ def test_a_study_without_the_newer_knobs_gets_their_defaults(workdir: Path) -> N
 # --- the command --------------------------------------------------------------------------------
 
 
-def test_the_command_exports_the_latest_study_and_prints_the_launch_command(
+def test_the_command_exports_the_study_named_and_prints_the_launch_command(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """With two studies under results/ an export without study= does not take the newest
+    (another user's search of a second ago, in a shared folder): it asks for the name and lists
+    the recent studies, newest first, with model and GPU."""
     os.utime(workdir / "results" / FLUX / "summary.json", (1, 1))  # SANA is the latest
-    assert main(["export", "target=accelerate"]) == 0
+    assert main(["export", "target=accelerate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "2 studies under results/: name the one to export with study=NAME" in err
+    listed = err.split("the most recent: ", 1)[1]
+    assert listed.startswith(f"{SANA} (sana_1600m on a40, written ")
+    assert f"; {FLUX} (flux_dev on rtx4090, written 1970-01-01" in listed
+    assert main(["export", "target=accelerate", f"study={SANA}"]) == 0
     out = workdir / "results" / SANA / "export" / "accelerate"
     printed = capsys.readouterr().out
     assert (
@@ -707,7 +717,7 @@ def test_warnings_are_written_into_the_export_and_printed(
             2,
             "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, sana, diffusers, hydra",
         ),
-        ([], 2, "no target given: add target=<name>"),
+        ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (
             ["target=hydra", f"study={SANA}", "point=8"],
             2,

@@ -36,7 +36,7 @@ def run_config(cfg: Any) -> int:
         target(named)  # a bad name is told before any study is read
     # Hydra reads `study=2024` as a number: every name and path is taken as text.
     name, folder = (None if data.get(k) is None else str(data[k]) for k in ("study", "from"))
-    found = locate(name, folder)
+    found = locate(name, folder, named="export")
     check_folder(found)  # the whole folder, as one write: a damaged one says to rerun its search
     source = found / SUMMARY
     point = load_point(source, data.get("point"), data["target"].get("global_batch"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 from autofit.config import suggest
@@ -33,10 +35,13 @@ def locate(
     from_dir: str | None,
     results: Path = RESULTS,
     setting: str = "study",
+    named: str = "",
 ) -> Path:
     """The results folder a command reads: `from=DIR` as given (the folder, or its summary.json),
     `study=NAME` as results/NAME (`setting` names the setting in errors: compare=NAME), neither
-    as the most recently written results/*/summary.json."""
+    as the most recently written results/*/summary.json. `named`: what the command does with
+    the study, for a command that must not guess (an export): with more than one study under
+    results/ and none named, it asks for study= and lists the recent ones."""
     if study is not None and from_dir:
         raise ConfigError(
             f"{setting}={study} and from={from_dir} both name a study: give one of them"
@@ -73,4 +78,25 @@ def locate(
             f"no study found under {results}/ (no */{SUMMARY}): run `autofit search` first, "
             "or name one with study=NAME or from=DIR"
         )
+    if named and len(found) > 1:
+        # A shared folder's newest study may be another user's search of a second ago.
+        recent = "; ".join(_described(p) for p in found[:RECENT])
+        raise ConfigError(
+            f"{len(found)} studies under {results}/: name the one to {named} with study=NAME "
+            f"(the search printed it); the most recent: {recent}"
+        )
     return found[0]
+
+
+RECENT = 5  # studies a command that will not guess lists
+
+
+def _described(folder: Path) -> str:
+    """`name (model on gpu, written 2026-11-27 10:31)` from the folder's summary.json."""
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime((folder / SUMMARY).stat().st_mtime))
+    try:
+        summary = json.loads((folder / SUMMARY).read_text())
+        what = f"{summary['model']} on {summary['gpu']}, "
+    except (OSError, ValueError, KeyError, TypeError):
+        what = ""
+    return f"{folder.name} ({what}written {written})"
