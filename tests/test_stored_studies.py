@@ -1,5 +1,6 @@
 """What a study stores outlives the code that wrote it: a study written before a knob or a value
-existed resumes (reusing its probes), reports and exports after it is added."""
+existed resumes (reusing its probes), reports and exports after it is added. A results folder of
+every layout autofit has written is read in tests/test_results_schema.py."""
 
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ def test_a_study_recorded_before_a_knob_and_a_value_existed_takes_both(
     assert trials[1].params["ema"] == "gpu"
 
 
+@pytest.mark.long
 def test_a_search_written_before_a_knob_and_a_value_existed_resumes_reports_and_exports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versions: Versions
 ) -> None:

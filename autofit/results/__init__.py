@@ -1,18 +1,19 @@
 """A study's results folder, `results/<study>/`: what a search writes there, what report and export
 read back, and how any command finds it. The one place its layout is known.
 
-- `summary.json`: study, model, gpu, backend, space, margin, budget, host budget
-  (`host_budget_bytes`, null when not stated), probe counts, wall time, the best run and the
-  Pareto front (each run with `config` holding every knob as applied, its GPU and host peaks),
-  and every combination with its status (`Status`) and largest fitting batch or why it has none;
-  `files`, the rows each table beside it holds (a reader tells a whole table from a cut one), and
-  `overrides`, the search's settings as the user gave them (but out=, study= and storage=,
-  which the summary keeps on their own), and `rerun`, the `autofit search` line that writes the
-  folder again;
+- `summary.json`: `schema_version` (the folder's layout: autofit/results/schema.py lists those
+  older autofits wrote, and reading migrates them to today's), study, model, gpu, backend, space,
+  margin, budget, host budget (`host_budget_bytes`, null when not stated), probe counts, wall
+  time, the best run and the Pareto front (each run with `config` holding every knob as applied,
+  its GPU and host peaks), and every combination with its status (`Status`) and largest fitting
+  batch or why it has none; `files`, the rows each table beside it holds (a reader tells a whole
+  table from a cut one), and `overrides`, the search's settings as the user gave them (but out=,
+  study= and storage=, which the summary keeps on their own), and `rerun`, the `autofit search`
+  line that writes the folder again;
 - `trials.csv`: every probe (its outcome, an `Outcome`) and every pruned or invalid combination
   (its `Status`), one row each, the searched knobs between `batch_size` and `peak_gib`, the host
-  peak and budget after `budget_bytes` (studies written before host memory was counted have no
-  such columns, and read as not counted);
+  peak and budget after `budget_bytes` (a study written before host memory was counted has no
+  such columns: read as not counted);
 - `pareto.csv`: the Pareto front, the rows `autofit search` prints and `point=N` counts;
 - `best.yaml`: the best run as `autofit probe` overrides, with a header saying what it is.
 

@@ -18,6 +18,7 @@ from autofit.errors import AutofitError, ConfigError, shown, suggest
 from autofit.knobs import registry
 from autofit.probe.spec import Outcome
 from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS, Status
+from autofit.results.schema import Written, migrated, stated_version, written_version
 from autofit.results.write import rerun_command
 from autofit.units import parsed_value
 from autofit.units import value as show
@@ -69,15 +70,15 @@ class Study:
 
     @property
     def best(self) -> dict[str, Any] | None:
-        return self.summary.get("best")
+        return self.summary["best"]
 
     @property
     def pareto(self) -> list[dict[str, Any]]:
-        return list(self.summary.get("pareto") or [])
+        return list(self.summary["pareto"])
 
     @property
     def combinations(self) -> list[dict[str, Any]]:
-        return list(self.summary.get("combinations") or [])
+        return list(self.summary["combinations"])
 
     def best_per_resolution(self) -> dict[int, dict[str, Any]]:
         """The fastest fitting run at each resolution (ties to less memory). The fastest run at a
@@ -166,31 +167,54 @@ def _rerun_of(summary: dict[str, Any], folder: Path) -> str | None:
     return None
 
 
-def _read_trials(
-    folder: Path, summary: dict[str, Any], expected_rows: int | None
-) -> tuple[list[Probe], list[str]]:
-    """trials.csv, checked whole: its header, every row with every column, the last row ended,
-    and as many rows as summary.json says were written."""
+def _written_trials(
+    folder: Path, summary: dict[str, Any]
+) -> tuple[list[str], list[dict[str, str]], list[int]]:
+    """trials.csv as written, checked whole: its header, and its rows (each with the line it ends
+    on), every one with every column and the last one ended."""
     path = folder / TRIALS
     text = path.read_text()
     if text and not text.endswith("\n"):
         raise damaged(folder, TRIALS, "its last row is cut short", summary)
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    # The searched knobs sit between batch_size and peak_gib (write_results writes them so).
     fields = list(reader.fieldnames or [])
-    needed = ("outcome", "resolution", "batch_size", "peak_gib", "peak_bytes", "samples_per_s")
-    missing = [c for c in needed if c not in fields]
-    if missing:
-        raise damaged(folder, TRIALS, f"its header has no {', '.join(missing)}", summary)
-    knob_names = fields[fields.index("batch_size") + 1 : fields.index("peak_gib")]
-    for name in knob_names:
-        if name not in registry():
-            raise _unknown_knob(path, "its header", name)
-    probes = []
+    rows, lines = [], []
     for row in reader:
         line = reader.line_num
         if None in row or None in row.values():
             raise damaged(folder, TRIALS, f"line {line} has not {len(fields)} columns", summary)
+        rows.append(row)
+        lines.append(line)
+    return fields, rows, lines
+
+
+# What reading needs of trials.csv, in today's shape (autofit/results/schema.py adds the columns
+# of later versions to an older file).
+NEEDED_COLUMNS = ("outcome", "resolution", "batch_size", "peak_gib", "peak_bytes", "samples_per_s",
+                  "host_peak_bytes", "source")  # fmt: skip
+
+
+def _knob_names(columns: list[str]) -> list[str]:
+    """The searched knobs: between batch_size and peak_gib (write_results writes them so)."""
+    return columns[columns.index("batch_size") + 1 : columns.index("peak_gib")]
+
+
+def _probes(
+    folder: Path, summary: dict[str, Any], trials: Written, lines: list[int], expected_rows: Any
+) -> tuple[list[Probe], list[str]]:
+    """trials.csv's rows, in today's shape, as probes: every value parsed and checked, and as
+    many rows as summary.json says were written (`expected_rows`; None: not recorded)."""
+    path = folder / TRIALS
+    columns = list(trials.columns or [])
+    missing = [c for c in NEEDED_COLUMNS if c not in columns]
+    if missing:
+        raise damaged(folder, TRIALS, f"its header has no {', '.join(missing)}", summary)
+    knob_names = _knob_names(columns)
+    for name in knob_names:
+        if name not in registry():
+            raise _unknown_knob(path, "its header", name)
+    probes = []
+    for line, row in zip(lines, trials.rows, strict=True):
         try:
             probes.append(
                 Probe(
@@ -202,9 +226,9 @@ def _read_trials(
                     samples_per_s=_number(row["samples_per_s"], float),
                     phase=row.get("phase") or "",
                     reason=row.get("reason") or "",
-                    host_peak_bytes=_number(row.get("host_peak_bytes", ""), int),
+                    host_peak_bytes=_number(row["host_peak_bytes"], int),
                     backend=row.get("backend") or "",
-                    source=row.get("source") or "",
+                    source=row["source"],
                 )
             )
         except ValueError as exc:
@@ -235,8 +259,16 @@ def _check_table(folder: Path, name: str, expected_rows: int, summary: dict[str,
 
 
 def read_summary(path: Path) -> dict[str, Any]:
-    """A study's summary.json, checked: it parses and holds what report and export read; else a
-    one-line error naming the file and the search that rewrites the folder."""
+    """A study's summary.json, checked, in today's shape: it parses and holds what report and
+    export read; else a one-line error naming the file and the search that rewrites the folder.
+    One an older autofit wrote is migrated as it is read (autofit/results/schema.py); one a newer
+    autofit wrote, in a layout this one does not know, is refused in one line."""
+    return _migrated(path, Written(_written_summary(path))).summary
+
+
+def _written_summary(path: Path) -> dict[str, Any]:
+    """summary.json as written: a JSON object with what every version wrote that report and
+    export read, of a version this autofit reads."""
     folder = path.parent
     try:
         text = path.read_text()
@@ -252,16 +284,27 @@ def read_summary(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(summary, dict):
         raise damaged(folder, path.name, "not a JSON object")
+    try:
+        stated_version(path, summary)  # a newer layout is refused before it is judged damaged
+    except ValueError as exc:
+        raise damaged(folder, path.name, str(exc), summary) from None
     wrong = [k for k, kind in NEEDED.items() if not isinstance(summary.get(k), kind)]
     if summary.get("best") is not None and not isinstance(summary["best"], dict):
         wrong.append("best")
     if wrong:
         raise damaged(folder, path.name, f"no valid {', '.join(wrong)}", summary)
-    for where, config in _stored_configs(summary):
-        if not isinstance(config, dict):
-            raise damaged(folder, path.name, f"{where} has no configuration", summary)
-        _check_knobs(path, where, config)
     return summary
+
+
+def _migrated(path: Path, written: Written) -> Written:
+    """A folder as written (its summary at `path`, read by _written_summary), in today's shape,
+    every stored configuration checked."""
+    today = migrated(written, written_version(path, written.summary, written.columns))
+    for where, config in _stored_configs(today.summary):
+        if not isinstance(config, dict):
+            raise damaged(path.parent, path.name, f"{where} has no configuration", today.summary)
+        _check_knobs(path, where, config)
+    return today
 
 
 def _stored_configs(summary: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -269,7 +312,7 @@ def _stored_configs(summary: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     say which it is."""
     runs = [(f"Pareto point {n}", run) for n, run in enumerate(summary["pareto"], start=1)]
     for where in ("best", "fastest"):
-        if summary.get(where) is not None:  # none where nothing fits
+        if summary[where] is not None:  # none where nothing fits, or the best is the fastest
             runs.append((f"the {where} run", summary[where]))
     for where, run in runs:
         yield where, run.get("config") if isinstance(run, dict) else None
@@ -309,11 +352,12 @@ def _unknown_knob(path: Path, where: str, name: str) -> ConfigError:
 
 
 def check_folder(folder: Path) -> tuple[dict[str, Any], list[Probe], list[str]]:
-    """A results folder read and checked whole: its summary, trials and knob names, or a
-    one-line error (`Damaged`) naming the damaged file and the search that rewrites it.
+    """A results folder read and checked whole, in today's shape: its summary, trials and knob
+    names, or a one-line error (`Damaged`) naming the damaged file and the search that rewrites
+    it.
 
-    A summary written with its files' record (`files`) must have each file beside it, with the
-    rows it lists; one from before that record is read as it is."""
+    A summary with its files' record (`files`) must have each file beside it, with the rows it
+    lists; one from before that record (None once migrated) is read as it is."""
     summary_path = folder / SUMMARY
     if not summary_path.is_file():
         leftovers = [p.name for p in (folder.iterdir() if folder.is_dir() else [])]
@@ -323,25 +367,33 @@ def check_folder(folder: Path) -> tuple[dict[str, Any], list[Probe], list[str]]:
             f"{folder} is not a study's results folder: it has no {SUMMARY} "
             f"(autofit search writes {SUMMARY}, {TRIALS}, {PARETO} and {BEST} there)"
         )
-    summary = read_summary(summary_path)
-    record = summary.get("files")
+    written = _written_summary(summary_path)
+    columns, rows, lines = None, [], []
+    if (folder / TRIALS).is_file():
+        try:
+            columns, rows, lines = _written_trials(folder, written)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise damaged(folder, TRIALS, str(exc), written) from None
+    today = _migrated(summary_path, Written(written, columns, rows))
+    summary, record = today.summary, today.summary["files"]
     if record is not None and not isinstance(record, dict):
         raise damaged(folder, SUMMARY, "its files record is not a JSON object", summary)
     record = record or {}
     for name in record:
         if not (folder / name).is_file():
             raise damaged(folder, name, "missing", summary)
-    rows = (record.get(TRIALS) or {}).get("rows")
+    probes: list[Probe] = []
+    knob_names: list[str] = []
+    if columns is not None:
+        probes, knob_names = _probes(
+            folder, summary, today, lines, (record.get(TRIALS) or {}).get("rows")
+        )
     try:
-        if (folder / TRIALS).is_file():
-            probes, knob_names = _read_trials(folder, summary, rows)
-        else:
-            probes, knob_names = [], []
         if isinstance((record.get(PARETO) or {}).get("rows"), int):
             _check_table(folder, PARETO, record[PARETO]["rows"], summary)
     except (OSError, UnicodeDecodeError) as exc:
         raise damaged(folder, TRIALS, str(exc), summary) from None
-    if not knob_names and summary.get("combinations"):
+    if not knob_names and summary["combinations"]:
         first = summary["combinations"][0]
         if not isinstance(first, dict) or not isinstance(first.get("knobs"), dict):
             raise damaged(folder, SUMMARY, "its combinations have no knobs", summary)

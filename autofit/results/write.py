@@ -26,6 +26,7 @@ from autofit.results.layout import (
     Status,
     study_folder,
 )
+from autofit.results.schema import SCHEMA_VERSION
 from autofit.search.pareto import BestRule, run_size
 from autofit.units import size
 
@@ -64,6 +65,7 @@ def write_results(
     trials, trial_rows = _trials_text(results, combinations, budget, knob_names)
     pareto_csv = _pareto_text(pareto, knob_names)
     summary = {
+        "schema_version": SCHEMA_VERSION,
         **meta,
         **counts,
         "best": point(best) if best else None,
