@@ -213,6 +213,23 @@ def test_the_best_line_shows_headroom_provenance_and_the_run_it_was_preferred_to
     assert "; measured (cuda)" in best_block(cuda, [])
 
 
+def test_a_best_within_the_margins_width_of_the_budget_names_a_roomier_run() -> None:
+    """The margin covers the simulation's worst published error: a best with less headroom than
+    one margin's width is flagged, with the fastest run of its front that leaves that much and
+    what it costs in speed; a best with room to spare is not."""
+    from autofit.search.display import Edge
+
+    width = BUDGET // 10
+    best = make(8, 1024, 10.0, BUDGET - BUDGET // 20)  # 5% headroom
+    roomy = make(6, 1024, 9.0, BUDGET - BUDGET // 5)  # 20% headroom, 10% slower
+    roomier = make(4, 1024, 7.0, BUDGET // 2)
+    text = best_block(best, [], edge=Edge(width, [best, roomy, roomier]))
+    assert "at the edge: " in text and "less than the margin's width" in text
+    assert "the fastest run that leaves it: batch_size=6 resolution=1024, 10.0% slower" in text
+    assert "no run on the front" in best_block(best, [], edge=Edge(width, [best]))
+    assert "at the edge" not in best_block(roomy, [], edge=Edge(width, [best, roomy]))
+
+
 def test_best_rule_settings_are_shares() -> None:
     rule = BestRule().replaced({"speed_tolerance": 0.1, "memory_gain": None}, "target.")
     assert rule == BestRule(0.1, 0.05)

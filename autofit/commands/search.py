@@ -483,7 +483,9 @@ def _search(run: _Checked) -> int:
     )
     if result.best is None:
         raise _nothing_fits(run, result, summary["nothing_fits"]["smallest_peak_bytes"])
-    print("\n" + display.best_block(result.best, knob_names, result.fastest, space.best_rule))
+    front = result.pareto.get(result.best.config["resolution"], [])
+    edge = display.Edge(int(run.gpu.memory_bytes * run.margin), front)
+    print("\n" + display.best_block(result.best, knob_names, result.fastest, space.best_rule, edge))
     return 0
 
 

@@ -3,6 +3,9 @@ best configuration, and why the other combinations lost."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from autofit.probe.spec import ProbeResult
 from autofit.probe.summary import headroom, host_line, provenance
 from autofit.results import Status
@@ -25,9 +28,11 @@ def best_block(
     knob_names: list[str],
     fastest: ProbeResult | None = None,
     rule: BestRule | None = None,
+    edge: Edge | None = None,
 ) -> str:
-    """The best run: its figures, its headroom, whether simulated; and, where the best rule
-    preferred it to the fastest run (`fastest`), which run that was and the rule."""
+    """The best run: its figures, its headroom, whether simulated; where the best rule
+    preferred it to the fastest run (`fastest`), which run that was and the rule; and where it
+    sits within the margin's width of the budget (`edge`), the lighter run beside it."""
     how = "roofline estimate" if best.throughput_estimated else "measured"
     host = host_line(best)
     lines = [
@@ -44,7 +49,40 @@ def best_block(
             f"but {size((fastest.peak_bytes or 0) - (best.peak_bytes or 0))} less headroom "
             f"({rule.describe()})"
         )
+    if edge is not None:
+        lines.extend(edge.words(best, knob_names))
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """The margin's width (`margin_bytes`: the card's memory times the margin) and the runs
+    that could stand in for a best that sits within it of the budget: the Pareto front at the
+    best's resolution. The margin covers the simulation's error; a run within one margin of the
+    edge fits only if the error is no larger than the published runs' worst."""
+
+    margin_bytes: int
+    front: Sequence[ProbeResult]
+
+    def words(self, best: ProbeResult, knob_names: list[str]) -> list[str]:
+        left = best.budget_bytes - (best.peak_bytes or 0)
+        if left >= self.margin_bytes:
+            return []
+        line = (
+            f"  at the edge: {size(left)} of headroom, less than the margin's width "
+            f"({size(self.margin_bytes)})"
+        )
+        roomy = [
+            r for r in self.front if best.budget_bytes - (r.peak_bytes or 0) >= self.margin_bytes
+        ]
+        if not roomy:
+            return [line + "; no run on the front leaves that much"]
+        lighter = max(roomy, key=lambda r: r.samples_per_s or 0.0)
+        slower = 1 - (lighter.samples_per_s or 0.0) / (best.samples_per_s or 1.0)
+        return [
+            line + f"; the fastest run that leaves it: {run_words(lighter, knob_names)}, "
+            f"{slower:.1%} slower, peak {size(lighter.peak_bytes)}"
+        ]
 
 
 def losers(combinations: list[Combination]) -> str:
