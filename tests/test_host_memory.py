@@ -284,6 +284,7 @@ def test_the_search_keeps_to_the_runs_the_host_can_hold() -> None:
 def _old_format(folder: Path) -> None:
     """Rewrite a study's files as an autofit from before host memory writes them."""
     summary = json.loads((folder / "summary.json").read_text())
+    summary.pop("schema_version", None)  # from before it was written too
     summary.pop("host_budget_bytes", None)
     for run in [summary.get("best"), *summary.get("pareto", [])]:
         if run:
