@@ -215,8 +215,8 @@ def test_the_best_line_shows_headroom_provenance_and_the_run_it_was_preferred_to
 
 def test_a_best_within_the_margins_width_of_the_budget_names_a_roomier_run() -> None:
     """The margin covers the simulation's worst published error: a best with less headroom than
-    one margin's width is flagged, with the fastest run of its front that leaves that much and
-    what it costs in speed; a best with room to spare is not."""
+    one margin's width is flagged, with the fastest measured run that leaves that much and what
+    it costs in speed; a best with room to spare is not."""
     from autofit.search.display import Edge
 
     width = BUDGET // 10
@@ -226,7 +226,7 @@ def test_a_best_within_the_margins_width_of_the_budget_names_a_roomier_run() -> 
     text = best_block(best, [], edge=Edge(width, [best, roomy, roomier]))
     assert "at the edge: " in text and "less than the margin's width" in text
     assert "the fastest run that leaves it: batch_size=6 resolution=1024, 10.0% slower" in text
-    assert "no run on the front" in best_block(best, [], edge=Edge(width, [best]))
+    assert "no run the search measured" in best_block(best, [], edge=Edge(width, [best]))
     assert "at the edge" not in best_block(roomy, [], edge=Edge(width, [best, roomy]))
 
 

@@ -483,8 +483,11 @@ def _search(run: _Checked) -> int:
     )
     if result.best is None:
         raise _nothing_fits(run, result, summary["nothing_fits"]["smallest_peak_bytes"])
-    front = result.pareto.get(result.best.config["resolution"], [])
-    edge = display.Edge(int(run.gpu.memory_bytes * run.margin), front)
+    fitting = [
+        r for r in result.results
+        if r.outcome is Outcome.OK and r.config["resolution"] == result.best.config["resolution"]
+    ]  # fmt: skip
+    edge = display.Edge(int(run.gpu.memory_bytes * run.margin), fitting)
     print("\n" + display.best_block(result.best, knob_names, result.fastest, space.best_rule, edge))
     return 0
 

@@ -32,7 +32,7 @@ def best_block(
 ) -> str:
     """The best run: its figures, its headroom, whether simulated; where the best rule
     preferred it to the fastest run (`fastest`), which run that was and the rule; and where it
-    sits within the margin's width of the budget (`edge`), the lighter run beside it."""
+    sits within the margin's width of the budget (`edge`), the roomier run beside it."""
     how = "roofline estimate" if best.throughput_estimated else "measured"
     host = host_line(best)
     lines = [
@@ -57,12 +57,12 @@ def best_block(
 @dataclass(frozen=True)
 class Edge:
     """The margin's width (`margin_bytes`: the card's memory times the margin) and the runs
-    that could stand in for a best that sits within it of the budget: the Pareto front at the
-    best's resolution. The margin covers the simulation's error; a run within one margin of the
-    edge fits only if the error is no larger than the published runs' worst."""
+    that could stand in for a best that sits within it of the budget: those the search measured
+    fitting at the best's resolution. The margin covers the simulation's error; a run within one
+    margin of the edge fits only if the error is no larger than the published runs' worst."""
 
     margin_bytes: int
-    front: Sequence[ProbeResult]
+    fitting: Sequence[ProbeResult]
 
     def words(self, best: ProbeResult, knob_names: list[str]) -> list[str]:
         left = best.budget_bytes - (best.peak_bytes or 0)
@@ -73,10 +73,10 @@ class Edge:
             f"({size(self.margin_bytes)})"
         )
         roomy = [
-            r for r in self.front if best.budget_bytes - (r.peak_bytes or 0) >= self.margin_bytes
+            r for r in self.fitting if best.budget_bytes - (r.peak_bytes or 0) >= self.margin_bytes
         ]
         if not roomy:
-            return [line + "; no run on the front leaves that much"]
+            return [line + "; no run the search measured leaves that much"]
         lighter = max(roomy, key=lambda r: r.samples_per_s or 0.0)
         slower = 1 - (lighter.samples_per_s or 0.0) / (best.samples_per_s or 1.0)
         return [
