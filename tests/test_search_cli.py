@@ -289,13 +289,13 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     one is done, probes, the best so far with its peak against the budget; at any width every
     number stays whole and only the best's knob words are cut. Without one: the same count on
     each probe's log line."""
-    from autofit.commands.search import Progress
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
     from autofit.probe.spec import Outcome, ProbeResult
     from autofit.results import Status
     from autofit.search.combination import Combination
     from autofit.search.display import config_words
+    from autofit.search.progress import Progress
     from autofit.search.space import load_space
 
     space = load_space("default", load_preset("sana_1600m"))
@@ -337,8 +337,8 @@ def test_a_search_quiet_for_a_while_says_what_it_is_on() -> None:
     """Off a terminal (a log, CI, SLURM) a long trace writes nothing of its own: after `quiet_s`
     without a line, one says what the workers are on and how far the search is; the lines stop
     with the search."""
-    from autofit.commands.search import Progress
     from autofit.models import load_preset
+    from autofit.search.progress import Progress
     from autofit.search.space import load_space
 
     space = load_space("default", load_preset("sana_1600m"))
