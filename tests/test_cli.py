@@ -170,3 +170,33 @@ def test_models_in_a_read_only_folder_prints_its_table_and_warns(tmp_path: Path)
     assert len(warning.splitlines()) == 1, warning
     assert warning.startswith("autofit: warning: the table is not written to results/models.json (")
     assert warning.endswith("add out=PATH to write it somewhere else")
+
+
+def test_auto_on_a_machine_without_an_nvidia_device_simulates_without_importing_torch(
+    tmp_path: Path,
+) -> None:
+    """Where no NVIDIA device is visible (CUDA_VISIBLE_DEVICES empty here; on Linux, no GPU
+    under /proc/driver/nvidia/gpus), backend=auto is simulate, known without importing torch:
+    a search's parent process never imports it."""
+    import os
+    import subprocess
+    import sys
+
+    from autofit.backends import nvidia_device_visible
+
+    code = (
+        "import sys\n"
+        "from autofit.backends import resolve\n"
+        "from autofit.gpus import load_gpu\n"
+        "print(resolve('auto', load_gpu('a40'), 1), 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["simulate", "False"], done.stderr
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    empty = nvidia_device_visible(gpus)
+    (gpus / "0000:01:00.0").mkdir()
+    seen = nvidia_device_visible(gpus)
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() not in ("", "-1"):
+        assert (empty, seen) == (False, True)
