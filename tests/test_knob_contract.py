@@ -40,18 +40,7 @@ GPU = load_gpu("a40")
 PRESETS = [load_preset(name) for name in group_options("model") if name != "custom"]
 
 
-def sample_values(knob: Knob) -> list[Any]:
-    """Every value of a closed knob; for an open one its default, its least value and the next
-    ones (resolution: the model's own, filled in later)."""
-    if knob.choices is not None:
-        return list(knob.choices)
-    if knob.default is None:
-        return [None]
-    start = knob.minimum if knob.minimum is not None else knob.default
-    return sorted({knob.default, start, start + 1, knob.default + 1})
-
-
-CASES = [(name, value) for name, knob in REGISTRY.items() for value in sample_values(knob)]
+CASES = [(name, value) for name, knob in REGISTRY.items() for value in knob.sample_values()]
 
 
 def _valid(config: dict[str, Any], preset: Any) -> bool:
@@ -59,7 +48,7 @@ def _valid(config: dict[str, Any], preset: Any) -> bool:
 
 
 def _alternatives(name: str) -> list[Any]:
-    return [v for v in sample_values(REGISTRY[name]) if v is not None]
+    return [v for v in REGISTRY[name].sample_values() if v is not None]
 
 
 def _point(preset: Any, config: dict[str, Any]) -> StudyPoint:
@@ -164,7 +153,7 @@ def test_each_knob_declares_what_it_is(name: str) -> None:
     assert knob.name == name and knob.help
     assert knob.parse(knob.default) == knob.default
     subject = Subject(defaults(), PRESETS[0])
-    for value in sample_values(knob):
+    for value in knob.sample_values():
         if value is not None:
             assert knob.parse(value) == value
             assert knob.means(value, subject)  # what one's own training code must do

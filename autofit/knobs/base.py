@@ -133,6 +133,17 @@ class Knob:
     def choices(self) -> tuple[Any, ...] | None:
         return tuple(self.values) if self.values is not None else None
 
+    def sample_values(self) -> list[Any]:
+        """The values that stand for the knob where each is tried (its contract tests, the
+        reference pages' rules): every value of a closed knob; of an open one its default, its
+        least value and the next ones (None alone where the default is None: the model's own)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.default is None:
+            return [None]
+        start = self.minimum if self.minimum is not None else self.default
+        return sorted({self.default, start, start + 1, self.default + 1})
+
     def parse(self, value: Any) -> Any:
         """The value as this knob holds it, or a ConfigError naming the value and the valid ones."""
         if value is None and self.default is None:

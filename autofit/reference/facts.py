@@ -55,16 +55,6 @@ def shown_values(knob: Knob) -> list[Any]:
     return [None] if knob.default is None else [knob.default + 1]
 
 
-def tried_values(knob: Knob) -> list[Any]:
-    """The values rules are looked for at: an open knob's default, least value and the next."""
-    if knob.choices is not None:
-        return list(knob.choices)
-    if knob.default is None:
-        return [None]
-    start = knob.minimum if knob.minimum is not None else knob.default
-    return sorted({knob.default, start, start + 1, knob.default + 1})
-
-
 def changed_from_defaults(config: Mapping[str, Any], *besides: str) -> str:
     """The knobs of a run that differ from their defaults, besides `besides` and the resolution,
     as overrides."""
@@ -111,7 +101,7 @@ class Facts:
             {name: value}
             for name, knob in REGISTRY.items()
             if name not in WORKLOAD_KNOBS
-            for value in tried_values(knob)
+            for value in knob.sample_values()
             if value is not None and value != knob.default
         ]
         self._verdicts: dict[tuple[str, str, Any, str], Verdict | None] = {}
@@ -166,7 +156,7 @@ class Facts:
         if verdict.refused is None or verdict.refused.knob == knob or depth == 0:
             return verdict
         other = verdict.refused.knob
-        for value in tried_values(REGISTRY[other]):
+        for value in REGISTRY[other].sample_values():
             changed = {**config, other: value}
             if value != config[other] and self._valid(changed, preset):
                 again = self._export(target, knob, preset, changed, depth - 1)
@@ -182,7 +172,7 @@ class Facts:
             gpus = [load_gpu(name) for name in RULE_GPUS]
             self._rules = {name: {} for name in REGISTRY}
             for name, knob in REGISTRY.items():
-                for value in tried_values(knob):
+                for value in knob.sample_values():
                     for family, preset in self.presets.items():
                         for change in [{}, *self.changes]:
                             if name not in change:

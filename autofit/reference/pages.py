@@ -18,7 +18,6 @@ from autofit.reference.facts import (
     changed_from_defaults,
     merged,
     shown_values,
-    tried_values,
 )
 from autofit.units import value as text
 
@@ -139,7 +138,7 @@ def _hooks(knob: Knob) -> str:
 
 def _left_out(knob: Knob) -> list[str]:
     """Why a search leaves a value out when it also tries the knob's other values."""
-    searched = tuple(tried_values(knob))
+    searched = tuple(knob.sample_values())
     found: list[str] = []
     for value in searched:
         reasons = [knob.needless_without_trainer(value, searched)]
