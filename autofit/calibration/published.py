@@ -7,7 +7,8 @@ with it), its reserved peak (`reserved`), what nvidia-smi shows (`nvidia_smi`: t
 plus the CUDA context), or only that the run fitted a card of that size (`ran`) or ran out of memory
 there (`oom`). `autofit` holds the closest autofit settings (`model=... gpu=... knob=value ...`)
 where autofit can express the run, `differs` what they leave out; a row autofit cannot express
-has `needs` instead: what it lacks.
+has `needs` instead: what it lacks. A file a row's settings name (a PEFT adapter config) lies in
+calibration/, the path relative to it.
 
 `use` says whether a row was used while building or checking a mechanism of the simulator
 (`built`) or held out from it (`held_out`); `held_out_error` keeps the error (or verdict) a row
@@ -73,6 +74,10 @@ class PublishedRow:
         return self.use == "held_out"
 
 
+# The knobs whose value is a file; in a row, a path relative to calibration/ (the row's facts).
+FILE_KNOBS = {"peft_config"}
+
+
 def published_path() -> Path:
     from autofit.paths import calibration_dir
 
@@ -113,6 +118,8 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
         try:
             load_preset(model), load_gpu(gpu)
             knobs = {k: parsed_value(v) for k, v in settings.items()}
+            for knob in FILE_KNOBS & knobs.keys():  # a file a row names lies in calibration/
+                knobs[knob] = str(published_path().parent / knobs[knob])
             parse_all(knobs)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None

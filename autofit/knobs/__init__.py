@@ -38,6 +38,7 @@ from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
 from autofit.knobs.optimizer_impl import OptimizerImpl
+from autofit.knobs.peft_config import PeftConfigKnob
 from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution
 from autofit.knobs.swap_blocks import SwapBlocks
@@ -62,6 +63,7 @@ REGISTRY: dict[str, Knob] = {
         BasePrecision(),
         LoraRank(),
         LoraTargets(),
+        PeftConfigKnob(),
         Checkpointing(),
         Attention(),
         Loss(),

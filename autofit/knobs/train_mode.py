@@ -23,6 +23,8 @@
   Under mixed precision the trained blocks are kept in fp32, as full fine-tuning keeps its
   weights (LLaMA-Factory's `cast_trainable_params_to_fp32`). No gradient flows into the frozen
   blocks before the first trained one, so autograd keeps none of their activations.
+- `peft`: the adapters of any PEFT method, as the PEFT config file `peft_config` declares them,
+  built by PEFT's own classes on the frozen 16-bit model (autofit/knobs/peft_config.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.families import diffusers, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
+from autofit.knobs.peft_config import PEFT_MODE, add_peft_adapters
 from autofit.knobs.trainable_layers import last_blocks
 
 if TYPE_CHECKING:
@@ -63,6 +66,8 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return NO_DORA_KOHYA
     if value == "freeze":
         return NO_FREEZE_KOHYA
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("sd-scripts")
     scripts = kohya(s.family)
     if value == "full" or scripts is None:
         return Say()  # the full fine-tune script (the family's check refuses other families)
@@ -70,7 +75,16 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     return say(network_module=scripts.network, network_train_unet_only=True)
 
 
+def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
+    return Refuse(
+        f"{trainer} builds LoRA networks of its own: it trains no adapters from a PEFT config "
+        "file (train_mode=lora is its LoRA)"
+    )
+
+
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("the diffusers example scripts")
     if diffusers_script(s.family, value) is not None:
         return Say()  # which script runs is the layout's
     if value in DORA_MODES and diffusers_script(s.family, "lora") is not None:
@@ -100,7 +114,8 @@ class TrainMode(Knob):
     default = "full"
     help = (
         "which weights train: full | lora | qlora (4-bit base) | dora | qdora (DoRA, on a 16-bit "
-        "or 4-bit base) | freeze (the last trainable_layers blocks)"
+        "or 4-bit base) | freeze (the last trainable_layers blocks) | peft (any PEFT method, "
+        "from peft_config)"
     )
     values = {
         "full": "every weight of the model trains",
@@ -112,6 +127,8 @@ class TrainMode(Knob):
         "quantization)",
         "freeze": "the last trainable_layers blocks train in full; the other blocks, the "
         "embeddings and the output head are frozen in 16-bit",
+        "peft": "the adapters of any PEFT method, as the PEFT config file peft_config declares "
+        "them (built by PEFT on the frozen 16-bit model)",
     }
     # LoRA keeps each adapter's input, DoRA also the layer's outputs, freeze nothing of the
     # frozen blocks before the trained ones: the memory per sample differs between them.
@@ -156,6 +173,8 @@ class TrainMode(Knob):
         run.model.requires_grad_(False)
         if value == "freeze":
             _train_last_blocks(run)
+        elif value == PEFT_MODE:
+            add_peft_adapters(run, run.knobs["peft_config"])
         else:
             _add_adapters(run, value)
         run.tag(run.trainable_parameters(), "parameters")
@@ -174,6 +193,7 @@ class TrainMode(Knob):
                 "SimpleTuner trains the whole model or adapters: it has no option to train only "
                 "the last blocks (its layer_freeze_strategy offers none or bitfit)"
             ),
+            "peft": NO_PEFT_FILE("SimpleTuner"),
         },
         "kohya": _kohya,
         "sana": {
@@ -183,6 +203,7 @@ class TrainMode(Knob):
             "dora": SANA_WHOLE_MODEL,
             "qdora": SANA_WHOLE_MODEL,
             "freeze": SANA_WHOLE_MODEL,
+            "peft": SANA_WHOLE_MODEL,
         },
         "diffusers": _diffusers,
     }

@@ -1,0 +1,143 @@
+"""peft_config: the PEFT adapter config file that `train_mode=peft` trains.
+
+Any method PEFT has (IA3, LoHa, LoKr, VeRA, BOFT, OFT, prompt and prefix tuning, ...) is given as
+PEFT saves its config: an `adapter_config.json`, or the folder holding one. Only `peft_type` is
+required; every other field takes PEFT's default, as `PeftConfig` takes it. The probe builds the
+adapters with PEFT's own classes on the model (its config class, then `inject_adapter_in_model`
+for a tuner, or `get_peft_model` for the methods that wrap the model: prompt learning and adaption
+prompts), so what each method keeps (its extra parameters, the buffers it registers, what its
+forward saves for backward, the virtual tokens it prepends) is PEFT's, not a re-implementation.
+
+The file is read when a probe runs, from the path as given (relative to the working directory);
+the adapters take the trained dtype the precision knob decides, as LoRA's do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autofit.errors import ConfigError
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Subject
+from autofit.models import ModelPreset
+
+if TYPE_CHECKING:
+    from autofit.run_state import RunState
+
+PEFT_MODE = "peft"  # the train_mode value that reads this knob
+CONFIG_NAME = "adapter_config.json"  # what PEFT's save_pretrained names it
+# The methods PEFT builds by wrapping the whole model (PeftModel), not by injecting layers.
+WRAPPING_METHODS = ("ADAPTION_PROMPT",)
+
+
+def config_file(value: str) -> Path:
+    """The file `peft_config=value` names: the path itself, or the config inside a folder."""
+    path = Path(value).expanduser()
+    return path / CONFIG_NAME if path.is_dir() else path
+
+
+def read_fields(value: str) -> dict[str, Any]:
+    """The config's fields as PEFT saved them, or a ConfigError saying what is wrong, in a line."""
+    path = config_file(value)
+    if not path.is_file():
+        raise ConfigError(
+            f"peft_config={value}: no such file (a PEFT adapter config, {CONFIG_NAME} or the "
+            f"folder holding one, relative to {Path.cwd()})"
+        )
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"peft_config={value}: not a JSON file ({exc})") from None
+    if not isinstance(fields, dict) or not isinstance(fields.get("peft_type"), str):
+        raise ConfigError(
+            f"peft_config={value}: a PEFT adapter config names its method in a 'peft_type' "
+            "field (LORA, IA3, LOHA, ...)"
+        )
+    return fields
+
+
+class PeftConfigKnob(Knob):
+    name = "peft_config"
+    default = None
+    help = (
+        "the PEFT adapter config (adapter_config.json or its folder) that train_mode=peft "
+        "trains: any PEFT method, built by PEFT's own classes"
+    )
+    kind = str
+    per_sample_memory = False  # what it changes per sample, train_mode=peft says
+    # train_mode's apply reads it (the adapters are built there).
+
+    def means(self, value: Any, subject: Subject) -> str:
+        return f"the adapters {value} declares, built by PEFT"
+
+    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
+        return config.get("train_mode", "full") == PEFT_MODE
+
+    def parse(self, value: Any) -> Any:
+        if value is None or isinstance(value, str) and value:
+            return value
+        raise ConfigError(
+            f"peft_config={value!r} is not valid; expected a path to a PEFT adapter config"
+        )
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if not self.applies(context.knobs, context.model):
+            return None
+        if value is None:
+            return (
+                "train_mode=peft trains the adapters a PEFT config declares: give it as "
+                "peft_config=path/to/adapter_config.json"
+            )
+        try:
+            read_fields(value)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    trainers = {
+        # The trainers autofit exports to build LoRA (and LyCORIS) networks of their own; a PEFT
+        # config of another method is not something they read.
+        vocabulary: (
+            lambda v, s, _who=who: Refuse(f"{_who} trains no adapters from a PEFT config file")
+        )
+        for vocabulary, who in (
+            ("simpletuner", "SimpleTuner"),
+            ("kohya", "sd-scripts"),
+            ("sana", "Sana's train.py"),
+            ("diffusers", "the diffusers example scripts"),
+        )
+    }
+
+
+def add_peft_adapters(run: RunState, value: str) -> None:
+    """PEFT's adapters of the method the config names, built by PEFT on the frozen model."""
+    from peft import PeftConfig, get_peft_model, inject_adapter_in_model
+    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
+
+    from autofit.run_state import default_dtype
+
+    fields = read_fields(value)
+    method = fields["peft_type"]
+    if method not in PEFT_TYPE_TO_CONFIG_MAPPING:
+        methods = ", ".join(sorted(str(m) for m in PEFT_TYPE_TO_CONFIG_MAPPING))
+        raise ConfigError(
+            f"peft_config={value}: peft_type {method!r} is not a method of the installed PEFT; "
+            f"valid: {methods}"
+        )
+    # PEFT's own loader (PeftConfig.from_pretrained's last step): the method's config class, with
+    # what a newer PEFT wrote and this one lacks dropped, as PEFT drops it, with a warning.
+    try:
+        config = PeftConfig.from_peft_type(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"peft_config={value}: PEFT refuses it: {exc}") from None
+    with default_dtype(run.dtypes.weights), run.device:
+        if config.is_prompt_learning or method in WRAPPING_METHODS:
+            # Virtual tokens or adaption prompts: PEFT's wrapper runs the model's forward.
+            run.model = get_peft_model(run.model, config, autocast_adapter_dtype=False)
+        else:
+            inject_adapter_in_model(config, run.model)
+    for param in run.model.parameters():
+        if param.requires_grad and param.dtype != run.dtypes.trained:
+            param.data = param.data.to(run.dtypes.trained)  # as LoRA's adapters are cast
