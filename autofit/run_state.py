@@ -201,6 +201,12 @@ class RunState:
                 raise AssertionError(f"knob {applying} wrote run.{name}, which {held} owns")
         object.__setattr__(self, name, value)
 
+    def wrap_model(self, wrap: Callable[[Any], Any]) -> None:
+        """The model replaced by what a library wraps it in (PEFT's PeftModel): the run's own
+        field, changed through the run so that every later hook sees the wrapper, whose
+        parameters are the model's and its own."""
+        object.__setattr__(self, "model", wrap(self.model))
+
     @contextmanager
     def applying(self, knob: str) -> Iterator[None]:
         """While `knob`'s hook runs: it may write only the fields it owns."""

@@ -3,9 +3,8 @@
 Any method PEFT has (IA3, LoHa, LoKr, VeRA, BOFT, OFT, prompt and prefix tuning, ...) is given as
 PEFT saves its config: an `adapter_config.json`, or the folder holding one. Only `peft_type` is
 required; every other field takes PEFT's default, as `PeftConfig` takes it. The probe builds the
-adapters with PEFT's own classes on the model (its config class, then `inject_adapter_in_model`
-for a tuner, or `get_peft_model` for the methods that wrap the model: prompt learning and adaption
-prompts), so what each method keeps (its extra parameters, the buffers it registers, what its
+adapters with PEFT's own code on the model (`PeftConfig.from_peft_type`, then `get_peft_model`),
+so what each method keeps (its extra parameters, the buffers it registers, what its
 forward saves for backward, the virtual tokens it prepends) is PEFT's, not a re-implementation.
 
 The file is read when a probe runs, from the path as given (relative to the working directory);
@@ -28,8 +27,21 @@ if TYPE_CHECKING:
 
 PEFT_MODE = "peft"  # the train_mode value that reads this knob
 CONFIG_NAME = "adapter_config.json"  # what PEFT's save_pretrained names it
-# The methods PEFT builds by wrapping the whole model (PeftModel), not by injecting layers.
-WRAPPING_METHODS = ("ADAPTION_PROMPT",)
+
+# The methods whose PEFT code (peft 0.21) decides something from tensor values, which fake tensors
+# do not have: the simulator cannot run them; a CPU or CUDA probe can. Each is checked against
+# PEFT's code in tests/test_peft_methods.py (a method that starts to trace is taken off).
+NEEDS_VALUES = {
+    "ADAMSS": "clusters each weight's singular vectors with scikit-learn's KMeans, on their values",
+    "BOFT": "builds its butterfly permutation matrices by indexing with tensor values",
+    "FROD": "picks the sparse entries of its projections with nonzero() on a mask",
+    "LOHA": "draws a random number every forward to decide its module dropout",
+    "LOKR": "draws a random number every forward to decide its module dropout",
+    "SHIRA": "picks its sparse entries with torch.where on a random mask",
+    "UNILORA": "counts how often each shared index is used (bincount) to scale them",
+    "VBLORA": "checks its logits for infinities every forward (a training resumed from top-k)",
+    "WAVEFT": "places its spectrum with a mask whose size depends on the indices' values",
+}
 
 
 def config_file(value: str) -> Path:
@@ -91,9 +103,14 @@ class PeftConfigKnob(Knob):
                 "peft_config=path/to/adapter_config.json"
             )
         try:
-            read_fields(value)
+            method = read_fields(value)["peft_type"]
         except ConfigError as exc:
             return str(exc)
+        if method in NEEDS_VALUES and _simulated(context.backend):
+            return (
+                f"peft_config={value}: PEFT's {method} {NEEDS_VALUES[method]}, which the "
+                "simulator's fake tensors do not hold; probe it with backend=cpu or cuda"
+            )
         return None
 
     trainers = {
@@ -111,9 +128,16 @@ class PeftConfigKnob(Knob):
     }
 
 
+def _simulated(backend: str) -> bool:
+    """Whether the probe runs on fake tensors: simulate, or auto where no GPU is visible."""
+    from autofit.backends import nvidia_device_visible
+
+    return backend == "simulate" or backend == "auto" and not nvidia_device_visible()
+
+
 def add_peft_adapters(run: RunState, value: str) -> None:
     """PEFT's adapters of the method the config names, built by PEFT on the frozen model."""
-    from peft import PeftConfig, get_peft_model, inject_adapter_in_model
+    from peft import PeftConfig, get_peft_model
     from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 
     from autofit.run_state import default_dtype
@@ -133,11 +157,10 @@ def add_peft_adapters(run: RunState, value: str) -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"peft_config={value}: PEFT refuses it: {exc}") from None
     with default_dtype(run.dtypes.weights), run.device:
-        if config.is_prompt_learning or method in WRAPPING_METHODS:
-            # Virtual tokens or adaption prompts: PEFT's wrapper runs the model's forward.
-            run.model = get_peft_model(run.model, config, autocast_adapter_dtype=False)
-        else:
-            inject_adapter_in_model(config, run.model)
+        # PEFT's own entry point, as its users and its benchmark call it: the methods that keep
+        # state on the tuner (VeRA's shared projections) or wrap the forward (virtual tokens)
+        # exist only through it. The adapters take the trained dtype below, as LoRA's do.
+        run.wrap_model(lambda model: get_peft_model(model, config, autocast_adapter_dtype=False))
     for param in run.model.parameters():
         if param.requires_grad and param.dtype != run.dtypes.trained:
             param.data = param.data.to(run.dtypes.trained)  # as LoRA's adapters are cast
