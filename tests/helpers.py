@@ -23,6 +23,24 @@ def spec(model: str, gpu: str = "a40", backend: str = "simulate", **knobs: Any) 
     return make_spec(load_preset(model), load_gpu(gpu), knobs, backend=backend, timeout_s=300)
 
 
+# Llama 3's layers and untied output head at a width a CPU steps in a second.
+TINY_LLAMA = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+}  # fmt: skip
+
+
+def tiny_llama(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
+    """llama3_8b's probe (batch 2 of 32 tokens unless `knobs` say otherwise) on TINY_LLAMA."""
+    import copy
+    import dataclasses
+
+    probe = spec("llama3_8b", backend=backend, **{"batch_size": 2, "resolution": 32, **knobs})
+    arch = copy.deepcopy(probe.model["architecture"])
+    arch["config"].update(TINY_LLAMA)
+    return dataclasses.replace(probe, model={**probe.model, "architecture": arch})
+
+
 def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
     """The same probe on a model with the preset's widths, layer types, inputs and companions but
     only `blocks` of its transformer blocks (per block list): its tensors are as large as the real

@@ -182,7 +182,7 @@ def test_auto_on_a_machine_without_an_nvidia_device_simulates_without_importing_
     import subprocess
     import sys
 
-    from autofit.backends import nvidia_device_visible
+    from autofit.devices import nvidia_device_visible
 
     code = (
         "import sys\n"

@@ -5,15 +5,12 @@ sizes and categories, for every precision, optimizer and checkpointing setting o
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 
 import pytest
-from helpers import spec
+from helpers import spec, tiny_llama
 
 from autofit.backends import cpu, simulate
-from autofit.probe.spec import ProbeSpec
 
 
 def canonical(events: list[int]) -> list[int]:
@@ -57,20 +54,6 @@ def test_simulated_allocations_equal_real_ones(
     assert fake.peak_report() == real.peak_report()
 
 
-# A Llama 3 with an untied output head (as Llama 3 8B's), small enough to step for real.
-TINY_LLAMA = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-}  # fmt: skip
-
-
-def _tiny_llama(**knobs: object) -> ProbeSpec:
-    probe = spec("llama3_8b", batch_size=2, resolution=32, **knobs)  # type: ignore[arg-type]
-    arch = copy.deepcopy(probe.model["architecture"])
-    arch["config"].update(TINY_LLAMA)
-    return dataclasses.replace(probe, model={**probe.model, "architecture": arch})
-
-
 @pytest.mark.parametrize(
     "precision,checkpointing", itertools.product(["bf16", "bf16_pure"], [False, True])
 )
@@ -84,10 +67,10 @@ def test_kbit_prep_holds_on_fake_tensors_what_it_holds_on_real_ones(
     knobs = dict(precision=precision, checkpointing=checkpointing, train_mode="qlora")
     # The first real 4-bit step of a process makes a few more small allocations than later ones
     # (36 more, 18.5 KiB, on this model): one step first, so that every measured one is alike.
-    cpu.trace(_tiny_llama(**knobs))
+    cpu.trace(tiny_llama(**knobs))
     gaps, parameters = [], []
     for prep in ("none", "peft"):
-        probe = _tiny_llama(**knobs, kbit_prep=prep)
+        probe = tiny_llama(**knobs, kbit_prep=prep)
         _, fake = simulate.trace(probe)
         _, real = cpu.trace(probe)
         fake_report, real_report = fake.peak_report(), real.peak_report()

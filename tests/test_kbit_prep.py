@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
-from helpers import spec, with_blocks
+from helpers import spec, tiny_llama, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.gpus import load_gpu
@@ -17,18 +15,10 @@ from autofit.knobs import REGISTRY, defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.probe.spec import ProbeSpec
 
-TINY_LLAMA = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-}  # fmt: skip
 
-
-def tiny_llama(**knobs: Any) -> ProbeSpec:
-    """Llama 3 8B's layers and untied output head at a width a CPU steps in a second."""
-    probe = spec("llama3_8b", batch_size=2, resolution=32, train_mode="qlora", **knobs)
-    arch = copy.deepcopy(probe.model["architecture"])
-    arch["config"].update(TINY_LLAMA)
-    return dataclasses.replace(probe, model={**probe.model, "architecture": arch})
+def qlora_llama(**knobs: Any) -> ProbeSpec:
+    """The tiny Llama under QLoRA."""
+    return tiny_llama(train_mode="qlora", **knobs)
 
 
 def dtypes(model: torch.nn.Module) -> dict[str, set[torch.dtype]]:
@@ -45,8 +35,8 @@ def dtypes(model: torch.nn.Module) -> dict[str, set[torch.dtype]]:
 @pytest.mark.long
 @pytest.mark.parametrize("backend", [simulate, cpu])
 def test_peft_casts_every_weight_but_the_4bit_ones_to_fp32(backend: Any) -> None:
-    before, _ = backend.trace(tiny_llama(precision="bf16"))
-    after, _ = backend.trace(tiny_llama(precision="bf16", kbit_prep="peft"))
+    before, _ = backend.trace(qlora_llama(precision="bf16"))
+    after, _ = backend.trace(qlora_llama(precision="bf16", kbit_prep="peft"))
     assert dtypes(before.model) == {
         "packed": {torch.uint8}, "adapters": {torch.float32}, "other": {torch.bfloat16},
     }  # fmt: skip
@@ -54,7 +44,7 @@ def test_peft_casts_every_weight_but_the_4bit_ones_to_fp32(backend: Any) -> None
         "packed": {torch.uint8}, "adapters": {torch.float32}, "other": {torch.float32},
     }  # fmt: skip
     # Under pure bf16 the adapters stay bf16; what peft cast stays fp32.
-    pure, _ = backend.trace(tiny_llama(precision="bf16_pure", kbit_prep="peft"))
+    pure, _ = backend.trace(qlora_llama(precision="bf16_pure", kbit_prep="peft"))
     assert dtypes(pure.model)["adapters"] == {torch.bfloat16}
     assert dtypes(pure.model)["other"] == {torch.float32}
 
@@ -62,11 +52,11 @@ def test_peft_casts_every_weight_but_the_4bit_ones_to_fp32(backend: Any) -> None
 def test_with_checkpointing_the_embeddings_output_needs_a_gradient_and_the_run_checkpoints() -> (
     None
 ):
-    run, _ = simulate.trace(tiny_llama(precision="bf16", checkpointing=True, kbit_prep="peft"))
+    run, _ = simulate.trace(qlora_llama(precision="bf16", checkpointing=True, kbit_prep="peft"))
     assert run.model._require_grads_hooks  # transformers' enable_input_require_grads, peft's call
     layers = run.model.model.layers
     assert all(layer._gradient_checkpointing_func == run.checkpoint for layer in layers)
-    plain, _ = simulate.trace(tiny_llama(precision="bf16", checkpointing=False, kbit_prep="peft"))
+    plain, _ = simulate.trace(qlora_llama(precision="bf16", checkpointing=False, kbit_prep="peft"))
     assert not getattr(plain.model, "_require_grads_hooks", None)
 
 
@@ -84,7 +74,7 @@ def test_the_residual_stream_runs_in_fp32_and_the_head_in_its_own_dtype(
 
     cuda_autocast.install()
     run = TrainingRun(
-        tiny_llama(precision=precision, checkpointing=True, kbit_prep="peft"), torch.device("cpu")
+        qlora_llama(precision=precision, checkpointing=True, kbit_prep="peft"), torch.device("cpu")
     )
     run.build()
     seen: dict[str, Any] = {}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autofit.devices import nvidia_device_visible
 from autofit.errors import ConfigError
 from autofit.units import size
 
@@ -39,18 +38,6 @@ def resolve(requested: str, gpu: GpuSpec, budget_bytes: int) -> str:
         if torch.cuda.get_device_properties(0).total_memory >= budget_bytes:
             return "cuda"
     return "simulate"
-
-
-def nvidia_device_visible(proc: Path = Path("/proc/driver/nvidia/gpus")) -> bool:
-    """Whether this process may see an NVIDIA GPU, known without torch: on Linux the driver lists
-    each GPU under /proc/driver/nvidia/gpus, and CUDA_VISIBLE_DEVICES set to nothing (or -1)
-    hides them all. Elsewhere (no /proc) it cannot be told: torch is asked."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
-    if not Path("/proc").is_dir():
-        return True
-    return proc.is_dir() and any(proc.iterdir())
 
 
 def cuda_unusable() -> str | None:

@@ -100,6 +100,8 @@ class Knob:
     kind: ClassVar[type] = str
     values: ClassVar[Mapping[Any, str] | None] = None  # closed set: value -> what it means
     minimum: ClassVar[int | None] = None
+    # What a default of None stands for, in words (the reference pages show it).
+    default_means: ClassVar[str] = "none"
     # Whether the default is also what a trainer does when told nothing: then a trainer without
     # words for this knob runs the default as measured (a batch size is never such a default).
     default_asks_nothing: ClassVar[bool] = True

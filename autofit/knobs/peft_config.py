@@ -9,6 +9,11 @@ forward saves for backward, the virtual tokens it prepends) is PEFT's, not a re-
 
 The file is read when a probe runs, from the path as given (relative to the working directory);
 the adapters take the trained dtype the precision knob decides, as LoRA's do.
+
+The simulator refuses, in a line naming the reason, the methods whose PEFT code decides something
+from tensor values, which fake tensors do not have (BOFT, LoHa, LoKr, WaveFT, UniLoRA, VB-LoRA,
+AdaMSS): a `backend=cpu` or `cuda` probe runs them. FROD and SHIRA build sparse tensors, which no
+backend's memory tracker counts yet: they are refused everywhere.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autofit.devices import nvidia_device_visible
 from autofit.errors import ConfigError
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Subject
 from autofit.models import ModelPreset
@@ -29,7 +35,7 @@ PEFT_MODE = "peft"  # the train_mode value that reads this knob
 CONFIG_NAME = "adapter_config.json"  # what PEFT's save_pretrained names it
 
 # The methods whose PEFT code (peft 0.21) decides something from tensor values, which fake tensors
-# do not have: the simulator cannot run them; a CPU or CUDA probe can. Each is checked against
+# do not have: the simulator cannot run them; a CPU or CUDA probe can (but SPARSE). Each is checked against
 # PEFT's code in tests/test_peft_methods.py (a method that starts to trace is taken off).
 NEEDS_VALUES = {
     "ADAMSS": "clusters each weight's singular vectors with scikit-learn's KMeans, on their values",
@@ -42,6 +48,9 @@ NEEDS_VALUES = {
     "VBLORA": "checks its logits for infinities every forward (a training resumed from top-k)",
     "WAVEFT": "places its spectrum with a mask whose size depends on the indices' values",
 }
+# Of those, the methods that build sparse tensors, which have no storage for autofit's memory
+# tracker (every backend's) to count: no backend measures them yet.
+SPARSE = ("FROD", "SHIRA")
 
 
 def config_file(value: str) -> Path:
@@ -73,6 +82,7 @@ def read_fields(value: str) -> dict[str, Any]:
 class PeftConfigKnob(Knob):
     name = "peft_config"
     default = None
+    default_means = "none (train_mode=peft asks for one)"
     help = (
         "the PEFT adapter config (adapter_config.json or its folder) that train_mode=peft "
         "trains: any PEFT method, built by PEFT's own classes"
@@ -80,6 +90,9 @@ class PeftConfigKnob(Knob):
     kind = str
     per_sample_memory = False  # what it changes per sample, train_mode=peft says
     # train_mode's apply reads it (the adapters are built there).
+
+    def describe(self) -> str:
+        return "a path to a PEFT adapter config"
 
     def means(self, value: Any, subject: Subject) -> str:
         return f"the adapters {value} declares, built by PEFT"
@@ -106,6 +119,11 @@ class PeftConfigKnob(Knob):
             method = read_fields(value)["peft_type"]
         except ConfigError as exc:
             return str(exc)
+        if method in SPARSE:
+            return (
+                f"peft_config={value}: PEFT's {method} builds sparse tensors, which have no "
+                "storage for autofit's memory tracker to count, on any backend"
+            )
         if method in NEEDS_VALUES and _simulated(context.backend):
             return (
                 f"peft_config={value}: PEFT's {method} {NEEDS_VALUES[method]}, which the "
@@ -130,8 +148,6 @@ class PeftConfigKnob(Knob):
 
 def _simulated(backend: str) -> bool:
     """Whether the probe runs on fake tensors: simulate, or auto where no GPU is visible."""
-    from autofit.backends import nvidia_device_visible
-
     return backend == "simulate" or backend == "auto" and not nvidia_device_visible()
 
 

@@ -20,6 +20,7 @@ def _diffusers(value: Any, s: Subject) -> Any:
 class Resolution(Knob):
     name = "resolution"
     default = None
+    default_means = "the model's native size"
     help = (
         "square image side in pixels, or sequence length in tokens for language models "
         "(null: the model's native size)"

@@ -23,7 +23,6 @@ from autofit.units import value as text
 
 COMMAND = "python -m autofit.reference"
 HOOKS = ("prepare", "build_context", "apply", "forward_context", "after_training")
-NATIVE = "the model's native size"
 
 
 def _cell(words: str) -> str:
@@ -31,8 +30,8 @@ def _cell(words: str) -> str:
     return words.replace("|", "\\|").replace("\n", " ")
 
 
-def _shown(value: Any) -> str:
-    return f"`{text(value)}`" if value is not None else NATIVE
+def _shown(value: Any, knob: Knob) -> str:
+    return f"`{text(value)}`" if value is not None else knob.default_means
 
 
 def _families(names: list[str], every: list[str]) -> str:
@@ -118,7 +117,7 @@ def _trainer_words(facts: Facts, knob: Knob) -> list[str]:
                     by_phrase.setdefault(phrase, []).append(family)
             for phrase, named in by_phrase.items():
                 which = _families(named, families) if len(by_phrase) > 1 else ""
-                rows.append(f"  - {_shown(value)}{which}: {phrase}")
+                rows.append(f"  - {_shown(value, knob)}{which}: {phrase}")
         if rows:
             lines += [f"- **{target.name}**", *rows]
     return lines
@@ -164,7 +163,7 @@ def _knob(facts: Facts, knob: Knob, first_of_module: str) -> list[str]:
         lines += [f"| `{text(v)}` | {_cell(means)} |" for v, means in knob.values.items()]
     else:
         lines.append(f"Values: {knob.describe()}.")
-    lines += ["", f"Default: {_shown(knob.default)}.", ""]
+    lines += ["", f"Default: {_shown(knob.default, knob)}.", ""]
     rules = merged(facts.rules()[knob.name])
     if rules:
         lines += ["Rules (a run breaking one is `invalid`, with this reason):", ""]
@@ -205,7 +204,7 @@ def knobs_page(facts: Facts) -> str:
     first: dict[str, str] = {}
     for name, knob in REGISTRY.items():
         first.setdefault(type(knob).__module__, name)
-        lines.append(f"| [`{name}`](#{name}) | {_cell(knob.describe())} | {_shown(knob.default)} |")
+        lines.append(f"| [`{name}`](#{name}) | {_cell(knob.describe())} | {_shown(knob.default, knob)} |")
     for knob in REGISTRY.values():
         lines += _knob(facts, knob, first[type(knob).__module__])
     return "\n".join(lines) + "\n"
