@@ -61,18 +61,9 @@ def test_peft_methods_allocate_on_fake_tensors_what_they_allocate_for_real(
     probe = tiny_llama(train_mode="peft", peft_config=_config(tmp_path, method, TRACED[method]))
     fake_run, fake = simulate.trace(probe)
     real_run, real = cpu.trace(probe)
-    if method == "LN_TUNING":
-        # PEFT deep-copies each norm it trains (5 here: two per block and the final one). A real
-        # tensor's deepcopy copies its storage below the dispatcher the cpu backend's tracker
-        # watches, a fake one's clones it (torch/_tensor.py): the fake log has the 5 copies the
-        # real one misses, and a GPU makes. They are freed before the peak, which is the same.
-        assert len(fake.sizes) - len(real.sizes) == 5
-        assert fake.peak == real.peak
-        assert fake.peak_report().breakdown == real.peak_report().breakdown
-    else:
-        assert fake.sizes == real.sizes
-        assert fake.categories == real.categories
-        assert fake.peak_report() == real.peak_report()
+    assert fake.sizes == real.sizes
+    assert fake.categories == real.categories
+    assert fake.peak_report() == real.peak_report()
     assert fake_run.trainable_param_count == real_run.trainable_param_count > 0
 
 
@@ -162,7 +153,7 @@ def test_peft_builds_the_published_runs_trainable_parameters() -> None:
     """PEFT's benchmark states each run's trainable parameter count; PEFT's code on fake tensors
     builds the same count on the full Llama 3.2 3B for every row the simulator runs."""
     rows = [r for r in load_published() if r.id.startswith("N-PFN") and r.expressible]
-    assert len(rows) >= 40
+    assert len(rows) >= 39
     for row in rows:
         probe = spec(row.model, row.gpu, **{**row.knobs, "batch_size": 1, "resolution": 16})
         run, _ = simulate.trace(probe)

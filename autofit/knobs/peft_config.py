@@ -7,8 +7,11 @@ adapters with PEFT's own code on the model (`PeftConfig.from_peft_type`, then `g
 so what each method keeps (its extra parameters, the buffers it registers, what its
 forward saves for backward, the virtual tokens it prepends) is PEFT's, not a re-implementation.
 
-The file is read when a probe runs, from the path as given (relative to the working directory);
-the adapters take the trained dtype the precision knob decides, as LoRA's do.
+The file is read when a probe runs, from the path as given (relative to the working directory).
+The adapters take the dtype PEFT gives them: `get_peft_model`'s default `autocast_adapter_dtype`
+keeps them in fp32 on a 16-bit model, whatever the precision knob trains the model in, and each
+adapted layer casts its input to fp32 for them (what a bf16 PEFT run holds that bf16 LoRA does
+not).
 
 The simulator refuses, in a line naming the reason, the methods whose PEFT code decides something
 from tensor values, which fake tensors do not have (BOFT, LoHa, LoKr, WaveFT, UniLoRA, VB-LoRA,
@@ -172,11 +175,11 @@ def add_peft_adapters(run: RunState, value: str) -> None:
         config = PeftConfig.from_peft_type(**fields)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"peft_config={value}: PEFT refuses it: {exc}") from None
+    # Created in the model's dtype, where PEFT moves each new layer (to its base layer's dtype)
+    # before its default autocast_adapter_dtype=True upcasts a 16-bit model's adapters to fp32;
+    # their inputs are then cast to fp32 in every adapted layer's forward.
     with default_dtype(run.dtypes.weights), run.device:
         # PEFT's own entry point, as its users and its benchmark call it: the methods that keep
         # state on the tuner (VeRA's shared projections) or wrap the forward (virtual tokens)
-        # exist only through it. The adapters take the trained dtype below, as LoRA's do.
-        run.wrap_model(lambda model: get_peft_model(model, config, autocast_adapter_dtype=False))
-    for param in run.model.parameters():
-        if param.requires_grad and param.dtype != run.dtypes.trained:
-            param.data = param.data.to(run.dtypes.trained)  # as LoRA's adapters are cast
+        # exist only through it.
+        run.wrap_model(lambda model: get_peft_model(model, config))
