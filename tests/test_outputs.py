@@ -25,6 +25,8 @@ from helpers import in_process
 
 from autofit.config import validate_overrides
 from autofit.errors import ConfigError
+from autofit.knobs import defaults, that_matter
+from autofit.models import load_preset
 from autofit.paths import write_together
 
 # Two structures of tiny_mlp, each reported at its largest batch (2): two trials, and a real
@@ -383,3 +385,16 @@ def test_a_damaged_copy_is_rewritten_where_it_now_is(workdir: Path) -> None:
     command = line.split("`")[1]
     assert shlex.split(command)[-2:] == [f"study={STUDY}", f"out={copy}"]
     assert line.endswith(f"to rewrite {copy}/")
+
+
+def test_the_knobs_that_matter_leave_out_those_of_other_train_modes() -> None:
+    """What best.yaml lists: a full fine-tune names no adapter knob, LoRA its rank and targets,
+    train_mode=peft its config file and not LoRA's rank."""
+    llama = load_preset("llama3_2_3b")
+    adapter_knobs = {"lora_rank", "lora_targets", "peft_config", "trainable_layers"}
+    full = that_matter({**defaults(), "train_mode": "full"}, llama)
+    assert not adapter_knobs & set(full) and {"batch_size", "checkpointing"} <= set(full)
+    lora = that_matter({**defaults(), "train_mode": "lora"}, llama)
+    assert adapter_knobs & set(lora) == {"lora_rank", "lora_targets"}
+    peft = that_matter({**defaults(), "train_mode": "peft", "peft_config": "ia3.json"}, llama)
+    assert adapter_knobs & set(peft) == {"peft_config"}

@@ -61,6 +61,9 @@ def test_quick_search_writes_its_results_and_a_rerun_repeats_no_probe(tmp_path: 
         best["model"] == "tiny_sana"
         and best["batch_size"] == summary["best"]["config"]["batch_size"]
     )
+    # A full fine-tune's best lists no knob of adapters or frozen blocks: it trains none.
+    assert summary["best"]["config"]["train_mode"] == "full" and "checkpointing" in best
+    assert not {"lora_rank", "lora_targets", "trainable_layers", "peft_config"} & set(best)
     assert "Pareto front" in done.stdout and "best:" in done.stdout
     assert (tmp_path / "results" / "studies.db").exists()
 

@@ -282,7 +282,7 @@ def _search(run: _Checked) -> int:
     front = [r for runs in result.pareto.values() for r in runs]
     summary = write_results(
         run.out, meta, result.results, result.combinations, front, result.best, counts, knob_names,
-        result.fastest, space.best_rule,
+        result.fastest, space.best_rule, preset,
     )  # fmt: skip
     # The same table `autofit report` prints, from the files just written.
     print("\n" + pareto_table(load_study(run.out)).text())

@@ -123,6 +123,16 @@ def asked(config: Mapping[str, Any], preset: ModelPreset) -> dict[str, Any]:
     }
 
 
+def that_matter(config: Mapping[str, Any], preset: ModelPreset) -> dict[str, Any]:
+    """The knobs of a configuration that matter for it (a LoRA rank does not in a full
+    fine-tune), defaults included: what best.yaml lists; the rest run at any value alike."""
+    return {
+        name: value
+        for name, value in config.items()
+        if name not in REGISTRY or REGISTRY[name].applies(config, preset)
+    }
+
+
 def parse_all(values: Mapping[str, Any], knobs: Sequence[Knob] | None = None) -> dict[str, Any]:
     """Validate every knob's value, filling defaults; the first bad value raises ConfigError."""
     table = {k.name: k for k in knobs} if knobs is not None else REGISTRY

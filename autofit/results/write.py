@@ -12,6 +12,8 @@ from typing import Any
 from autofit.command_line import command, key_of, override
 from autofit.errors import AutofitError
 from autofit.host import budget_words
+from autofit.knobs import that_matter
+from autofit.models import ModelPreset
 from autofit.paths import search_spaces_dir, write_together
 from autofit.probe.spec import ProbeResult
 from autofit.probe.summary import headroom, provenance
@@ -56,11 +58,14 @@ def write_results(
     knob_names: list[str],
     fastest: ProbeResult | None = None,
     rule: BestRule | None = None,
+    preset: ModelPreset | None = None,
 ) -> dict[str, Any]:
     """Write the four files of a search into `out`, together or not at all (summary.json, the
     folder's commit marker, last: autofit/paths.py write_together); return the summary.
     `combinations` are the search's (each with knobs, resolution, status, best_batch, probes and
-    reason). `rule` chose `best`; `fastest`: the fastest run, where the rule preferred another."""
+    reason). `rule` chose `best`; `fastest`: the fastest run, where the rule preferred another.
+    `preset`, the model searched: best.yaml lists only the knobs that matter for its best run
+    (every knob where it is not given)."""
     budget = int(counts["budget_bytes"])
     trials, trial_rows = _trials_text(results, combinations, budget, knob_names)
     pareto_csv = _pareto_text(pareto, knob_names)
@@ -83,7 +88,7 @@ def write_results(
     files = {
         TRIALS: trials,
         PARETO: pareto_csv,
-        BEST: _best_text(best, meta, fastest is not None),
+        BEST: _best_text(best, meta, fastest is not None, preset),
         SUMMARY: json.dumps(summary, indent=2),
     }
     try:
@@ -222,7 +227,9 @@ def _pareto_text(pareto: list[ProbeResult], knob_names: list[str]) -> str:
     return _csv_text(columns, rows)
 
 
-def _best_text(best: ProbeResult | None, meta: dict[str, Any], preferred: bool) -> str:
+def _best_text(
+    best: ProbeResult | None, meta: dict[str, Any], preferred: bool, preset: ModelPreset | None
+) -> str:
     import yaml
 
     if best is None:
@@ -233,7 +240,10 @@ def _best_text(best: ProbeResult | None, meta: dict[str, Any], preferred: bool) 
         if best.host_peak_bytes is not None
         else ""
     )
-    probe = [*probe_words(meta), *(override(k, v) for k, v in best.config.items())]
+    # A knob that does nothing for this run (a LoRA rank in a full fine-tune) would read as if
+    # it did: left out, it runs at its default, which changes nothing here.
+    knobs = that_matter(best.config, preset) if preset is not None else best.config
+    probe = [*probe_words(meta), *(override(k, v) for k, v in knobs.items())]
     which = "nearly fastest, with more headroom," if preferred else "fastest"
     header = (
         f"# The {which} configuration of {meta['model']} that fits {meta['gpu']}: peak "
@@ -242,5 +252,5 @@ def _best_text(best: ProbeResult | None, meta: dict[str, Any], preferred: bool) 
         f"{best.samples_per_s:.3f} samples/s ({provenance(best.backend)}, {how}){host}.\n"
         f"# Re-measure it with: {command(['autofit', 'probe', *probe])}\n"
     )
-    body = {"model": meta["model"], "gpu": meta["gpu"], **best.config}
+    body = {"model": meta["model"], "gpu": meta["gpu"], **knobs}
     return header + yaml.safe_dump(body, sort_keys=False)
