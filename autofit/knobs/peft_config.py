@@ -138,7 +138,7 @@ class PeftConfigKnob(Knob):
         # The trainers autofit exports to build LoRA (and LyCORIS) networks of their own; a PEFT
         # config of another method is not something they read.
         vocabulary: (
-            lambda v, s, _who=who: Refuse(f"{_who} trains no adapters from a PEFT config file")
+            lambda v, s, _who=who: Refuse(f"a PEFT config file is not something {_who} reads")
         )
         for vocabulary, who in (
             ("simpletuner", "SimpleTuner"),

@@ -77,8 +77,7 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 
 def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
     return Refuse(
-        f"{trainer} builds LoRA networks of its own: it trains no adapters from a PEFT config "
-        "file (train_mode=lora is its LoRA)"
+        f"a PEFT config file is not something {trainer} reads (its own LoRA: train_mode=lora)"
     )
 
 

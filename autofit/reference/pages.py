@@ -204,7 +204,9 @@ def knobs_page(facts: Facts) -> str:
     first: dict[str, str] = {}
     for name, knob in REGISTRY.items():
         first.setdefault(type(knob).__module__, name)
-        lines.append(f"| [`{name}`](#{name}) | {_cell(knob.describe())} | {_shown(knob.default, knob)} |")
+        lines.append(
+            f"| [`{name}`](#{name}) | {_cell(knob.describe())} | {_shown(knob.default, knob)} |"
+        )
     for knob in REGISTRY.values():
         lines += _knob(facts, knob, first[type(knob).__module__])
     return "\n".join(lines) + "\n"
