@@ -11,14 +11,15 @@ from typing import Any
 from autofit.errors import ConfigError, shown, suggest
 from autofit.families import check_family
 from autofit.gpus import FIELD_PATHS, gpu_suggestion, is_gpu_file, load_gpu, load_gpu_file
-from autofit.models import load_preset
+from autofit.model_files import is_model_file, preset_entry
+from autofit.models import ModelPreset, load_preset
 from autofit.paths import conf_dir, group_options
 
 GROUPS = ("model", "gpu")
 _MISSING = object()
-# The name each GPU file's entry is stored under (_gpu_file_choice) -> the file as the user gave
-# it: what a command printed for the user to run again must say (as_given).
-_GPU_FILES: dict[str, str] = {}
+# The name each GPU file's or model config's entry is stored under (_file_choice) -> the file as
+# the user gave it: what a command printed for the user to run again must say (as_given).
+_GIVEN_FILES: dict[str, str] = {}
 
 
 def _register_knob_defaults() -> None:
@@ -93,10 +94,14 @@ def _check_groups(parsed: list[Any]) -> None:
             continue
         options = group_options(group)
         for value in _values(override):
-            if group == "gpu" and is_gpu_file(value):
-                continue  # the user's own card: read and checked by _gpu_files
+            if _is_file(group, value):
+                continue  # the user's own card or model: read and checked by _file_choices
             if value not in options:
-                also = " (or a path to a GPU file: gpu=path/to/card.yaml)" if group == "gpu" else ""
+                also = (
+                    " (or a path to a GPU file: gpu=path/to/card.yaml)"
+                    if group == "gpu"
+                    else " (or a model's config: model=path/to/config.json or model=hf:org/name)"
+                )
                 near = (
                     gpu_suggestion(str(value)) if group == "gpu" else suggest(str(value), options)
                 )
@@ -109,26 +114,32 @@ def _check_group_files(command: str, parsed: list[Any]) -> None:
     """Read and check every preset and GPU entry Hydra is to compose (the choices given, else
     the command's default, else the example a missing choice is checked with) before Hydra
     does: its own reading expands a YAML bomb in full and answers broken YAML with a
-    traceback. A GPU file of the user's is read by _gpu_files."""
+    traceback. A GPU file or model config of the user's is read by _file_choices."""
     defaults = _defaults(command)
     for group in command_groups(command):
         chosen = [v for o in parsed if o.key_or_group == group for v in _values(o)]
         if not chosen:
             chosen = [EXAMPLES[group] if defaults[group] == "???" else defaults[group]]
         for value in chosen:
+            if _is_file(group, value):
+                continue
             if group == "gpu":
-                if not is_gpu_file(value):
-                    load_gpu(str(value))
+                load_gpu(str(value))
                 continue
             # Which families there are is autofit/workloads/' to say: models.py, below it,
             # checks a preset's fields but cannot ask.
             check_family(load_preset(str(value)).family, f"conf/model/{value}.yaml: ")
 
 
-def _gpu_file_choice(value: str) -> str:
-    """`gpu=path/to/card.yaml`: the file's entry, checked and completed with its defaults, stored
-    in Hydra's ConfigStore as a choice of the gpu group under a name no shipped entry has (the
-    file's stem and a hash of its path and contents); that name is what Hydra is given."""
+def _is_file(group: str, value: Any) -> bool:
+    return is_gpu_file(value) if group == "gpu" else group == "model" and is_model_file(value)
+
+
+def _file_choice(group: str, value: str) -> str:
+    """`gpu=path/to/card.yaml`, `model=path/to/config.json` or `model=hf:org/name`: the entry
+    it makes, checked and completed with its defaults, stored in Hydra's ConfigStore as a choice
+    of its group under a name no shipped entry has (the file's stem and a hash of its path and
+    contents); that name is what Hydra is given."""
     import re
     from pathlib import Path
 
@@ -136,35 +147,42 @@ def _gpu_file_choice(value: str) -> str:
 
     from autofit.fingerprint import fingerprint
 
-    path = Path(value).expanduser()
-    entry = load_gpu_file(path, source=f"gpu={value}").to_dict()
-    digest = fingerprint({"path": str(path.resolve()), "entry": entry})[:8]
-    choice = f"file-{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}-{digest}"
-    ConfigStore.instance().store(group="gpu", name=choice, node=entry)
-    _GPU_FILES[choice] = value
+    if group == "gpu":
+        path = Path(value).expanduser()
+        stem, where = path.stem, str(path.resolve())
+        entry = load_gpu_file(path, source=f"gpu={value}").to_dict()
+    else:
+        entry = preset_entry(value)
+        ModelPreset.from_dict(entry, source=f"model={value}")
+        stem, where = entry["name"], entry["notes"]
+    digest = fingerprint({"path": where, "entry": entry})[:8]
+    choice = f"file-{re.sub(r'[^A-Za-z0-9_]', '_', stem)}-{digest}"
+    ConfigStore.instance().store(group=group, name=choice, node=entry)
+    _GIVEN_FILES[choice] = value
     return choice
 
 
 def as_given(overrides: list[str]) -> list[str]:
-    """A Hydra job's overrides (a sweep's) as the user gave them: a GPU file's stored name back
-    to its path, where this process stored it."""
+    """A Hydra job's overrides (a sweep's) as the user gave them: a GPU file's or model config's
+    stored name back to its path, where this process stored it."""
     given = []
     for text in overrides:
         key, _, value = text.partition("=")
-        if key == "gpu" and value in _GPU_FILES:
-            text = f"gpu={_GPU_FILES[value]}"
+        if key in GROUPS and value in _GIVEN_FILES:
+            text = f"{key}={_GIVEN_FILES[value]}"
         given.append(text)
     return given
 
 
-def _gpu_files(overrides: list[str], parsed: list[Any]) -> list[str]:
-    """The overrides with every GPU file choice (`gpu=./card.yaml`, `gpu=a40,./card.yaml`)
-    replaced by the name its entry is stored under."""
+def _file_choices(overrides: list[str], parsed: list[Any]) -> list[str]:
+    """The overrides with every file choice (`gpu=./card.yaml`, `gpu=a40,./card.yaml`,
+    `model=./config.json`) replaced by the name its entry is stored under."""
     result = []
     for text, override in zip(overrides, parsed, strict=True):
-        values = _values(override) if override.key_or_group == "gpu" else []
-        if any(is_gpu_file(v) for v in values):
-            choices = [_gpu_file_choice(v) if is_gpu_file(v) else str(v) for v in values]
+        group = override.key_or_group
+        values = _values(override) if group in GROUPS else []
+        if any(_is_file(group, v) for v in values):
+            choices = [_file_choice(group, v) if _is_file(group, v) else str(v) for v in values]
             text = f"{override.get_key_element()}={','.join(choices)}"
         result.append(text)
     return result
@@ -311,7 +329,7 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
             )
     _check_groups(parsed)  # before any composition: a bad model or GPU name costs no Hydra run
     _check_group_files(command, parsed)
-    overrides = _gpu_files(overrides, parsed)
+    overrides = _file_choices(overrides, parsed)
     parsed = _parse(overrides)
     # Keys are checked against the config the group choices give (the first of a sweep's), so
     # nested model keys resolve.

@@ -79,7 +79,11 @@ def run_config(cfg: Any) -> int:
             f"{row['model']:<15} {row['family']:<15} {count(row['params']):>10} {published:>10}  {row['native']:<12} {companions}"
         )
     print(
-        "\nmodel=custom model.entry=package.module:function trains your own model (see docs/models.md)"
+        "\nmodel=path/to/config.json (or its folder, or model=hf:org/name from the local Hugging "
+        "Face cache) trains any causal language model transformers has, from its config"
+    )
+    print(
+        "model=custom model.entry=package.module:function trains your own model (see docs/models.md)"
     )
     out = Path(cfg.out) if cfg.out else Path("results") / "models.json"
     try:

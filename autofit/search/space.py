@@ -200,7 +200,7 @@ def _target(
     )
     if target_resolution not in resolutions:
         raise ConfigError(
-            f"{path}: target.resolution: {target_resolution} px is not among the searched resolutions "
+            f"{path}: target.resolution: {target_resolution} {'tokens' if preset.unit == 'tokens' else 'px'} is not among the searched resolutions "
             f"({', '.join(map(str, resolutions))})"
         )
     target_min_batch = _int(

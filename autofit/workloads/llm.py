@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+import transformers
 import transformers.integrations.moe as transformers_moe
 from torch._subclasses.fake_tensor import FakeTensor
 from transformers import (
@@ -41,6 +42,34 @@ ARCHITECTURES = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
 MIXTURES_OF_EXPERTS = ("qwen3_moe",)
+# What a config names its experts by, in the architectures transformers has (Mixtral, Qwen MoE,
+# DeepSeek): a model from a config file with one of them is a mixture of experts.
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def causal_lm_classes(kind: str) -> tuple[Any, Any]:
+    """The transformers config and causal-LM classes of a `model_type`: autofit's own table,
+    else transformers' auto mappings (every causal LM the installed transformers has)."""
+    if kind in ARCHITECTURES:
+        return ARCHITECTURES[kind]
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from autofit.errors import ConfigError
+
+    try:
+        config_class = CONFIG_MAPPING[kind]
+        return config_class, AutoModelForCausalLM._model_mapping[config_class]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"model_type {kind!r} is not a causal language model of the installed transformers "
+            f"({transformers.__version__})"
+        ) from None
+
+
+def is_mixture_of_experts(kind: str, config: dict[str, Any]) -> bool:
+    return kind in MIXTURES_OF_EXPERTS or any(config.get(n) for n in EXPERT_COUNTS)
+
 
 _library_grouped_mm = transformers_moe._grouped_mm
 
@@ -227,10 +256,13 @@ def _forward_as(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterato
 class CausalLMWorkload(Workload):
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         kind = self.preset.architecture["kind"]
-        config_class, model_class = ARCHITECTURES[kind]
+        config_class, model_class = causal_lm_classes(kind)
         config = config_class(**self.preset.architecture["config"])
-        config._attn_implementation = "sdpa"  # fused attention, as training scripts ask for
-        if kind in MIXTURES_OF_EXPERTS:
+        if getattr(model_class, "_supports_sdpa", False):
+            # fused attention, as training scripts ask for; a model without it (Gemma 2's soft
+            # capping) runs its own eager attention, as it does under any trainer
+            config._attn_implementation = "sdpa"
+        if is_mixture_of_experts(kind, self.preset.architecture["config"]):
             # transformers' experts code looks its grouped GEMM up by this module-level name
             # (transformers/integrations/moe.py, 5.23); the stand-in changes only fake tensors.
             transformers_moe._grouped_mm = _grouped_mm

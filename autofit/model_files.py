@@ -1,0 +1,172 @@
+"""A model from its Hugging Face config, nothing downloaded: `model=path/to/config.json`, a folder
+holding one (as `save_pretrained` writes it), or `model=hf:org/name`, read from the local Hugging
+Face cache only (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub).
+
+A causal language model of any architecture the installed transformers has becomes a preset of
+the `llm` family, its random weights built by transformers from the config as it stands (its
+`model_type` picks the classes). What a preset file states besides the architecture is read off
+the model built on the meta device: the block list (the module list holding most parameters)
+and the linear layers LoRA adapts (every one in the blocks, as PEFT's `all-linear`). A
+diffusers config (`_class_name`) is refused in one line: a diffusion model needs a family that
+knows its inputs, which autofit's presets are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import ConfigError
+
+HF_PREFIX = "hf:"
+CONFIG_NAME = "config.json"
+# What save_pretrained writes beside the architecture: how the weights were stored and by whom.
+NOT_ARCHITECTURE = (
+    "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
+    "quantization_config", "use_cache",
+)  # fmt: skip
+DEFAULT_TOKENS = 4096  # the sequence length a preset probes by default, as the shipped presets
+
+
+def is_model_file(value: Any) -> bool:
+    """Whether `model=<value>` names a config of the user's rather than a shipped preset."""
+    if not isinstance(value, str):
+        return False
+    return (
+        value.startswith(HF_PREFIX)
+        or value.endswith(".json")
+        or (Path(value).expanduser() / CONFIG_NAME).is_file()
+    )
+
+
+def hub_cache() -> Path:
+    """Where huggingface_hub keeps downloaded repositories on this machine."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def _cached(repo: str) -> Path:
+    """config.json of `repo` in the local cache: the snapshot refs/main names, else the newest."""
+    folder = hub_cache() / f"models--{repo.replace('/', '--')}"
+    ref = folder / "refs" / "main"
+    snapshots = [folder / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
+    snapshots += sorted(
+        (folder / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for snapshot in snapshots:
+        if (snapshot / CONFIG_NAME).is_file():
+            return snapshot / CONFIG_NAME
+    raise ConfigError(
+        f"model=hf:{repo}: its {CONFIG_NAME} is not in the local Hugging Face cache (looked in "
+        f"{folder}); autofit downloads nothing: fetch it with `hf download {repo} "
+        f"{CONFIG_NAME}`, or give model=path/to/{CONFIG_NAME}"
+    )
+
+
+def config_path(value: str) -> Path:
+    """The config file `model=<value>` names, or a ConfigError saying where it looked."""
+    if value.startswith(HF_PREFIX):
+        repo = value[len(HF_PREFIX) :]
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise ConfigError(f"model={value} is not valid; write model=hf:org/name")
+        return _cached(repo)
+    path = Path(value).expanduser()
+    if path.is_dir():
+        path = path / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(
+            f"model={value}: no such file (a model's {CONFIG_NAME}, or the folder holding one, "
+            f"relative to {Path.cwd()}; or model=hf:org/name from the local Hugging Face cache)"
+        )
+    return path
+
+
+def read_config(value: str) -> dict[str, Any]:
+    path = config_path(value)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"model={value}: {path} is not a JSON file ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"model={value}: {path} holds no config mapping")
+    return config
+
+
+def _name(value: str) -> str:
+    """A preset name for the config: the repository's or folder's name, as a preset is named."""
+    if value.startswith(HF_PREFIX):
+        stem = value.split("/")[-1]
+    else:
+        path = Path(value).expanduser()
+        stem = (
+            path.name if path.is_dir() else path.parent.name if path.stem == "config" else path.stem
+        )
+    return re.sub(r"[^a-z0-9_]+", "_", stem.lower()).strip("_") or "model"
+
+
+def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], int, int]:
+    """The block list's path, the linear layers' names in it, their count and the parameters,
+    read off the model built on the meta device by the classes the probe builds it with."""
+    import torch
+
+    from autofit.workloads.llm import causal_lm_classes
+
+    config_class, model_class = causal_lm_classes(kind)
+    with torch.device("meta"):
+        model = model_class(config_class(**architecture))
+    lists = [
+        (sum(p.numel() for p in module.parameters()), path, module)
+        for path, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module)
+    ]
+    if not lists:
+        raise ConfigError(f"model_type {kind!r}: no list of blocks found in its model")
+    _, path, blocks = max(lists, key=lambda entry: entry[0])
+    linears = sorted(
+        {
+            name.split(".")[-1]
+            for name, m in blocks.named_modules()
+            if isinstance(m, torch.nn.Linear)
+        }
+    )
+    return path, linears, len(blocks), sum(p.numel() for p in model.parameters())
+
+
+def preset_entry(value: str) -> dict[str, Any]:
+    """The preset fields of the model `model=<value>` names (ModelPreset.from_dict checks them)."""
+    from autofit.families import REGISTRY
+
+    config = read_config(value)
+    if "_class_name" in config:
+        raise ConfigError(
+            f"model={value}: a diffusers {config['_class_name']} config; autofit builds diffusion "
+            f"models from its presets (`autofit models` lists them; families: "
+            f"{', '.join(sorted(f for f in REGISTRY if f != 'llm'))}); a config file can name a "
+            "causal language model"
+        )
+    kind = config.get("model_type")
+    if not isinstance(kind, str):
+        raise ConfigError(f"model={value}: its config names no model_type")
+    architecture = {k: v for k, v in config.items() if k not in NOT_ARCHITECTURE}
+    architecture.pop("model_type")
+    blocks, linears, layers, params = _read_off(kind, architecture)
+    name = _name(value)
+    tokens = config.get("max_position_embeddings") or DEFAULT_TOKENS
+    return {
+        "name": name,
+        "family": "llm",
+        "display": f"{name} ({kind}, {params / 1e9:.2f} B parameters, from {value})",
+        "unit": "tokens",
+        "resolution": min(int(tokens), DEFAULT_TOKENS),
+        "architecture": {"kind": kind, "config": architecture},
+        "lora_targets": linears,
+        "blocks": [blocks],
+        "max_swap_blocks": max(layers - 2, 0),
+        "weights": value[len(HF_PREFIX) :] if value.startswith(HF_PREFIX) else None,
+        "notes": f"built from {config_path(value)}",
+    }
