@@ -388,3 +388,15 @@ def test_of_groups_alike_otherwise_one_at_the_target_resolution_starts_first() -
     queue = GroupQueue([at_512, at_1024], target=1024)
     assert queue.next() is at_1024
     assert queue.next() is at_512
+
+
+def test_a_combination_names_its_resolution_in_the_model_s_unit() -> None:
+    """A language model's resolution is tokens, an image model's pixels; summary.json keeps no
+    unit (the study's model says it)."""
+    from autofit.search.combination import Combination
+
+    assert Combination({"precision": "bf16"}, 4096, unit="tokens").label() == (
+        "precision=bf16 @4096 tokens"
+    )
+    assert Combination({"precision": "bf16"}, 1024).label() == "precision=bf16 @1024px"
+    assert "unit" not in Combination({}, 64, unit="tokens").to_dict()

@@ -28,12 +28,16 @@ class Combination:
     best_batch: int | None = None
     probes: int = 0
     reason: str = ""
+    unit: str = "pixels"  # the preset's: a language model's resolution is tokens
 
     def label(self) -> str:
-        return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{self.resolution}px"
+        at = f"{self.resolution} tokens" if self.unit == "tokens" else f"{self.resolution}px"
+        return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{at}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "status": self.status.value}
+        """What summary.json keeps of it (the unit is the study's model's)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "unit"}
+        return {**fields, "status": self.status.value}
 
 
 def memory_savings(knobs: dict[str, Any], space: SearchSpace) -> dict[str, Any]:

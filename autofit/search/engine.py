@@ -305,7 +305,7 @@ class Search:
 
     def combinations(self) -> list[Combination]:
         return [
-            Combination(dict(knobs), resolution)
+            Combination(dict(knobs), resolution, unit=self.preset.unit)
             for resolution in self.space.resolutions
             for knobs in self.space.combinations()
         ]
