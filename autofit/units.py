@@ -37,6 +37,11 @@ def flops(n: float | None) -> str:
     return f"{n:.0f} FLOP"
 
 
+def resolution_words(resolution: int, unit: str) -> str:
+    """A resolution in its model's unit: `4096 tokens` for a language model, `1024px` else."""
+    return f"{resolution} tokens" if unit == "tokens" else f"{resolution}px"
+
+
 def seconds(s: float | None) -> str:
     if s is None:
         return "-"

@@ -333,6 +333,9 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     progress.on_start(47)
     progress.on_probe(fits, reused=True)
     assert log.getvalue().rstrip().endswith("(reused); 0/47 combinations done")
+    # A language model's resolution is tokens.
+    tokens = Progress(io.StringIO(), space, list(space.knobs), unit="tokens")
+    assert "best at 1024 tokens: none yet" in tokens.status()
     progress.close()
 
 

@@ -247,7 +247,7 @@ def _search(run: _Checked) -> int:
         meta["storage"], study_name, {k: v for k, v in meta.items() if k != "storage"},
         retry_failed=run.retry_failed, claim_grace_s=run.grace_s, patience_s=run.patience_s,
     )  # fmt: skip
-    progress = Progress(sys.stderr, space, knob_names)
+    progress = Progress(sys.stderr, space, knob_names, unit=preset.unit)
     print(_start_line(run), flush=True)
     try:
         uses = libraries_of(preset.family, space.knobs)  # the fork server leaves out the rest

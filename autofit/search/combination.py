@@ -15,6 +15,7 @@ from typing import Any
 from autofit.knobs import REGISTRY
 from autofit.results import Status
 from autofit.search.space import SearchSpace
+from autofit.units import resolution_words
 from autofit.units import value as show
 
 
@@ -31,7 +32,7 @@ class Combination:
     unit: str = "pixels"  # the preset's: a language model's resolution is tokens
 
     def label(self) -> str:
-        at = f"{self.resolution} tokens" if self.unit == "tokens" else f"{self.resolution}px"
+        at = resolution_words(self.resolution, self.unit)
         return " ".join(f"{k}={show(v)}" for k, v in self.knobs.items()) + f" @{at}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from autofit.search.display import config_words
 from autofit.search.engine import SearchListener
 from autofit.search.pareto import fastest_and_best
 from autofit.search.space import SearchSpace
-from autofit.units import many, size
+from autofit.units import many, resolution_words, size
 
 # The longest a search's progress stays silent: a line at least this often, on a terminal or not.
 QUIET_S = 20.0
@@ -36,8 +36,10 @@ class Progress(SearchListener):
         knob_names: list[str],
         width: int | None = None,
         quiet_s: float = QUIET_S,
+        unit: str = "pixels",
     ) -> None:
         self.stream = stream
+        self.unit = unit  # the model's: a language model's resolution is tokens
         self.live = stream.isatty()
         self.space, self.knob_names = space, knob_names
         self.width = width or shutil.get_terminal_size((160, 24)).columns
@@ -114,7 +116,8 @@ class Progress(SearchListener):
         """The live line: every number whole; the best's knobs fill what the width leaves."""
         numbers = (
             f"{self._left()} | {many(self.done, 'probe')} ({self.reused} reused) | {self._elapsed()} | "
-            f"best at {self.space.target_resolution}px: {self._best_figures()}"
+            f"best at {resolution_words(self.space.target_resolution, self.unit)}: "
+            f"{self._best_figures()}"
         )
         words = config_words(self.best, self.knob_names) if self.best else ""
         room = self.width - 1 - len(numbers) - 1

@@ -19,6 +19,7 @@ from autofit.knobs import Knob, registry
 from autofit.models import ModelPreset
 from autofit.paths import named_yaml, search_spaces_dir
 from autofit.search.pareto import BestRule
+from autofit.units import resolution_words
 from autofit.yaml_files import read_yaml
 
 TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target")
@@ -200,7 +201,8 @@ def _target(
     )
     if target_resolution not in resolutions:
         raise ConfigError(
-            f"{path}: target.resolution: {target_resolution} {'tokens' if preset.unit == 'tokens' else 'px'} is not among the searched resolutions "
+            f"{path}: target.resolution: {resolution_words(target_resolution, preset.unit)} is not "
+            "among the searched resolutions "
             f"({', '.join(map(str, resolutions))})"
         )
     target_min_batch = _int(
