@@ -168,5 +168,11 @@ def preset_entry(value: str) -> dict[str, Any]:
         "blocks": [blocks],
         "max_swap_blocks": max(layers - 2, 0),
         "weights": value[len(HF_PREFIX) :] if value.startswith(HF_PREFIX) else None,
-        "notes": f"built from {config_path(value)}",
+        "notes": f"built from {config_path(value)}"
+        + (
+            "; its quantization_config is left out: the base's storage is what train_mode and "
+            "base_precision say"
+            if "quantization_config" in config
+            else ""
+        ),
     }

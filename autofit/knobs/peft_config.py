@@ -38,8 +38,8 @@ PEFT_MODE = "peft"  # the train_mode value that reads this knob
 CONFIG_NAME = "adapter_config.json"  # what PEFT's save_pretrained names it
 
 # The methods whose PEFT code (peft 0.21) decides something from tensor values, which fake tensors
-# do not have: the simulator cannot run them; a CPU or CUDA probe can (but SPARSE). Each is checked against
-# PEFT's code in tests/test_peft_methods.py (a method that starts to trace is taken off).
+# do not have: the simulator cannot run them, a CPU or CUDA probe can (but those in SPARSE). Each
+# is checked against PEFT's code in tests/test_peft_methods.py (one that starts to trace is seen).
 NEEDS_VALUES = {
     "ADAMSS": "clusters each weight's singular vectors with scikit-learn's KMeans, on their values",
     "BOFT": "builds its butterfly permutation matrices by indexing with tensor values",
