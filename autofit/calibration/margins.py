@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.families import is_causal_lm
 
 FLOOR = 0.05  # never less: the allocator's fragmentation varies run to run on the same config
 STEP = 0.005  # margins are rounded up to half a percent
@@ -65,7 +66,7 @@ def run_class(family: str, knobs: Mapping[str, Any]) -> str:
     mode = str(value["train_mode"])
     if family in UNPUBLISHED_FAMILIES:
         return "other"
-    if family != "llm":
+    if not is_causal_lm(family):
         return "diffusion_full" if mode in ("full", "freeze") else "diffusion_adapter"
     if mode in ("qlora", "qdora"):
         return "llm_kbit"

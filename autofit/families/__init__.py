@@ -53,6 +53,11 @@ def family(name: Any, where: str = "model.") -> Family:
     return REGISTRY[name]
 
 
+def is_causal_lm(name: str) -> bool:
+    """Whether the family `name` is a transformers causal language model (Family.causal_lm)."""
+    return name in REGISTRY and REGISTRY[name].causal_lm
+
+
 def check_family(name: Any, where: str = "model.") -> None:
     """A one-line ConfigError unless `name` is a family (`family` says how it reads)."""
     family(name, where)

@@ -13,6 +13,8 @@ declares:
   which a probe's process keeps (None: not known in advance, a user's own code);
 - its loader: the library a trainer loads its weights with (`host.py`'s loader working set);
 - its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
+- whether it is a transformers causal language model (`causal_lm`: the loss and k-bit knobs and
+  the margins' classes ask);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
 - per export target that trains named families (diffusers, kohya, simpletuner, sana), the
@@ -150,6 +152,10 @@ class Family:
     # adapt its fused 3-D experts).
     feed_forward: tuple[str, ...] = ()
     trainers: Mapping[str, Trainer | Refuse] = field(default_factory=dict)
+    # A transformers causal language model: its loss is next-token cross-entropy over an output
+    # projection (the loss knob's values), PEFT's k-bit preparation is made for it, and its
+    # published runs are classes of their own (the margins).
+    causal_lm: bool = False
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

@@ -17,6 +17,7 @@ LLM = Family(
     companions=(),
     lora_sets={"qv": ("q_proj", "v_proj"), "attention": ATTENTION, "mlp": MLP, "all_linear": ATTENTION + MLP},
     feed_forward=MLP,
+    causal_lm=True,
     trainers={
         "diffusers": Refuse("the diffusers examples train image models only"),
         "kohya": Refuse("sd-scripts trains image models only"),

@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import is_causal_lm
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
@@ -90,7 +91,7 @@ class KbitPrep(Knob):
         return ("peft",) if value == "peft" else ()
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return config.get("train_mode", "full") in FOUR_BIT_MODES and preset.family == "llm"
+        return config.get("train_mode", "full") in FOUR_BIT_MODES and is_causal_lm(preset.family)
 
     def needless_without_trainer(self, value: Any, searched: tuple[Any, ...]) -> str | None:
         if value == "peft" and "none" in searched:
@@ -107,7 +108,7 @@ class KbitPrep(Knob):
         mode = knobs.get("train_mode", "full")
         if mode not in FOUR_BIT_MODES:
             return f"kbit_prep={value} prepares a 4-bit base: train_mode={mode} has none; use train_mode=qlora or qdora"
-        if model.family != "llm":
+        if not is_causal_lm(model.family):
             return f"kbit_prep={value} prepares a transformers language model; {model.name} is a {model.family} model (use kbit_prep=none)"
         if knobs.get("zero_stage"):
             return f"kbit_prep={value}: DeepSpeed ZeRO casts the whole model to 16-bit at initialize, undoing its fp32 cast; use zero_stage=0"

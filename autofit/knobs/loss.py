@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import is_causal_lm
 from autofit.knobs.base import Knob, ProbeContext
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class Loss(Knob):
     pass_only = True  # how the forward computes the loss
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return preset.family == "llm"
+        return is_causal_lm(preset.family)
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # Smaller output projections and losses instead of one: never faster. The fused loss
@@ -104,7 +105,7 @@ class Loss(Knob):
         return "full" if value == "chunked" else None
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if value != "full" and context.model.family != "llm":
+        if value != "full" and not is_causal_lm(context.model.family):
             return (
                 f"loss={value} is a causal language model's loss over its output projection; "
                 f"{context.model.name} is a {context.model.family} model (use loss=full)"
