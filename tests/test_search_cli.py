@@ -423,3 +423,44 @@ def test_a_search_for_a_trainer_simulates_what_that_trainer_runs(tmp_path: Path)
     searched = {"train_mode": ("lora",), "optimizer_impl": ("fused", "foreach")}
     assert trainer_stack(TARGETS["diffusers"], load_preset("tiny_sana"), searched) == {}
     assert trainer_stack(TARGETS["kohya"], load_preset("flux_dev"), {"train_mode": ("lora",)}) == {}
+
+
+def test_nothing_fits_names_the_run_the_search_measured_at_another_resolution() -> None:
+    """Where nothing fits at the target resolution but a run the search measured fits at another
+    of its resolutions, the line names it and the setting that answers there."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from autofit.commands.search import _nothing_fits
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.probe.spec import Outcome, ProbeResult
+    from autofit.search.space import load_space
+    from autofit.units import size
+
+    preset = load_preset("sana_1600m")
+    space = load_space("default", preset)  # resolutions 512 and 1024, the target 1024
+    gpu = load_gpu("rtx3060_12")
+    budget = gpu.budget_bytes(0.05)
+
+    def probe(outcome: Outcome, resolution: int, batch: int, peak: int, speed: float) -> Any:
+        return ProbeResult(
+            outcome=outcome, backend="simulate", gpu=gpu.name, model=preset.name,
+            config={"batch_size": batch, "resolution": resolution}, budget_bytes=budget,
+            peak_bytes=peak, samples_per_s=speed,
+        )  # fmt: skip
+
+    results = [
+        probe(Outcome.OOM, 1024, 1, budget + 2**30, 1.0),
+        probe(Outcome.OK, 512, 2, budget - 2**30, 3.0),
+        probe(Outcome.OK, 512, 1, budget - 2**31, 2.0),
+    ]
+    run = SimpleNamespace(space=space, gpu=gpu, preset=preset, margin=0.05, host_budget=None)
+    line = str(_nothing_fits(run, SimpleNamespace(results=results), budget + 2**30))
+    assert line.startswith("nothing fits rtx3060_12 at 1024px with batch >= 1: the smallest peak")
+    assert line.endswith(
+        f"; at 512px it fits: batch 2, peak {size(budget - 2**30)} (add target.resolution=512 "
+        "for the best there)"
+    )
+    nowhere = str(_nothing_fits(run, SimpleNamespace(results=results[:1]), budget + 2**30))
+    assert "it fits" not in nowhere

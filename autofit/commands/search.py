@@ -18,7 +18,7 @@ from autofit.probe.spec import Outcome
 from autofit.search.progress import Progress
 from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace
-from autofit.units import many, size
+from autofit.units import many, resolution_words, size
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
@@ -321,20 +321,45 @@ def _start_line(run: _Checked) -> str:
 
 
 def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
-    """Why no run fits: over the host's budget where runs fit the GPU, else the least peak."""
+    """Why no run fits: over the host's budget where runs fit the GPU, else the least peak; and
+    the way forward the search itself measured, where it has one (a run that fits at another of
+    its resolutions)."""
     space, gpu = run.space, run.gpu
+    at = resolution_words(space.target_resolution, run.preset.unit)
+    forward = _fits_elsewhere(run, result)
     over_host = [r for r in result.results if r.outcome is Outcome.OOM_HOST]
     if over_host:
         least = min(r.host_peak_bytes or 0 for r in over_host)
         return AutofitError(
-            f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= "
+            f"nothing fits {gpu.name} at {at} with batch >= "
             f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
             f"(the least host memory found is {size(least)} against a host budget of "
-            f"{budget_words(run.host_budget)}; set host_memory_gib= to the machine's RAM)"
+            f"{budget_words(run.host_budget)}; set host_memory_gib= to the machine's RAM){forward}"
         )
     return AutofitError(
-        f"nothing fits {gpu.name} at {space.target_resolution} px with batch >= {space.target_min_batch}: "
-        f"the smallest peak found is {size(smallest)} against a budget of {size(gpu.budget_bytes(run.margin))}"
+        f"nothing fits {gpu.name} at {at} with batch >= {space.target_min_batch}: "
+        f"the smallest peak found is {size(smallest)} against a budget of "
+        f"{size(gpu.budget_bytes(run.margin))}{forward}"
+    )
+
+
+def _fits_elsewhere(run: _Checked, result: Any) -> str:
+    """Where the search measured a run that fits at another of its resolutions, the largest such
+    resolution and its fastest run there, with the setting that answers for it; else nothing."""
+    space = run.space
+    fitting = [
+        r for r in result.results
+        if r.outcome is Outcome.OK and r.config["batch_size"] >= space.target_min_batch
+    ]  # fmt: skip
+    if not fitting:
+        return ""
+    resolution = max(r.config["resolution"] for r in fitting)
+    there = max((r for r in fitting if r.config["resolution"] == resolution),
+                key=lambda r: r.samples_per_s or 0)  # fmt: skip
+    return (
+        f"; at {resolution_words(resolution, run.preset.unit)} it fits: batch "
+        f"{there.config['batch_size']}, peak {size(there.peak_bytes)} (add "
+        f"target.resolution={resolution} for the best there)"
     )
 
 
