@@ -86,8 +86,8 @@ def config_path(value: str) -> Path:
     return path
 
 
-def read_config(value: str) -> dict[str, Any]:
-    path = config_path(value)
+def read_config(value: str, path: Path) -> dict[str, Any]:
+    """The config at `path` (config_path(value)), or a ConfigError naming it."""
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -141,7 +141,8 @@ def preset_entry(value: str) -> dict[str, Any]:
     """The preset fields of the model `model=<value>` names (ModelPreset.from_dict checks them)."""
     from autofit.families import REGISTRY
 
-    config = read_config(value)
+    path = config_path(value)
+    config = read_config(value, path)
     if "_class_name" in config:
         raise ConfigError(
             f"model={value}: a diffusers {config['_class_name']} config; autofit builds diffusion "
@@ -168,7 +169,7 @@ def preset_entry(value: str) -> dict[str, Any]:
         "blocks": [blocks],
         "max_swap_blocks": max(layers - 2, 0),
         "weights": value[len(HF_PREFIX) :] if value.startswith(HF_PREFIX) else None,
-        "notes": f"built from {config_path(value)}"
+        "notes": f"built from {path}"
         + (
             "; its quantization_config is left out: the base's storage is what train_mode and "
             "base_precision say"

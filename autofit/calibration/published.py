@@ -74,10 +74,6 @@ class PublishedRow:
         return self.use == "held_out"
 
 
-# The knobs whose value is a file; in a row, a path relative to calibration/ (the row's facts).
-FILE_KNOBS = {"peft_config"}
-
-
 def published_path() -> Path:
     from autofit.paths import calibration_dir
 
@@ -86,7 +82,7 @@ def published_path() -> Path:
 
 def _parse(raw: dict[str, str], where: str) -> PublishedRow:
     from autofit.gpus import load_gpu
-    from autofit.knobs import parse_all
+    from autofit.knobs import REGISTRY, parse_all
     from autofit.models import load_preset
     from autofit.units import parsed_value
 
@@ -118,8 +114,9 @@ def _parse(raw: dict[str, str], where: str) -> PublishedRow:
         try:
             load_preset(model), load_gpu(gpu)
             knobs = {k: parsed_value(v) for k, v in settings.items()}
-            for knob in FILE_KNOBS & knobs.keys():  # a file a row names lies in calibration/
-                knobs[knob] = str(published_path().parent / knobs[knob])
+            for name in knobs:  # a file a row names lies in calibration/
+                if name in REGISTRY and REGISTRY[name].names_a_file:
+                    knobs[name] = str(published_path().parent / knobs[name])
             parse_all(knobs)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None

@@ -102,6 +102,9 @@ class Knob:
     minimum: ClassVar[int | None] = None
     # What a default of None stands for, in words (the reference pages show it).
     default_means: ClassVar[str] = "none"
+    # Whether the value is a path to a file (read when a probe runs): a published row names one
+    # relative to calibration/, where the row's facts lie.
+    names_a_file: ClassVar[bool] = False
     # Whether the default is also what a trainer does when told nothing: then a trainer without
     # words for this knob runs the default as measured (a batch size is never such a default).
     default_asks_nothing: ClassVar[bool] = True

@@ -56,6 +56,11 @@ NEEDS_VALUES = {
 SPARSE = ("FROD", "SHIRA")
 
 
+def unread_by(trainer: str) -> Refuse:
+    """The refusal of a trainer that builds its own networks: a PEFT file is nothing it reads."""
+    return Refuse(f"a PEFT config file is not something {trainer} reads")
+
+
 def config_file(value: str) -> Path:
     """The file `peft_config=value` names: the path itself, or the config inside a folder."""
     path = Path(value).expanduser()
@@ -91,6 +96,7 @@ class PeftConfigKnob(Knob):
         "trains: any PEFT method, built by PEFT's own classes"
     )
     kind = str
+    names_a_file = True
     per_sample_memory = False  # what it changes per sample, train_mode=peft says
     # train_mode's apply reads it (the adapters are built there).
 
@@ -137,9 +143,7 @@ class PeftConfigKnob(Knob):
     trainers = {
         # The trainers autofit exports to build LoRA (and LyCORIS) networks of their own; a PEFT
         # config of another method is not something they read.
-        vocabulary: (
-            lambda v, s, _who=who: Refuse(f"a PEFT config file is not something {_who} reads")
-        )
+        vocabulary: (lambda v, s, _who=who: unread_by(_who))
         for vocabulary, who in (
             ("simpletuner", "SimpleTuner"),
             ("kohya", "sd-scripts"),

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.families import diffusers, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
-from autofit.knobs.peft_config import PEFT_MODE, add_peft_adapters
+from autofit.knobs.peft_config import PEFT_MODE, add_peft_adapters, unread_by
 from autofit.knobs.trainable_layers import last_blocks
 
 if TYPE_CHECKING:
@@ -76,9 +76,7 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 
 
 def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
-    return Refuse(
-        f"a PEFT config file is not something {trainer} reads (its own LoRA: train_mode=lora)"
-    )
+    return Refuse(f"{unread_by(trainer).why} (its own LoRA: train_mode=lora)")
 
 
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:

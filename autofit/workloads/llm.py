@@ -23,40 +23,23 @@ import torch
 import transformers
 import transformers.integrations.moe as transformers_moe
 from torch._subclasses.fake_tensor import FakeTensor
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from autofit.errors import ConfigError
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import token_ids
 from autofit.workloads.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
 
-ARCHITECTURES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-}
-MIXTURES_OF_EXPERTS = ("qwen3_moe",)
 # What a config names its experts by, in the architectures transformers has (Mixtral, Qwen MoE,
 # DeepSeek): a model from a config file with one of them is a mixture of experts.
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def causal_lm_classes(kind: str) -> tuple[Any, Any]:
-    """The transformers config and causal-LM classes of a `model_type`: autofit's own table,
-    else transformers' auto mappings (every causal LM the installed transformers has)."""
-    if kind in ARCHITECTURES:
-        return ARCHITECTURES[kind]
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from autofit.errors import ConfigError
-
+    """The transformers config and causal-LM classes of a `model_type` (a preset's
+    `architecture.kind`), as transformers' auto mappings name them: every causal LM the
+    installed transformers has."""
     try:
         config_class = CONFIG_MAPPING[kind]
         return config_class, AutoModelForCausalLM._model_mapping[config_class]
@@ -67,8 +50,8 @@ def causal_lm_classes(kind: str) -> tuple[Any, Any]:
         ) from None
 
 
-def is_mixture_of_experts(kind: str, config: dict[str, Any]) -> bool:
-    return kind in MIXTURES_OF_EXPERTS or any(config.get(n) for n in EXPERT_COUNTS)
+def is_mixture_of_experts(config: dict[str, Any]) -> bool:
+    return any(config.get(n) for n in EXPERT_COUNTS)
 
 
 _library_grouped_mm = transformers_moe._grouped_mm
@@ -262,7 +245,7 @@ class CausalLMWorkload(Workload):
             # fused attention, as training scripts ask for; a model without it (Gemma 2's soft
             # capping) runs its own eager attention, as it does under any trainer
             config._attn_implementation = "sdpa"
-        if is_mixture_of_experts(kind, self.preset.architecture["config"]):
+        if is_mixture_of_experts(self.preset.architecture["config"]):
             # transformers' experts code looks its grouped GEMM up by this module-level name
             # (transformers/integrations/moe.py, 5.23); the stand-in changes only fake tensors.
             transformers_moe._grouped_mm = _grouped_mm
