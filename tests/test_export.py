@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ WORKDIR = "/WORKDIR"  # the test's temporary folder, in golden files
 SANA = "sana_1600m-a40-default"
 FLUX = "flux_dev-rtx4090-default"
 LLAMA = "llama3_2_1b-a40-offload"  # QLoRA under ZeRO-3 with NVMe and activation offload
+TRL_SEARCH = "llama3_2_1b-rtx4090-quick-trl"  # `autofit search ... space=quick trainer=trl`
 # (target, study, Pareto point or None for the best, target.global_batch, golden case)
 CASES = [
     ("accelerate", SANA, None, None, "sana_best"),
@@ -63,6 +65,9 @@ CASES = [
     ("sana", SANA, 7, 128, "sana_came_online"),
     ("diffusers", SANA, 4, None, "sana_lora"),
     ("diffusers", FLUX, None, None, "flux_lora"),
+    ("trl", TRL_SEARCH, None, None, "llama_lora"),
+    ("trl", TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
+    ("trl", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
     ("hydra", SANA, None, None, "sana_best"),
     ("hydra", FLUX, 4, None, "flux_qlora"),
 ]
@@ -176,8 +181,8 @@ def test_accelerate_configs_load_and_launch_with_accelerate(
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    exports = _all(workdir, "accelerate") + _all(workdir, "diffusers")
-    assert len(exports) == 5
+    exports = _all(workdir, "accelerate") + _all(workdir, "diffusers") + _all(workdir, "trl")
+    assert len(exports) == 8
     for out, point in exports:
         path = out / "accelerate_config.yaml"
         config = load_config_from_file(str(path))
@@ -407,6 +412,95 @@ def test_diffusers_arguments_exist_in_the_example_scripts(workdir: Path) -> None
         assert int(values["train_batch_size"]) == point.micro_batch
         assert int(values["resolution"]) == point.config["resolution"]
         assert ("gradient_checkpointing" in values) == point.config["checkpointing"]
+
+
+# --- TRL: its own parser reads sft.yaml, and train.py trains -----------------------------------
+
+
+def _trl_arguments(sft: Path, *overrides: str) -> Any:
+    """sft.yaml as train.py reads it: TRL's TrlParser over its three argument dataclasses (on this
+    GPU-less machine the Trainer's bf16 check needs use_cpu)."""
+    from trl import ModelConfig, ScriptArguments, SFTConfig, TrlParser
+
+    parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig))
+    return parser.parse_args_and_config(["--config", str(sft), "--use_cpu", "true", *overrides])
+
+
+def test_trl_settings_are_read_by_trls_own_parser(workdir: Path) -> None:
+    exports = _all(workdir, "trl")
+    assert len(exports) == 3
+    for out, point in exports:
+        script, training, model = _trl_arguments(out / "sft.yaml")
+        config = point.config
+        assert training.per_device_train_batch_size == point.micro_batch
+        assert training.gradient_accumulation_steps == point.accumulation
+        assert training.max_length == config["resolution"]
+        assert training.activation_checkpointing == config["checkpointing"]
+        assert training.bf16 and not training.fp16  # the fixtures' precision=bf16
+        assert training.optim == "adamw_torch_fused"
+        assert training.activation_offloading == (config["offload_activations"] == "cpu")
+        assert training.learning_rate == 1e-4  # TRL's documented rate for adapters
+        assert model.use_peft and model.lora_r == config["lora_rank"] and model.lora_dropout == 0
+        assert model.load_in_4bit == (config["train_mode"] == "qlora")
+        # ZeRO-3 partitions a 4-bit base only if it is stored in the 16-bit dtype.
+        assert (model.bnb_4bit_quant_storage == "bfloat16") == (config["zero_stage"] == 3)
+        assert model.dtype == "bfloat16" and model.attn_implementation == "sdpa"
+        assert script.dataset_name == "path/to/dataset"
+
+
+def test_trl_refuses_what_it_does_not_run_as_measured(workdir: Path) -> None:
+    loaded = point_for("trl", TRL_SEARCH, None)
+    for change, knob in (
+        ({"train_mode": "full"}, "loss"),  # its LM head's fp32 gradient, not simulated
+        ({"precision": "bf16_pure"}, "precision"),  # PEFT's fp32 adapters on a bf16 model
+        ({"loss": "fused_linear"}, "loss"),
+        ({"optimizer_impl": "for_loop"}, "optimizer_impl"),
+        ({"kbit_prep": "peft", "train_mode": "qlora", "precision": "bf16_autocast"}, "kbit_prep"),
+    ):
+        changed = dataclasses.replace(loaded, config={**loaded.config, **change})
+        with pytest.raises(Refused) as refused:
+            TARGETS["trl"].run(changed, workdir / "out")
+        assert refused.value.knob == knob, str(refused.value)
+
+
+def test_trl_train_py_trains_two_steps_on_cpu(workdir: Path) -> None:
+    """The exported script, as written, on a tiny Llama built from a config (random weights, a
+    word-level tokenizer made here: nothing downloaded) and a ten-line dataset."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = export(workdir, "trl", TRL_SEARCH, 2, 8, "llama_lora_checkpointing")
+    words = [f"w{i}" for i in range(200)]
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model_dir = workdir / "tiny-llama"
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    ).save_pretrained(model_dir)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    data = workdir / "tiny-data"
+    data.mkdir()
+    lines = [json.dumps({"text": " ".join(words[i * 7 : i * 7 + 30])}) for i in range(10)]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+
+    run = subprocess.run(
+        [
+            sys.executable, str(out / "train.py"), "--config", str(out / "sft.yaml"),
+            "--model_name_or_path", str(model_dir), "--dataset_name", str(data),
+            "--use_cpu", "true", "--max_steps", "2", "--logging_steps", "1",
+            "--output_dir", str(workdir / "trained"), "--save_strategy", "no",
+        ],
+        capture_output=True, text=True, timeout=600, cwd=workdir,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = re.findall(r"\{'loss': '[0-9.]+'", run.stdout + run.stderr)
+    assert len(steps) == 2, run.stdout[-2000:]
+    assert (workdir / "trained" / "adapter_model.safetensors").is_file()
 
 
 # --- hydra: autofit probe accepts the overrides -----------------------------------------------
@@ -715,7 +809,7 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=kohay"],
             2,
-            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, sana, diffusers, hydra",
+            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, sana, diffusers, trl, hydra",
         ),
         ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (
@@ -804,8 +898,6 @@ def test_a_hostile_study_name_is_quoted_in_every_launch_command(
     point: int | None,
     flag: str | None,
 ) -> None:
-    import subprocess
-
     folder = workdir / "results" / HOSTILE
     folder.mkdir()
     summary = json.loads((workdir / "results" / study / "summary.json").read_text())

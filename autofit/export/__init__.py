@@ -22,12 +22,13 @@ from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
+from autofit.export.trl import TARGET as TRL
 from autofit.knobs import REGISTRY, defaults
 from autofit.knobs.base import Subject
 from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
-    t.name: t for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, SANA, DIFFUSERS, HYDRA)
+    t.name: t for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, SANA, DIFFUSERS, TRL, HYDRA)
 }
 
 

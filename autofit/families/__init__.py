@@ -25,6 +25,7 @@ from autofit.families.base import (
     SanaScript,
     SimpleTunerModel,
     Trainer,
+    TrlModel,
 )
 from autofit.families.custom import CUSTOM
 from autofit.families.flux import FLUX
@@ -116,6 +117,7 @@ __all__ = [
     "SanaScript",
     "SimpleTunerModel",
     "Trainer",
+    "TrlModel",
     "check_family",
     "diffusers",
     "diffusers_script",

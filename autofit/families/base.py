@@ -17,7 +17,7 @@ declares:
   the margins' classes ask);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
-- per export target that trains named families (diffusers, kohya, simpletuner, sana), the
+- per export target that trains named families (diffusers, kohya, simpletuner, sana, trl), the
   trainer's script and names for it, or a `Refuse` with the reason, in the knobs' vocabulary
   (autofit/words.py).
 
@@ -127,13 +127,30 @@ class SanaScript:
         return self.script
 
 
-Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript
+# --- TRL (huggingface/trl) ---------------------------------------------------------------------
+
+
+# Why TRL's export refuses the image families (its SFTTrainer trains language models).
+TRL_LANGUAGE_MODELS = "TRL's SFTTrainer trains language models only"
+
+
+@dataclass(frozen=True)
+class TrlModel:
+    auto_class: str  # the transformers class its train.py loads the model with
+
+    @property
+    def name(self) -> str:
+        return f"SFTTrainer ({self.auto_class})"
+
+
+Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript | TrlModel
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
     "diffusers": DiffusersScripts,
     "kohya": KohyaScripts,
     "simpletuner": SimpleTunerModel,
     "sana": SanaScript,
+    "trl": TrlModel,
 }
 
 

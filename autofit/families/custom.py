@@ -16,5 +16,11 @@ CUSTOM = Family(
     loader="diffusers",
     unit=None,  # `resolution` means whatever the model's make_batch makes of it
     companions=None,
-    trainers={"diffusers": OWN_CODE, "kohya": OWN_CODE, "simpletuner": OWN_CODE, "sana": OWN_CODE},
+    trainers={
+        "diffusers": OWN_CODE,
+        "kohya": OWN_CODE,
+        "simpletuner": OWN_CODE,
+        "sana": OWN_CODE,
+        "trl": OWN_CODE,
+    },
 )

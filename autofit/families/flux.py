@@ -8,6 +8,7 @@ from typing import Any
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -60,5 +61,6 @@ FLUX = Family(
         ),
         "simpletuner": SimpleTunerModel("flux", block_swap=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
     },
 )  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofit.families.base import Family
+from autofit.families.base import Family, TrlModel
 from autofit.words import Refuse
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -23,5 +23,6 @@ LLM = Family(
         "kohya": Refuse("sd-scripts trains image models only"),
         "simpletuner": Refuse("autofit exports SimpleTuner's image models only"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": TrlModel("AutoModelForCausalLM"),
     },
 )  # fmt: skip

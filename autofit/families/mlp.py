@@ -16,5 +16,6 @@ MLP = Family(
         "kohya": Refuse("a test model: no trainer's script trains it"),
         "simpletuner": Refuse("a test model: no trainer's script trains it"),
         "sana": Refuse("a test model: no trainer's script trains it"),
+        "trl": Refuse("a test model: no trainer's script trains it"),
     },
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -28,5 +29,6 @@ SANA = Family(
         "kohya": Refuse("sd-scripts has no Sana trainer"),
         "simpletuner": SimpleTunerModel("sana"),
         "sana": SanaScript("train_scripts/train.py"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
     },
 )  # fmt: skip

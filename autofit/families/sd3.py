@@ -7,6 +7,7 @@ from typing import Any
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -44,5 +45,6 @@ SD3 = Family(
         ),
         "simpletuner": SimpleTunerModel("sd3"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
     },
 )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     COMPANION_LIBRARIES,
+    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -25,5 +26,6 @@ SD3_CONTROLNET = Family(
         "kohya": Refuse("sd-scripts has no SD3 ControlNet trainer"),
         "simpletuner": SimpleTunerModel("sd3", controlnet=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
     },
 )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -36,5 +37,6 @@ SDXL = Family(
         ),
         "simpletuner": SimpleTunerModel("sdxl"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
     },
 )  # fmt: skip

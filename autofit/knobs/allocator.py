@@ -105,4 +105,5 @@ class Allocator(Knob):
         "accelerate": _note(launched=True),
         "diffusers": _note(launched=True),
         **{v: _note(launched=False) for v in ("deepspeed", "kohya", "sana", "simpletuner")},
+        "trl": _note(launched=True),
     }

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import kohya
-from autofit.knobs.base import Knob, Say, Subject, say
+from autofit.knobs.base import Knob, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -67,6 +67,14 @@ class Attention(Knob):
             "math": Say(
                 warning="the script runs diffusers' default attention processor (torch's fused "
                 "SDPA), which holds less than the measured math path"
+            ),
+        },
+        # transformers' own attention under the name TRL's ModelConfig passes on.
+        "trl": {
+            "sdpa": say(attn_implementation="sdpa"),
+            "math": Refuse(
+                "TRL's unfused choice is transformers' eager attention, whose softmax runs in "
+                "fp32 (another run than torch's math kernel)"
             ),
         },
     }

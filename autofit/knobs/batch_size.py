@@ -42,4 +42,7 @@ class BatchSize(Knob):
         "diffusers": lambda v, s: say(
             **{"--train_batch_size": v, "--gradient_accumulation_steps": s.accumulation}
         ),
+        "trl": lambda v, s: say(
+            per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
+        ),
     }

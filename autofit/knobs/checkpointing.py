@@ -5,10 +5,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, Say, say
+from autofit.knobs.base import Knob, Say, Subject, say
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
+
+
+def _trl(value: Any, s: Subject) -> Say:
+    """SFTConfig checkpoints by default, so off is said too; non-reentrant, as measured (the
+    Trainer's activation_checkpointing, transformers 5.24's name for gradient_checkpointing; TRL
+    forces the reentrant kind for adapters under ZeRO-3, which keeps the same block inputs)."""
+    if not value:
+        return say(activation_checkpointing=False)
+    warning = ""
+    if s.config.get("zero_stage") == 3 and s.config.get("train_mode", "full") != "full":
+        warning = (
+            "TRL checkpoints PEFT models under ZeRO-3 with use_reentrant=True (the same block "
+            "inputs kept; backward recomputes each block from them as measured)"
+        )
+    return Say(
+        settings={
+            "activation_checkpointing": True,
+            "activation_checkpointing_kwargs": {"use_reentrant": False},
+        },
+        warning=warning,
+    )
 
 
 class Checkpointing(Knob):
@@ -36,4 +57,5 @@ class Checkpointing(Knob):
         "kohya": lambda v, s: say(gradient_checkpointing=v),
         "sana": lambda v, s: say(**{"train.grad_checkpointing": v}),
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
+        "trl": _trl,
     }

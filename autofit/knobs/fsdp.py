@@ -309,4 +309,6 @@ class Fsdp(Knob):
             "shard_grad_op": Refuse(ZERO_NOT_FSDP, "fsdp=off, with zero_stage=2"),
         },
         "kohya": {"off": Say(), "full_shard": Refuse(NO_FSDP), "shard_grad_op": Refuse(NO_FSDP)},
+        # The accelerate config TRL's train.py is launched with carries it.
+        "trl": checked(lambda v, s: Say()),
     }

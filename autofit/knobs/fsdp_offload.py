@@ -33,4 +33,5 @@ class FsdpOffload(Knob):
         "sana": {"none": Say(), "cpu": FSDP1_ONLY},
         "deepspeed": {"none": Say(), "cpu": Refuse(ZERO_NOT_FSDP, "fsdp_offload=none")},
         "kohya": {"none": Say(), "cpu": Refuse(NO_FSDP, "fsdp_offload=none")},
+        "trl": checked(lambda v, s: Say()),
     }

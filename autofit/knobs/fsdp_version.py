@@ -85,4 +85,5 @@ class FsdpVersion(Knob):
         # fsdp refuses these targets itself (DeepSpeed shards with ZeRO; sd-scripts has no FSDP).
         "deepspeed": lambda v, s: Say(),
         "kohya": lambda v, s: Say(),
+        "trl": lambda v, s: Say(),
     }

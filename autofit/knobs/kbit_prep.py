@@ -129,6 +129,11 @@ class KbitPrep(Knob):
         "kohya": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "sana": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "diffusers": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
+        # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
+        "trl": {
+            "none": Say(),
+            "peft": Refuse("TRL's SFTTrainer does not call prepare_model_for_kbit_training"),
+        },
     }
 
 

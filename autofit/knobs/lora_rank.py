@@ -31,4 +31,5 @@ class LoraRank(Knob):
         "simpletuner": lambda v, s: say(lora_rank=v),
         "kohya": lambda v, s: say(network_dim=v, network_alpha=v),
         "diffusers": lambda v, s: say(**{"--rank": v}),
+        "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
     }

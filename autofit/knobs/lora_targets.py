@@ -88,4 +88,5 @@ class LoraTargets(Knob):
         "simpletuner": {"preset": Say()},
         "kohya": {"preset": Say()},
         "diffusers": _diffusers,
+        "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
     }

@@ -52,7 +52,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import is_causal_lm
-from autofit.knobs.base import Knob, ProbeContext
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 
 if TYPE_CHECKING:
     from autofit.models import ModelPreset
@@ -60,6 +60,33 @@ if TYPE_CHECKING:
 
 CHUNKS = 8  # torchtune's num_output_chunks default
 LITGPT_CHUNK = 128  # litgpt 0.5: the fine-tuning scripts' lm_head_chunk_size and chunk_size
+
+
+# TRL 1.16's SFTTrainer scores every token through its own chunked LM head
+# (trl.trainer.utils.add_fused_lm_head, trl/kernels/chunked_logprob.py), whatever the config says:
+# tiles of 4096 tokens x 32768 vocabulary entries, never the whole logits; its backward recomputes
+# each tile and, where the head trains, sums the head's gradient in a vocabulary x hidden fp32
+# buffer. autofit does not simulate that head yet.
+TRL_HEAD = "TRL 1.16 scores tokens through its own chunked LM head (add_fused_lm_head)"
+
+
+def _trl(value: Any, s: Subject) -> Say | Refuse:
+    if s.config.get("train_mode", "full") == "full":
+        return Refuse(
+            f"{TRL_HEAD}, whose backward holds an fp32 gradient of the whole output projection "
+            "that autofit has not measured",
+            "loss=full or full_native with the head frozen (train_mode=lora, qlora, dora, qdora)",
+        )
+    if value in ("full", "full_native"):
+        return Say(
+            warning=f"{TRL_HEAD}: a 4096-token x 32768-entry tile of logits at a time, never "
+            f"all of them; the run holds less than the measured loss={value}"
+        )
+    return Refuse(
+        f"{TRL_HEAD}, whose 4096-token x 32768-entry tile can hold more than the measured "
+        f"loss={value}",
+        "loss=full, full_native (an upper bound of TRL's head)",
+    )
 
 
 class Loss(Knob):
@@ -92,6 +119,8 @@ class Loss(Knob):
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
     pass_only = True  # how the forward computes the loss
+
+    trainers = {"trl": _trl}
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return is_causal_lm(preset.family)

@@ -29,7 +29,7 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Say
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, say
 
 if TYPE_CHECKING:
     import torch
@@ -154,4 +154,6 @@ class OffloadActivations(Knob):
             "off": Say(),
             "cpu": Refuse("the diffusers example scripts have no activation offloading"),
         },
+        # SFTConfig(activation_offloading=True): TRL's OffloadActivations, as measured.
+        "trl": {"off": Say(), "cpu": say(activation_offloading=True)},
     }

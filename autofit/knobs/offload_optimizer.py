@@ -45,6 +45,8 @@ class OffloadOptimizer(Knob):
         "simpletuner": zero_checked(),  # in the DeepSpeed config the export writes beside
         "diffusers": zero_checked(),  # in the accelerate config the script is launched with
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
+        # accelerate swaps the Trainer's AdamW for DeepSpeed's CPU Adam (the optimizer's words).
+        "trl": zero_checked(),
     }
 
 

@@ -38,4 +38,5 @@ class OffloadParams(Knob):
         "simpletuner": zero_checked(),
         "diffusers": zero_checked(),
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
+        "trl": zero_checked(),  # in the accelerate config it is launched with
     }

@@ -238,6 +238,38 @@ def _deepspeed(value: Any, s: Subject) -> Say | Refuse | None:
     )
 
 
+# transformers' `optim` names (OptimizerNames, trainer_optimizer.py) that build the update the
+# probe ran, with their `optim_args`; AdamW's implementation decides its name (_trl).
+TRL = {
+    "adamw8bit": ("adamw_bnb_8bit", None),
+    "paged_adamw8bit": ("paged_adamw_8bit", None),
+    # relative_step and scale_parameter off, warmup_init at its default (off), as built here
+    "adafactor": ("adafactor", None),
+    "lion8bit": ("lion_8bit", None),
+    "sgd": ("sgd", "momentum=0.9"),
+}
+
+
+def _trl(value: Any, s: Subject) -> Say | Refuse:
+    if s.config.get("offload_optimizer", "none") != "none" and value != "adamw":
+        return Refuse(
+            "under ZeRO-Offload accelerate swaps the Trainer's optimizer for DeepSpeed's CPU "
+            "Adam; autofit measured offload only with optimizer=adamw"
+        )
+    if value == "adamw":
+        fused = s.config.get("optimizer_impl", "fused") == "fused"
+        return say(optim="adamw_torch_fused" if fused else "adamw_torch")
+    if value not in TRL:
+        return Refuse(
+            f"transformers' optimizers have no {value} that holds what the probe's did (its "
+            "lion_32bit keeps fp32 state whatever the weights' dtype)"
+            if value == "lion"
+            else f"transformers' optimizers have no {value}"
+        )
+    name, arguments = TRL[value]
+    return say(optim=name, **({"optim_args": arguments} if arguments else {}))
+
+
 class Optimizer(Knob):
     name = "optimizer"
     default = "adamw"
@@ -282,4 +314,5 @@ class Optimizer(Knob):
         "kohya": _kohya,
         "sana": _sana,
         "diffusers": _diffusers,
+        "trl": _trl,
     }

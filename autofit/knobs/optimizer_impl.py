@@ -92,4 +92,13 @@ class OptimizerImpl(Knob):
         "simpletuner": _by_default(lambda v: {"optimizer_config": ",".join(_words(v, "{k}={lv}"))}),
         "sana": _by_default(lambda v: {f"train.optimizer.{k}": x for k, x in ARGUMENTS[v].items()}),
         "diffusers": _diffusers,
+        # The optimizer's words name transformers' adamw_torch_fused or adamw_torch (foreach).
+        "trl": {
+            "fused": Say(),
+            "foreach": Say(),
+            "for_loop": Refuse(
+                "transformers' AdamW names build it fused (adamw_torch_fused) or with torch's "
+                "default (adamw_torch: foreach on a GPU)"
+            ),
+        },
     }

@@ -149,6 +149,7 @@ class PeftConfigKnob(Knob):
             ("kohya", "sd-scripts"),
             ("sana", "Sana's train.py"),
             ("diffusers", "the diffusers example scripts"),
+            ("trl", "autofit's TRL export"),
         )
     }
 

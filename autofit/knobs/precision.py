@@ -157,6 +157,49 @@ KEEPS_FP32_WEIGHTS = (
 )
 
 
+# TRL's ModelConfig dtype the model loads in: the run's weights, or under adapters its frozen base.
+TRL_DTYPES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    **dict.fromkeys(BF16_WEIGHTS, "bfloat16"),
+}
+TRL_ADAPTERS = "precision=bf16"  # what TRL runs for 16-bit LoRA: fp32 adapters, bf16 autocast
+
+
+def _trl(value: Any, s: Subject) -> Say | Refuse:
+    """The dtype the model loads in and the HF Trainer's autocast (SFTConfig makes bf16 the
+    default, so it is always said). Adapters: PEFT's get_peft_model keeps them in fp32 on a 16-bit
+    model (not under ZeRO-3, where TRL asks it not to), and TRL casts those of a 4-bit model to
+    bf16 (trl/trainer/sft_trainer.py, 1.16)."""
+    mode = s.config.get("train_mode", "full")
+    autocast = {"bf16": value in ("bf16", "bf16_autocast"), "fp16": value == "fp16"}
+    if s.config.get("zero_stage"):
+        if value not in ("bf16", "fp16"):
+            return Refuse(
+                "ZeRO runs a 16-bit model with fp32 master weights (precision bf16 or fp16); "
+                "autofit measured no other precision with zero_stage >= 1"
+            )
+        return say(dtype=TRL_DTYPES[value], **autocast)
+    if mode in ("full", "freeze"):
+        dtype = "bfloat16" if value in BF16_WEIGHTS else "float32"
+        return say(dtype=dtype, **autocast)
+    fp32_adapters = value not in BF16_WEIGHTS  # as the probe trained them
+    if mode in ("qlora", "qdora") and fp32_adapters:
+        return Refuse(
+            "TRL casts the adapters of a 4-bit model to bf16, where the measured run kept them "
+            "in fp32",
+            "precision=bf16_autocast (bf16 adapters under autocast) or bf16_pure",
+        )
+    if mode not in ("qlora", "qdora") and not fp32_adapters:
+        return Refuse(
+            "PEFT keeps LoRA adapters on a 16-bit model in fp32 under TRL (get_peft_model's "
+            "autocast_adapter_dtype), where the measured run kept them in bf16",
+            TRL_ADAPTERS,
+        )
+    return say(dtype=TRL_DTYPES[value], **autocast)
+
+
 class Precision(Knob):
     name = "precision"
     default = "bf16"
@@ -257,4 +300,5 @@ class Precision(Knob):
                 ),
             ),
         },
+        "trl": _trl,
     }

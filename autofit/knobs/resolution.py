@@ -47,4 +47,5 @@ class Resolution(Knob):
         "simpletuner": lambda v, s: say(resolution=v, resolution_type="pixel_area"),
         "sana": lambda v, s: say(**{"data.image_size": v, "model.image_size": v}),
         "diffusers": _diffusers,
+        "trl": lambda v, s: say(max_length=v),  # every sample cut (or packed) to it
     }

@@ -106,6 +106,36 @@ SIMPLETUNER_LORA = {"model_type": "lora", "lora_type": "standard"}
 SIMPLETUNER_NF4 = {"base_model_precision": "nf4-bnb", "base_model_default_dtype": "bf16"}
 
 
+def _trl(value: Any, s: Subject) -> Say | Refuse:
+    """TRL's ModelConfig fields for the adapters (its train.py builds LoraConfig and
+    BitsAndBytesConfig from them): peft's LoRA without dropout, alpha = rank as measured; a 4-bit
+    base in NF4 with double quantization, stored in bf16 where ZeRO-3 or FSDP shards it."""
+    if value == "full":
+        return say(use_peft=False)
+    if value == "freeze":
+        return Refuse(
+            "TRL's SFTTrainer trains the whole model or PEFT adapters, not the last blocks"
+        )
+    if value == "peft":
+        return NO_PEFT_FILE("autofit's TRL export")
+    settings: dict[str, Any] = {
+        "use_peft": True,
+        "lora_dropout": 0.0,
+        "use_dora": value in DORA_MODES,
+    }
+    if value in FOUR_BIT_MODES:
+        settings.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+        if s.config.get("zero_stage") == 3 or s.config.get("fsdp", "off") != "off":
+            settings["bnb_4bit_quant_storage"] = "bfloat16"
+    warning = ""
+    if value == "qdora":
+        warning = (
+            "TRL keeps DoRA's magnitude vectors in fp32 on a 4-bit base (one value per output "
+            "feature: kilobytes a layer) where the measured run kept them in bf16"
+        )
+    return Say(settings=settings, warning=warning)
+
+
 class TrainMode(Knob):
     name = "train_mode"
     default = "full"
@@ -203,6 +233,7 @@ class TrainMode(Knob):
             "peft": SANA_WHOLE_MODEL,
         },
         "diffusers": _diffusers,
+        "trl": _trl,
     }
 
 

@@ -42,4 +42,5 @@ class WorldSize(Knob):
         "simpletuner": lambda v, s: say(num_processes=v),
         "sana": _sana,
         "diffusers": lambda v, s: Say(),  # the accelerate config's num_processes
+        "trl": lambda v, s: Say(),  # the accelerate config's num_processes
     }

@@ -321,6 +321,8 @@ class ZeroStage(Knob):
         "diffusers": zero_checked(
             lambda v, s: _no_quant_storage(v, s, "the diffusers example scripts") or Say()
         ),
+        # The accelerate config TRL's train.py is launched with carries it (its accelerate words).
+        "trl": zero_checked(lambda v, s: Say()),
     }
 
 
