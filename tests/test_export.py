@@ -111,6 +111,9 @@ def point_for(target: str, study: str, point: int | None, batch: int | None = No
     loaded = load_point(_summary(study), point, batch)
     if target in AUTOCASTING and loaded.config["precision"] == "bf16_pure":
         loaded = dataclasses.replace(loaded, config={**loaded.config, "precision": "bf16_autocast"})
+    if target == "trl" and loaded.config["loss"] != "trl_fused":
+        # A search for TRL (trainer=trl) simulates its own LM head; the fixed QLoRA study did not.
+        loaded = dataclasses.replace(loaded, config={**loaded.config, "loss": "trl_fused"})
     if (target, loaded.model, loaded.config["train_mode"]) == ("diffusers", "flux_dev", "lora"):
         # The script holds its text encoders either way (see test_diffusers_flux_lora_...).
         loaded = dataclasses.replace(loaded, config={**loaded.config, "encoders": "online"})
@@ -451,7 +454,7 @@ def test_trl_settings_are_read_by_trls_own_parser(workdir: Path) -> None:
 def test_trl_refuses_what_it_does_not_run_as_measured(workdir: Path) -> None:
     loaded = point_for("trl", TRL_SEARCH, None)
     for change, knob in (
-        ({"train_mode": "full"}, "loss"),  # its LM head's fp32 gradient, not simulated
+        ({"loss": "full"}, "loss"),  # TRL scores tokens through its own fused LM head
         ({"precision": "bf16_pure"}, "precision"),  # PEFT's fp32 adapters on a bf16 model
         ({"loss": "fused_linear"}, "loss"),
         ({"optimizer_impl": "for_loop"}, "optimizer_impl"),

@@ -80,6 +80,8 @@ def test_chunked_forward_peak_is_lower_by_the_logits() -> None:
         ("full_native", "bf16"),
         ("chunked_native", "bf16_pure"),
         ("chunked_native", "bf16"),
+        ("trl_fused", "bf16_pure"),
+        ("trl_fused", "bf16"),
     ],
 )
 def test_fake_and_real_allocate_the_same(loss: str, precision: str) -> None:
@@ -119,7 +121,7 @@ def test_chunked_loss_is_the_models_own_loss() -> None:
     assert chunked.item() == pytest.approx(full.item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("loss", ["full_native", "chunked_native"])
+@pytest.mark.parametrize("loss", ["full_native", "chunked_native", "trl_fused"])
 def test_native_losses_are_the_models_own_loss(loss: str) -> None:
     """In fp32 the logits' own dtype is fp32: the same number as the model's loss."""
     workload, model, batch = _tiny_fp32_run()
@@ -154,7 +156,9 @@ def test_chunked_native_keeps_the_logits_through_backward() -> None:
     assert chunked.phase_peaks["optimizer"] - full.phase_peaks["optimizer"] >= logits
 
 
-@pytest.mark.parametrize("loss", ["chunked", "fused_linear", "full_native", "chunked_native"])
+@pytest.mark.parametrize(
+    "loss", ["chunked", "fused_linear", "full_native", "chunked_native", "trl_fused"]
+)
 def test_chunked_and_fused_are_for_causal_language_models_only(loss: str) -> None:
     gpu = load_gpu("a40")
     llm, sana = load_preset("llama3_8b"), load_preset("sana_600m")
@@ -263,3 +267,44 @@ def test_fused_saves_memory_over_chunked_where_searched() -> None:
     loss = REGISTRY["loss"]
     assert loss.saves_memory_over("fused_linear", ("full", "chunked", "fused_linear")) == "chunked"
     assert loss.saves_memory_over("fused_linear", ("full", "fused_linear")) == "full"
+
+
+# --- loss=trl_fused: TRL 1.16 SFTTrainer's fused LM head, run by TRL's own code ----------------
+
+
+@pytest.mark.parametrize("train_mode", ["full", "lora"])
+def test_trl_fused_fake_and_real_allocate_the_same(train_mode: str) -> None:
+    """TRL's own head on fake and on real CPU tensors, the head trained (its fp32 gradient sum)
+    or frozen; the fold's tile temporaries counted on neither (a GPU's Triton kernel has none)."""
+    probe = tiny_llm(precision="bf16_pure", loss="trl_fused", train_mode=train_mode)
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(probe)
+    assert fake.sizes == real.sizes
+    assert fake.peak_report() == real.peak_report()
+
+
+def test_trl_fused_holds_one_tile_never_the_logits() -> None:
+    """The full loss's forward holds the bf16 logits of every token, their fp32 copy and the fp32
+    log-probabilities; TRL's head one reused bf16 tile, (at most) 4096 scored tokens by its
+    32768-entry vocabulary chunk however small the vocabulary (here 190 tokens, 8192 entries),
+    and per-token vectors."""
+    tile = r(min(B * (T - 1), 4096) * 32768 * 2)
+    logits = r(B * T * V * 2) + 2 * r(B * T * V * 4)
+    difference = forward_peak("full", "bf16_pure") - forward_peak("trl_fused", "bf16_pure")
+    per_token = 16 * r(B * T * 8)  # labels, masks, running statistics and their like
+    assert abs(difference - (logits - tile)) <= per_token
+
+
+def test_uncounted_storages_are_counted_nowhere() -> None:
+    from autofit.simulator.tracker import MemoryTracker, uncounted
+
+    with MemoryTracker() as tracker:
+        kept = torch.empty(1000)
+        with uncounted():
+            scratch = torch.empty(5000)
+            kept.add_(1)  # in place: no new storage
+            del scratch
+        after = torch.empty(3000)
+    assert [tracker.sizes[i] for i in range(len(tracker.sizes))] == [r(4000), r(12000)]
+    assert tracker.host_sizes == []
+    del kept, after

@@ -32,6 +32,12 @@
   `nn.CrossEntropyLoss` on the bf16 logits, for one). Under pure bf16 the logits, their shifted
   copy and the log-probabilities are three bf16 tensors where `full` holds one bf16 and two fp32.
   Under autocast torch upcasts the log-softmax itself, so the two differ by the copy only.
+- `trl_fused`: TRL 1.16's SFTTrainer, which scores every token through its own fused LM head
+  (`add_fused_lm_head`, trl/kernels/chunked_logprob.py) whatever its config says: 4096 tokens at a
+  time projected onto 32768 vocabulary entries at a time into one reused tile, folded into
+  per-token statistics, never the whole logits; backward recomputes each tile and sums the hidden
+  states' gradient (and a trained head's) in fp32. TRL's own code runs it on every backend
+  (autofit/workloads/trl_head.py says how its Triton kernel's memory is kept).
 - `chunked_native`: LitGPT's (litgpt 0.5, `lm_head_chunk_size=128` and `chunked_cross_entropy`
   with `chunk_size=128`): the output projection over 128-token slices of the sequence, every
   slice's logits kept (the model returns their list), and the cross-entropy of each slice in the
@@ -47,6 +53,7 @@ training loop must do.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -62,31 +69,15 @@ CHUNKS = 8  # torchtune's num_output_chunks default
 LITGPT_CHUNK = 128  # litgpt 0.5: the fine-tuning scripts' lm_head_chunk_size and chunk_size
 
 
-# TRL 1.16's SFTTrainer scores every token through its own chunked LM head
-# (trl.trainer.utils.add_fused_lm_head, trl/kernels/chunked_logprob.py), whatever the config says:
-# tiles of 4096 tokens x 32768 vocabulary entries, never the whole logits; its backward recomputes
-# each tile and, where the head trains, sums the head's gradient in a vocabulary x hidden fp32
-# buffer. autofit does not simulate that head yet.
-TRL_HEAD = "TRL 1.16 scores tokens through its own chunked LM head (add_fused_lm_head)"
+# TRL 1.16's SFTTrainer scores every token through its own fused LM head whatever its config says
+# (trl/trainer/sft_trainer.py: liger's fused loss is refused, the others are never asked for).
+TRL = {"trl_fused": Say()}
 
 
 def _trl(value: Any, s: Subject) -> Say | Refuse:
-    if s.config.get("train_mode", "full") == "full":
-        return Refuse(
-            f"{TRL_HEAD}, whose backward holds an fp32 gradient of the whole output projection "
-            "that autofit has not measured",
-            "loss=full or full_native with the head frozen (train_mode=lora, qlora, dora, qdora)",
-        )
-    if value in ("full", "full_native"):
-        return Say(
-            warning=f"{TRL_HEAD}: a 4096-token x 32768-entry tile of logits at a time, never "
-            f"all of them; the run holds less than the measured loss={value}"
-        )
-    return Refuse(
-        f"{TRL_HEAD}, whose 4096-token x 32768-entry tile can hold more than the measured "
-        f"loss={value}",
-        "loss=full, full_native (an upper bound of TRL's head)",
-    )
+    if value in TRL:
+        return TRL[value]
+    return Refuse("TRL 1.16's SFTTrainer scores every token through its own fused LM head")
 
 
 class Loss(Knob):
@@ -96,7 +87,8 @@ class Loss(Knob):
     help = (
         "causal LM loss: full (all logits upcast to fp32 at once) | chunked (8 chunks of the "
         "sequence) | fused_linear (Liger-Kernel's fused linear cross-entropy) | full_native (all "
-        "logits in the model's dtype, no upcast) | chunked_native (LitGPT's 128-token chunks)"
+        "logits in the model's dtype, no upcast) | chunked_native (LitGPT's 128-token chunks) | "
+        "trl_fused (TRL's fused LM head)"
     )
     values = {
         "full": "the model's own loss: the output projection over the whole sequence, all logits "
@@ -116,6 +108,9 @@ class Loss(Knob):
         f"chunked_cross_entropy chunk_size={LITGPT_CHUNK}): the output projection over "
         f"{LITGPT_CHUNK}-token slices, every slice's logits kept, each slice's cross-entropy in "
         "the logits' dtype",
+        "trl_fused": "TRL 1.16 SFTTrainer's fused LM head (trl.trainer.utils.add_fused_lm_head), "
+        "run by TRL's own code: the output projection in 4096-token x 32768-entry tiles folded "
+        "into per-token log-probabilities, never the whole logits, the gradients summed in fp32",
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
     pass_only = True  # how the forward computes the loss
@@ -133,7 +128,12 @@ class Loss(Knob):
             return "chunked" if "chunked" in searched else "full"
         return "full" if value == "chunked" else None
 
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        return ("trl", "autofit.workloads.trl_head") if value == "trl_fused" else ()
+
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value == "trl_fused" and importlib.util.find_spec("trl") is None:
+            return "loss=trl_fused runs TRL's own fused LM head: pip install 'trl>=1.16,<1.17'"
         if value != "full" and not is_causal_lm(context.model.family):
             return (
                 f"loss={value} is a causal language model's loss over its output projection; "
@@ -154,5 +154,6 @@ class Loss(Knob):
             "chunked_native": functools.partial(
                 llm.litgpt_chunked_cross_entropy, chunk=LITGPT_CHUNK
             ),
+            "trl_fused": llm.trl_fused_cross_entropy,
         }[value]
         return llm.loss_computed_by(loss)

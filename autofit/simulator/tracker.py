@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -148,6 +148,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         self._emptied: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.phase = "setup"
         self.current = 0
+        self._uncounted_depth = 0  # inside uncounted(): new storages are not counted at all
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -199,7 +200,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         known = self._live.get(key)
         if known is not None:
             return known
-        if key in self._host:
+        if key in self._host or self._uncounted_depth:
             return None
         if self._host_depth or storage.device.type != self.device_type:
             # On a real GPU a storage made on it inside host() is still not host memory.
@@ -350,6 +351,17 @@ class MemoryTracker(TorchDispatchMode, StepLog):
             self._pinned_depth -= pinned
 
     @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Storages made inside are counted nowhere, neither GPU nor host memory: the
+        temporaries of torch code that stands for a GPU kernel allocating none of them (TRL's
+        Triton fold, autofit/workloads/trl_head.py). Nothing made inside may outlive it."""
+        self._uncounted_depth += 1
+        try:
+            yield
+        finally:
+            self._uncounted_depth -= 1
+
+    @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         previous = self.phase
         self._set_phase(phase)
@@ -361,3 +373,12 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
         self.phase_changes.append((len(self.events), phase))
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Every entered tracker's `uncounted` at once (none entered: nothing to set aside)."""
+    with ExitStack() as stack:
+        for tracker in list(_RESIZE_WATCHERS):
+            stack.enter_context(tracker.uncounted())
+        yield

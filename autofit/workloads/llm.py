@@ -193,6 +193,14 @@ def litgpt_chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunk: int
     return torch.cat(losses).sum() / (targets != IGNORE_INDEX).sum()
 
 
+def trl_fused_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """TRL 1.16 SFTTrainer's loss through its own fused LM head (autofit/workloads/trl_head.py),
+    imported only where it is asked for."""
+    from autofit.workloads.trl_head import trl_cross_entropy
+
+    return trl_cross_entropy(model, causal_lm(model), input_ids)
+
+
 def fused_linear_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy as Liger-Kernel's transformers integration computes it
     (liger_kernel/transformers/model/loss_utils.py, `LigerForCausalLMLoss`, 0.8.5): the labels
