@@ -425,6 +425,37 @@ def test_a_search_for_a_trainer_simulates_what_that_trainer_runs(tmp_path: Path)
     assert trainer_stack(TARGETS["kohya"], load_preset("flux_dev"), {"train_mode": ("lora",)}) == {}
 
 
+@pytest.mark.long
+def test_a_search_for_trl_simulates_its_fused_lm_head_and_exports_unrefused(
+    tmp_path: Path,
+) -> None:
+    """TRL 1.16 scores tokens through its own fused LM head whatever its config says: with
+    trainer=trl every trial runs loss=trl_fused, QLoRA runs as TRL keeps its adapters (bf16, under
+    the Trainer's autocast), and the best exports to TRL without a refusal."""
+    space = tmp_path / "qlora.yaml"
+    space.write_text(
+        "batch_size: {min: 1, max: 2}\nresolution: [512]\ntarget: {resolution: 512}\n"
+        "knobs:\n  train_mode: [lora, qlora]\n  precision: [bf16, bf16_autocast]\n"
+        "  optimizer: [adamw]\n  checkpointing: [true]\n"
+    )
+    done = autofit(
+        "search", "model=llama3_2_1b", "gpu=rtx3060_12", f"space={space}", "trainer=trl",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "loss=trl_fused as trl runs it" in done.stdout
+    out = tmp_path / "results" / "llama3_2_1b-rtx3060_12-qlora-trl"
+    summary = json.loads((out / "summary.json").read_text())
+    runs = [summary["best"], *summary["pareto"]]
+    assert all(run["config"]["loss"] == "trl_fused" for run in runs)
+    # TRL's pairs: LoRA with fp32 adapters under autocast (bf16), QLoRA with bf16 ones.
+    pairs = {(run["config"]["train_mode"], run["config"]["precision"]) for run in runs}
+    assert pairs <= {("lora", "bf16"), ("qlora", "bf16_autocast")}, pairs
+    exported = autofit("export", f"study={out.name}", f"out={tmp_path / 'export'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "export" / "sft.yaml").is_file()
+
+
 def test_nothing_fits_names_the_run_the_search_measured_at_another_resolution() -> None:
     """Where nothing fits at the target resolution but a run the search measured fits at another
     of its resolutions, the line names it and the setting that answers there."""

@@ -224,7 +224,7 @@ class Precision(Knob):
         if value == "bf16_autocast" and "bf16_pure" in searched:
             return (
                 "precision=bf16_autocast holds at least what bf16_pure holds at the same speed: "
-                "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya)"
+                "searched only for a trainer that runs bf16 under autocast (simpletuner, kohya, trl)"
             )
         return None
 
