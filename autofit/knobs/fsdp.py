@@ -67,8 +67,10 @@ def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | Non
     for knob, off, why in NOT_WITH:
         if config.get(knob, off) != off:
             return f"fsdp={value} with {knob}={config[knob]}: {why}"
-    if config.get("fsdp_offload", "none") == "cpu" and config.get("optimizer") == "paged_adamw8bit":
-        return "fsdp_offload=cpu steps on the host, where paged_adamw8bit has no GPU pages to page: use adamw8bit"
+    optimizer = config.get("optimizer", "")
+    if config.get("fsdp_offload", "none") == "cpu" and optimizer.startswith("paged_"):
+        unpaged = optimizer.removeprefix("paged_")
+        return f"fsdp_offload=cpu steps on the host, where {optimizer} has no GPU pages to page: use {unpaged}"
     # The cpu and cuda backends run fully_shard itself in a one-process group (shard_for_real;
     # torch 2.13 runs it on the CPU over gloo), whose resized storages and DTensors the tracker
     # follows (autofit/simulator/tracker.py).

@@ -1,9 +1,9 @@
 """optimizer: which update rule runs, and so how many bytes of state each parameter carries.
 
 - `adamw`: torch AdamW, fused; two states like the parameter.
-- `adamw8bit`, `paged_adamw8bit`, `lion8bit`: bitsandbytes' block-wise 8-bit states (one byte per
-  element per state, plus an fp32 scale per 256 elements); the paged one keeps large states in
-  CUDA unified memory, paged to the host under pressure.
+- `adamw8bit`, `paged_adamw8bit`, `lion8bit`, `paged_lion8bit`: bitsandbytes' block-wise 8-bit
+  states (one byte per element per state, plus an fp32 scale per 256 elements); the paged ones
+  keep large states in CUDA unified memory, paged to the host under pressure.
 - `adafactor`: transformers' Adafactor, factored second moments (a row and a column vector per
   matrix), no first moment.
 - `came`: CAME, factored second moments and factored confidence, plus a first moment.
@@ -107,9 +107,14 @@ RULES = {
     "came": UpdateRule(_came, "came_pytorch.CAME", ("came_pytorch",)),
     "lion": UpdateRule(_lion, "lion_pytorch.Lion", ("lion_pytorch",)),
     "lion8bit": UpdateRule(_bnb("Lion8bit", states=1, paged=False), "bitsandbytes.optim.Lion8bit", ("bitsandbytes",)),
+    "paged_lion8bit": UpdateRule(_bnb("PagedLion8bit", states=1, paged=True), "bitsandbytes.optim.PagedLion8bit", ("bitsandbytes",)),
     "adamw_bf16": UpdateRule(_adamw_bf16, "an AdamW keeping bf16 states with stochastic rounding (SimpleTuner's adamw_bf16)"),
     "sgd": UpdateRule(_sgd, "torch.optim.SGD(momentum=0.9)"),
 }  # fmt: skip
+
+
+# The bitsandbytes optimizers whose state lives in CUDA unified memory.
+PAGED = ("paged_adamw8bit", "paged_lion8bit")
 
 
 def build_optimizer(name: str, params: list[Any], run: RunState) -> Any:
@@ -152,6 +157,7 @@ SIMPLETUNER = {
     "came": ("sdnq-came", "use_quantized_buffers=false,use_stochastic_buffers=false"),
     "lion": ("optimi-lion", "kahan_sum=false"),
     "lion8bit": ("bnb-lion8bit", None),
+    "paged_lion8bit": ("bnb-lion8bit-paged", None),
     "adamw_bf16": ("adamw_bf16", None),
     "sgd": ("torch-sgd", "momentum=0.9"),
 }
@@ -168,6 +174,7 @@ KOHYA = {
     "came": ("came_pytorch.CAME", ["weight_decay=0.01"]),
     "lion": ("Lion", ["weight_decay=0.01"]),
     "lion8bit": ("Lion8bit", []),
+    "paged_lion8bit": ("PagedLion8bit", []),
     "adamw_bf16": ("AdamW", ["fused=True"]),
     "sgd": ("SGD", ["momentum=0.9"]),
 }
@@ -246,6 +253,7 @@ TRL = {
     # relative_step and scale_parameter off, warmup_init at its default (off), as built here
     "adafactor": ("adafactor", None),
     "lion8bit": ("lion_8bit", None),
+    "paged_lion8bit": ("paged_lion_8bit", None),
     "sgd": ("sgd", "momentum=0.9"),
 }
 
@@ -291,8 +299,8 @@ class Optimizer(Knob):
         return super().means(value, subject)
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if value == "paged_adamw8bit" and context.backend == "cpu":
-            return "optimizer=paged_adamw8bit pages its state through CUDA unified memory: it needs the cuda or simulate backend"
+        if value in PAGED and context.backend == "cpu":
+            return f"optimizer={value} pages its state through CUDA unified memory: it needs the cuda or simulate backend"
         if value == "adamw_bf16" and context.knobs.get("precision") not in BF16_WEIGHTS:
             return "optimizer=adamw_bf16 trains bf16 weights: it needs precision=bf16_pure or bf16_autocast"
         return None
