@@ -349,6 +349,32 @@ def test_kohya_tomls_follow_sd_scripts(workdir: Path) -> None:
         assert train.get("full_bf16", False) == (point.config["precision"] == "bf16_autocast")
 
 
+def test_kohya_sdxl_in_fp16_runs_the_vae_in_fp32_as_its_guide_asks(workdir: Path) -> None:
+    """sd-scripts' SDXL guide asks for --no_half_vae under fp16. With cached latents the VAE
+    leaves the GPU before training, so the export writes it; with latents encoded every step it
+    would hold the VAE in fp32 on the GPU, more than measured, so the export warns instead."""
+    from autofit.export.point import StudyPoint
+
+    def exported(encoders: str) -> Any:
+        config = {
+            **knob_defaults(), "train_mode": "lora", "resolution": 1024, "precision": "fp16",
+            "encoders": encoders,
+        }  # fmt: skip
+        point = StudyPoint(
+            study="sdxl", summary_path=workdir / "summary.json", preset=load_preset("sdxl"),
+            gpu="rtx3060_12", backend="simulate", label="best", config=config, peak_bytes=1,
+            budget_bytes=2, samples_per_s=1.0,
+        )  # fmt: skip
+        return TARGETS["kohya"].run(point, workdir / encoders)
+
+    cached = exported("cached")
+    assert tomllib.loads(cached.files["train.toml"])["no_half_vae"] is True
+    assert not any("no_half_vae" in w for w in cached.warnings)
+    online = exported("online")
+    assert "no_half_vae" not in tomllib.loads(online.files["train.toml"])
+    assert any("--no_half_vae" in w and "encoders=cached" in w for w in online.warnings)
+
+
 def test_kohya_refuses_more_blocks_than_sd_scripts_swaps(workdir: Path) -> None:
     point = load_point(Path("results") / FLUX / "summary.json", 3)
     point = dataclasses.replace(point, config={**point.config, "swap_blocks": 36})

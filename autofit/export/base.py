@@ -237,6 +237,17 @@ class Target:
         return plan
 
 
+def steps_note(plan: ExportPlan, length: str) -> None:
+    """How the trainer's steps follow from the user's dataset: what one optimizer step takes, and
+    `length`, how many steps the trainer's own settings then make (in its words)."""
+    point = plan.point
+    gpus = f"{point.world_size} GPU{'s' if point.world_size > 1 else ''}"
+    plan.note(
+        f"steps: one optimizer step takes {point.micro_batch} per GPU x {gpus} x "
+        f"{point.accumulation} accumulation = {point.global_batch} samples; {length}"
+    )
+
+
 def weights(plan: ExportPlan) -> str:
     """The weights to train: the preset's published ones, or a placeholder and a note."""
     known = plan.point.preset.weights

@@ -15,7 +15,7 @@ import shlex
 from typing import Any
 
 from autofit.export.accelerate import accelerate_config, launch_prefix
-from autofit.export.base import ExportPlan, Target, weights
+from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.families import diffusers_script
 from autofit.trainers import DATA_DIR
 
@@ -70,6 +70,11 @@ class Diffusers(Target):
             "launch.sh", f"#!/bin/sh\n{heading}{command}", f"the launch command for {script.path}"
         )
         plan.command = command
+        steps_note(
+            plan,
+            "an epoch is your images / that many steps, and the script runs --max_train_steps "
+            "(or --num_train_epochs when no step count is given)",
+        )
         plan.note("run the launch command from a clone of the diffusers repository")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from autofit.export.base import ExportPlan, Target
+from autofit.export.base import ExportPlan, Target, steps_note
 from autofit.export.defaults import MARK
 from autofit.export.toml import dumps
 from autofit.families import KohyaScripts, kohya
@@ -86,6 +86,11 @@ class Kohya(Target):
             text += f"\n# {plan.defaults_heading}\n" + dumps(defaults, comment=MARK)
         config = plan.add("train.toml", text, f"sd-scripts training config for {script}")
         plan.note(f"put your images (with .txt captions) in '{DATA_DIR}' of dataset.toml")
+        steps_note(
+            plan,
+            "an epoch is your images x num_repeats (1 in dataset.toml) / that many steps, for "
+            "max_train_epochs (or until max_train_steps) of train.toml",
+        )
         plan.note("run the launch command from sd-scripts' folder")
         plan.command = (
             f"accelerate launch --num_processes {world} --mixed_precision {args['mixed_precision']} "

@@ -18,7 +18,7 @@ import json
 import shlex
 from typing import Any
 
-from autofit.export.base import ExportPlan, Target, knob_text
+from autofit.export.base import ExportPlan, Target, knob_text, steps_note
 from autofit.families import REGISTRY, SanaScript
 
 
@@ -93,6 +93,10 @@ class Sana(Target):
             [f"torchrun --nproc_per_node={world} {script.script}",
              shlex.quote(f"--config_path={base}"), "--work_dir=output/autofit", *flags(data)]
         )  # fmt: skip
+        steps_note(
+            plan,
+            "an epoch is your images / that many steps, for train.num_epochs of the config",
+        )
         plan.note("run the launch command from Sana's repository folder")
 
 

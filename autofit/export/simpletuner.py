@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any
 
-from autofit.export.base import ExportPlan, Target, weights
+from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.export.deepspeed import ds_config_of
 from autofit.families import simpletuner
 from autofit.trainers import DATA_DIR, SIMPLETUNER_ENV
@@ -88,6 +88,11 @@ class SimpleTuner(Target):
             f"SimpleTuner dataset: one square {resolution}px bucket and the text-embed cache",
         )
         plan.note(f"put your images (with .txt captions) in '{DATA_DIR}' of multidatabackend.json")
+        steps_note(
+            plan,
+            "an epoch is your images (times a dataset's repeats) / that many steps, and training "
+            "runs max_train_steps of config.json (num_train_epochs 0: steps decide)",
+        )
         plan.command = (
             f"mkdir -p config/{SIMPLETUNER_ENV} && cp {shlex.quote(str(plan.out))}/*.json config/{SIMPLETUNER_ENV}/ && "
             f"TRAINING_NUM_PROCESSES={point.world_size} "

@@ -19,7 +19,7 @@ import shlex
 import yaml
 
 from autofit.export.accelerate import accelerate_config
-from autofit.export.base import ExportPlan, Target, weights
+from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.knobs.allocator import environment as allocator_environment
 
 DATASET = "path/to/dataset"  # placeholder: autofit never sees the user's data
@@ -150,11 +150,11 @@ class Trl(Target):
             f"'{DATASET}' in sft.yaml: your dataset (a hub id or a folder load_dataset reads) with "
             "a 'text' column, or 'messages' in the chat format"
         )
-        plan.note(
-            "steps: each epoch takes your examples / (per_device_train_batch_size x "
-            f"gradient_accumulation_steps x {point.world_size} GPU{'s' if point.world_size > 1 else ''})"
-            " optimizer steps, for SFTConfig's num_train_epochs (3 unless set) or max_steps; "
-            "each example is cut to max_length tokens, the length the run was measured at"
+        steps_note(
+            plan,
+            "an epoch is your examples / that many steps, for SFTConfig's num_train_epochs (3 "
+            "unless set) or max_steps; each example is cut to max_length tokens, the length the "
+            "run was measured at",
         )
 
 

@@ -152,6 +152,40 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+KOHYA: dict[str, Say | Refuse] = {
+    "fp32": say(mixed_precision="no", save_precision="float"),
+    "fp16": say(mixed_precision="fp16", save_precision="fp16"),
+    "bf16": say(mixed_precision="bf16", save_precision="bf16"),
+    # bf16 weights, gradients and optimizer states, under accelerate's autocast
+    "bf16_autocast": say(mixed_precision="bf16", full_bf16=True, save_precision="bf16"),
+    "bf16_pure": Refuse(
+        "sd-scripts runs full_bf16 under accelerate's bf16 autocast (precision=bf16_autocast), "
+        "whose fp32 norm and softmax outputs hold more than the measured run without autocast"
+    ),
+}
+# sd-scripts' SDXL guide (docs/sdxl_train_network.md at 48d368fa, "Recommended Settings"): under
+# fp16 run the VAE in fp32 (--no_half_vae), as SDXL's VAE can make NaNs in fp16.
+NO_HALF_VAE = (
+    "sd-scripts' SDXL guide asks for --no_half_vae under fp16 (SDXL's VAE can make NaNs in fp16)"
+)
+
+
+def _kohya(value: Any, s: Subject) -> Say | Refuse:
+    """With cached latents sd-scripts encodes them before training and moves the VAE to the CPU
+    (train_network.py), so the guide's fp32 VAE costs the training step nothing; latents encoded
+    every step keep the VAE on the GPU, where fp32 holds more than the measured fp16."""
+    words = KOHYA[value]
+    if value != "fp16" or s.family != "sdxl" or not isinstance(words, Say):
+        return words
+    if s.config.get("encoders", "cached") == "cached":
+        return Say(settings={**words.settings, "no_half_vae": True})
+    return Say(
+        settings=words.settings,
+        warning=f"{NO_HALF_VAE}, which keeps the VAE on the GPU in fp32 when latents are encoded "
+        "every step (more than measured): cache them (encoders=cached) to add it at no cost",
+    )
+
+
 KEEPS_FP32_WEIGHTS = (
     "keeps fp32 weights under accelerate's mixed precision; it has no bf16-weight mode"
 )
@@ -267,17 +301,7 @@ class Precision(Knob):
         "accelerate": ACCELERATE,
         "deepspeed": _deepspeed,
         "simpletuner": _simpletuner,
-        "kohya": {
-            "fp32": say(mixed_precision="no", save_precision="float"),
-            "fp16": say(mixed_precision="fp16", save_precision="fp16"),
-            "bf16": say(mixed_precision="bf16", save_precision="bf16"),
-            # bf16 weights, gradients and optimizer states, under accelerate's autocast
-            "bf16_autocast": say(mixed_precision="bf16", full_bf16=True, save_precision="bf16"),
-            "bf16_pure": Refuse(
-                "sd-scripts runs full_bf16 under accelerate's bf16 autocast (precision=bf16_autocast), "
-                "whose fp32 norm and softmax outputs hold more than the measured run without autocast"
-            ),
-        },
+        "kohya": _kohya,
         "sana": {
             "fp32": say(**{"model.mixed_precision": "fp32"}),
             "fp16": say(**{"model.mixed_precision": "fp16"}),
