@@ -34,6 +34,17 @@ CONFIGS = {
 MOE = {
     "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
 }  # fmt: skip
+# DeepSeek-V3's layout: multi-head latent attention (low-rank query and key-value projections),
+# a dense first block, then routed experts beside a shared one.
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2,
+    "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4,
+}  # fmt: skip
+# Its latent attention alone (every block dense): real routing is data-dependent, so only a
+# model without routed experts can be held to fake-equals-real.
+CONFIGS["deepseek_v3_mla"] = {**DEEPSEEK_V3, "first_k_dense_replace": SMALL["num_hidden_layers"]}
 
 
 def _folder(root: Path, name: str, fields: dict[str, Any]) -> Path:
@@ -75,6 +86,29 @@ def test_lora_adapts_every_linear_layer_the_config_s_blocks_have(tmp_path: Path)
     )  # fmt: skip
     _, fake = simulate.trace(spec)  # the experts through the grouped-GEMM stand-in
     assert fake.peak > 0
+
+
+@pytest.mark.parametrize("train_mode", ["full", "lora"])
+def test_a_deepseek_v3_config_adapts_its_latent_attention_and_dense_blocks(
+    train_mode: str, tmp_path: Path
+) -> None:
+    """LoRA's targets are the linear layers its blocks have: the latent attention's low-rank
+    projections and the dense and shared-expert MLPs (the routed experts are fused 3-D
+    parameters); the model traces on fake tensors, its experts through the grouped-GEMM
+    stand-in."""
+    entry = preset_entry(str(_folder(tmp_path, "dsv3", DEEPSEEK_V3)))
+    assert entry["family"] == "llm" and entry["blocks"] == ["model.layers"]
+    assert entry["lora_targets"] == [
+        "down_proj", "gate_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_a_proj",
+        "q_b_proj", "up_proj",
+    ]  # fmt: skip
+    spec = make_spec(
+        ModelPreset.from_dict(entry), load_gpu("a40"),
+        {"batch_size": 2, "resolution": 32, "train_mode": train_mode},
+        backend="simulate", timeout_s=300,
+    )  # fmt: skip
+    run, fake = simulate.trace(spec)
+    assert fake.peak > 0 and run.trainable_param_count > 0
 
 
 def _cache(root: Path, repo: str, config: dict[str, Any]) -> Path:
