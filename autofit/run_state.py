@@ -229,6 +229,11 @@ class RunState:
         `pinned`: page-locked, as offload's and swap's staging buffers are."""
         return self.tracker.host(pinned) if self.tracker else nullcontext()
 
+    def on_stream(self, stream: int) -> Any:
+        """GPU memory allocated inside comes from CUDA stream `stream`'s pool of the caching
+        allocator (see MemoryTracker.on_stream); 0 is the default stream."""
+        return self.tracker.on_stream(stream) if self.tracker else nullcontext()
+
     def built_on_host(self) -> ExitStack:
         """Entered while the model is constructed: it is built in host memory, for a knob's
         apply to load onto the GPU as a loader would (quantizing, casting, or leaving swapped

@@ -113,3 +113,33 @@ def test_the_requirement_is_the_least_limit_that_works() -> None:
     short = required_memory(events, sizes, [], limit=20 * MIB)
     assert not short.fits and short.oom_event == 1
     assert 26 * MIB <= short.required <= 28 * MIB
+
+
+# --- one pool per CUDA stream (CUDACachingAllocator's get_free_block matches the stream) -------
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments"])
+def test_a_block_freed_on_one_stream_serves_no_request_of_another(allocator: str) -> None:
+    """An all-gather's block (stream 1) freed and an activation of its size asked for on the
+    default stream: a second segment, where one stream would have reused the block; the same
+    request on stream 1 reuses it."""
+    mib = 1 << 20
+    sizes = [100 * mib, 100 * mib]
+    events = [0, ~0, 1]
+    one_stream = replay(events, sizes, allocator=allocator).peak_reserved_bytes
+    two = replay(events, sizes, allocator=allocator, streams=[1, 0]).peak_reserved_bytes
+    same = replay(events, sizes, allocator=allocator, streams=[1, 1]).peak_reserved_bytes
+    assert one_stream == same == 100 * mib
+    assert two == 200 * mib
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments"])
+def test_short_of_memory_every_streams_cache_is_given_back(allocator: str) -> None:
+    """Under a limit the cached block of the other stream is released before running out, as
+    release_cached_blocks frees every stream's wholly free segments."""
+    mib = 1 << 20
+    done = replay([0, ~0, 1], [100 * mib] * 2, limit=150 * mib, allocator=allocator, streams=[1, 0])
+    assert done.oom_event is None
+    need = required_memory([0, ~0, 1], [100 * mib] * 2, [], 150 * mib, allocator, streams=[1, 0])
+    assert need.fits and need.reserved_when_plentiful == 200 * mib
+    assert 100 * mib <= need.required <= 102 * mib  # the least limit, to the search's 2 MiB

@@ -115,3 +115,19 @@ def test_simpletuner_refuses_fsdp1(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="FSDP2 only"):
         TARGETS["simpletuner"].run(point, tmp_path / "out")
+
+
+def test_gathers_and_reductions_come_from_their_own_streams_pools() -> None:
+    """FSDP1 all-gathers on its unshard stream and reduces on its post-backward stream: each
+    unit's padded flat parameter is allocated on the one, the gradient's reduce-scatter on the
+    other, and the caching allocator's model keeps their freed blocks for their own stream, so
+    the run reserves more than with every block reusable by any request."""
+    from autofit.simulator.allocator_replay import replay
+    from autofit.simulator.fsdp1 import POST_BACKWARD, UNSHARD
+
+    world = 4
+    _, log = simulate.trace(tiny(True, fsdp="full_shard", fsdp_version=1, world_size=world))
+    assert UNSHARD in log.streams and POST_BACKWARD in log.streams
+    shared = replay(log.events, log.sizes).peak_reserved_bytes
+    own = replay(log.events, log.sizes, streams=log.streams).peak_reserved_bytes
+    assert own > shared

@@ -96,7 +96,9 @@ def model_gpu_memory(
     workspace = gpu.cublas_workspace_bytes
     limit = budget_bytes - gpu.cuda_context_bytes
     known = tracker.plentiful_reserved.get(((workspace,), allocator))
-    need = required_memory(tracker.events, tracker.sizes, [workspace], limit, allocator, known)
+    need = required_memory(
+        tracker.events, tracker.sizes, [workspace], limit, allocator, known, tracker.streams
+    )
     over = need.oom_event
     return ModeledMemory(
         peak_allocated_bytes=tracker.peak + workspace,

@@ -118,7 +118,7 @@ def traced_updates(spec: ProbeSpec) -> Updates | None:
     plain = StepLog.counted(
         tracker.raw_sizes, tracker.categories, tracker.events, tracker.phase_changes,
         tracker.host_raw_sizes, tracker.host_pinned, tracker.host_events,
-        tracker.host_event_phases,
+        tracker.host_event_phases, tracker.streams,
     )  # fmt: skip
     counts = (run.param_count, run.trainable_param_count)
     return Updates(plain, *marks, tuple(roofline.kernels), roofline.traffic, counts)

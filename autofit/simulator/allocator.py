@@ -66,6 +66,9 @@ LARGE_PAGE = 20 * MIB
 # An expandable segment's address range: unbounded for the model (torch reserves more than the
 # GPU holds, so the range never runs out before memory does).
 ADDRESS_SPACE = 1 << 60
+# Where each pool's segment starts: ranges apart, each starting on a whole page of either size
+# (torch maps a segment's pages from its start), so that a segment's first page can be unmapped.
+SEGMENT_SPACING = -(-2 * ADDRESS_SPACE // LARGE_PAGE) * LARGE_PAGE
 
 
 def segment_size(request: int) -> int:
@@ -81,12 +84,15 @@ class Block:
     """A range of one segment: a live request, a free block, or (expandable segments) address
     space with no pages mapped; linked to its neighbours in the segment's address order."""
 
-    __slots__ = ("address", "size", "small", "free", "mapped", "prev", "next")
+    __slots__ = ("address", "size", "small", "stream", "free", "mapped", "prev", "next")
 
-    def __init__(self, address: int, size: int, small: bool, mapped: bool = True) -> None:
+    def __init__(
+        self, address: int, size: int, small: bool, mapped: bool = True, stream: int = 0
+    ) -> None:
         self.address = address
         self.size = size
         self.small = small
+        self.stream = stream  # the CUDA stream whose requests its segment serves
         self.free = True
         self.mapped = mapped  # expandable segments only: whether pages back this range
         self.prev: Block | None = None
@@ -158,27 +164,36 @@ class AllocatorOutOfMemory(Exception):
     """A segment did not fit under the limit even after the cache was given back."""
 
 
+PoolKey = tuple[int, bool]  # (stream, small): the caching allocator's pools are per stream
+
+
 class CachingAllocatorModel:
     def __init__(self, limit: int | None = None) -> None:
-        self._pools = {True: _Pool(), False: _Pool()}
+        self._pools: dict[PoolKey, _Pool] = {}
         self._next_address = 0
         self.limit = limit
         self.reserved = 0
         self.segments = 0
 
-    def malloc(self, size: int) -> Block:
+    def _pool(self, stream: int, small: bool) -> _Pool:
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[stream, small] = _Pool()
+        return pool
+
+    def malloc(self, size: int, stream: int = 0) -> Block:
         small = size <= SMALL_REQUEST
-        pool = self._pools[small]
+        pool = self._pool(stream, small)
         block = pool.best_fit(size)
         if block is None:
-            block = self._new_segment(segment_size(size), small)
+            block = self._new_segment(segment_size(size), small, stream)
         remainder = block.size - size
         if small:
             split = remainder >= MIN_SPLIT_REMAINDER_SMALL
         else:
             split = remainder > SMALL_REQUEST
         if split:
-            rest = Block(block.address + size, remainder, small)
+            rest = Block(block.address + size, remainder, small, stream=stream)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
                 block.next.prev = rest
@@ -188,14 +203,15 @@ class CachingAllocatorModel:
         block.free = False
         return block
 
-    def most_growth(self, size: int) -> int:
-        """The most the reserved bytes can grow by for a request of `size` bytes: none when a
-        cached block fits it, else a new segment."""
-        return 0 if self._pools[size <= SMALL_REQUEST].has_fit(size) else segment_size(size)
+    def most_growth(self, size: int, stream: int = 0) -> int:
+        """The most the reserved bytes can grow by for a request of `size` bytes on `stream`:
+        none when a cached block of that stream fits it, else a new segment."""
+        pool = self._pools.get((stream, size <= SMALL_REQUEST))
+        return 0 if pool is not None and pool.has_fit(size) else segment_size(size)
 
     def cloned(self, twin: dict[int, Block]) -> CachingAllocatorModel:
         model = CachingAllocatorModel(self.limit)
-        model._pools = {small: pool.cloned(twin) for small, pool in self._pools.items()}
+        model._pools = {key: pool.cloned(twin) for key, pool in self._pools.items()}
         model._next_address, model.reserved = self._next_address, self.reserved
         model.segments = self.segments
         return model
@@ -206,7 +222,7 @@ class CachingAllocatorModel:
             yield from pool.free_blocks()
 
     def free(self, block: Block) -> None:
-        pool = self._pools[block.small]
+        pool = self._pool(block.stream, block.small)
         block.free = True
         prev, nxt = block.prev, block.next
         if prev is not None and prev.free:
@@ -224,14 +240,14 @@ class CachingAllocatorModel:
                 nxt.next.prev = block
         pool.add(block)
 
-    def _new_segment(self, size: int, small: bool) -> Block:
+    def _new_segment(self, size: int, small: bool, stream: int = 0) -> Block:
         if self.limit is not None and self.reserved + size > self.limit:
             self._release_cache()
             if self.reserved + size > self.limit:
                 raise AllocatorOutOfMemory
         # Segments get disjoint address ranges; the gap keeps blocks of different segments from
         # ever looking adjacent.
-        block = Block(self._next_address, size, small)
+        block = Block(self._next_address, size, small, stream=stream)
         self._next_address += size + LARGE_ROUNDING
         self.reserved += size
         self.segments += 1
@@ -266,39 +282,52 @@ def _absorb_next(block: Block) -> None:
 
 class ExpandableSegmentsModel:
     """The allocator with `expandable_segments:True` (module docstring): one growing segment per
-    pool, reserved memory counted in mapped pages."""
+    pool (a pool per stream and size class), reserved memory counted in mapped pages."""
 
     def __init__(self, limit: int | None = None) -> None:
-        self._pools = {True: _Pool(), False: _Pool()}  # free mapped blocks
+        self._pools: dict[PoolKey, _Pool] = {}  # free mapped blocks
         self._page = {True: SMALL_PAGE, False: LARGE_PAGE}
-        # Unmapped ranges by address. Each pool's segment starts as one; the pools' are disjoint.
-        self._unmapped: dict[bool, dict[int, Block]] = {
-            small: {base: Block(base, ADDRESS_SPACE, small, mapped=False)}
-            for small, base in ((True, 0), (False, 2 * ADDRESS_SPACE))
-        }
+        # Unmapped ranges by address, per pool. Each pool's segment starts as one range of its
+        # own: pool k of the order they are first used starts k spacings in, disjoint.
+        self._unmapped: dict[PoolKey, dict[int, Block]] = {}
         self.limit = limit
         self.reserved = 0
-        self._mapped = {True: 0, False: 0}
+        self._mapped: dict[PoolKey, int] = {}
+        for small in (True, False):  # the default stream's two, at the addresses they had
+            self._pool(0, small)
+
+    def _pool(self, stream: int, small: bool) -> _Pool:
+        key = (stream, small)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool()
+            base = SEGMENT_SPACING * len(self._unmapped)
+            self._unmapped[key] = {
+                base: Block(base, ADDRESS_SPACE, small, mapped=False, stream=stream)
+            }
+            self._mapped[key] = 0
+        return pool
 
     @property
     def segments(self) -> int:
         """Expandable segments holding mapped pages."""
         return sum(1 for mapped in self._mapped.values() if mapped)
 
-    def most_growth(self, size: int) -> int:
-        """The most the reserved bytes can grow by for a request of `size` bytes: none when a
-        mapped free block fits it, else its whole pages."""
+    def most_growth(self, size: int, stream: int = 0) -> int:
+        """The most the reserved bytes can grow by for a request of `size` bytes on `stream`:
+        none when a mapped free block of that stream fits it, else its whole pages."""
         small = size <= SMALL_REQUEST
-        if self._pools[small].has_fit(size):
+        pool = self._pools.get((stream, small))
+        if pool is not None and pool.has_fit(size):
             return 0
         return -(-size // self._page[small]) * self._page[small]
 
     def cloned(self, twin: dict[int, Block]) -> ExpandableSegmentsModel:
         model = ExpandableSegmentsModel(self.limit)
-        model._pools = {small: pool.cloned(twin) for small, pool in self._pools.items()}
+        model._pools = {key: pool.cloned(twin) for key, pool in self._pools.items()}
         model._unmapped = {
-            small: {address: twin[id(block)] for address, block in ranges.items()}
-            for small, ranges in self._unmapped.items()
+            key: {address: twin[id(block)] for address, block in ranges.items()}
+            for key, ranges in self._unmapped.items()
         }
         model.reserved, model._mapped = self.reserved, dict(self._mapped)
         return model
@@ -310,19 +339,20 @@ class ExpandableSegmentsModel:
         for ranges in self._unmapped.values():
             yield from ranges.values()
 
-    def malloc(self, size: int) -> Block:
+    def malloc(self, size: int, stream: int = 0) -> Block:
         small = size <= SMALL_REQUEST
-        pool = self._pools[small]
+        pool = self._pool(stream, small)
+        key = (stream, small)
         block = pool.expandable_fit(size)
         if block is None:
-            block = self._grow(small, size)
+            block = self._grow(key, size)
             if block is None:
                 self._release_cache()
-                block = self._grow(small, size)
+                block = self._grow(key, size)
                 if block is None:
                     raise AllocatorOutOfMemory
         if block.size - size >= MIN_SPLIT_REMAINDER_SMALL:  # either pool, with expandable segments
-            rest = Block(block.address + size, block.size - size, small)
+            rest = Block(block.address + size, block.size - size, small, stream=stream)
             _link_after(block, rest)
             block.size = size
             pool.add(rest)
@@ -331,12 +361,12 @@ class ExpandableSegmentsModel:
 
     def free(self, block: Block) -> None:
         block.free = True
-        self._pools[block.small].add(self._merge_free(block))
+        self._pools[block.stream, block.small].add(self._merge_free(block))
 
     def _merge_free(self, block: Block) -> Block:
         """Merge a free mapped block with its free mapped neighbours (taking them out of the
         pool); the merged block."""
-        pool = self._pools[block.small]
+        pool = self._pools[block.stream, block.small]
         prev = block.prev
         if prev is not None and prev.free and prev.mapped:
             pool.remove(prev)
@@ -348,11 +378,11 @@ class ExpandableSegmentsModel:
             _absorb_next(block)
         return block
 
-    def _grow(self, small: bool, size: int) -> Block | None:
-        """try_allocate_expandable_block: the lowest place in the segment with `size` bytes of
-        free and unmapped space, mapped up to `size` (whole pages); None where mapping would
-        exceed the limit (pages mapped before that stay mapped, free)."""
-        candidate: Block | None = self._find_room(small, size)
+    def _grow(self, key: PoolKey, size: int) -> Block | None:
+        """try_allocate_expandable_block: the lowest place in the pool's segment with `size`
+        bytes of free and unmapped space, mapped up to `size` (whole pages); None where mapping
+        would exceed the limit (pages mapped before that stay mapped, free)."""
+        candidate: Block | None = self._find_room(key, size)
         assert candidate is not None
         if not candidate.mapped:
             candidate = self._map(candidate, min(candidate.size, size))
@@ -361,13 +391,13 @@ class ExpandableSegmentsModel:
             assert after is not None and not after.mapped
             candidate = self._map(after, min(size - candidate.size, after.size))
         if candidate is not None:
-            self._pools[small].remove(candidate)
+            self._pools[key].remove(candidate)
         return candidate
 
-    def _find_room(self, small: bool, size: int) -> Block:
+    def _find_room(self, key: PoolKey, size: int) -> Block:
         """find_expandable_block: the lowest unmapped range (or the free block before it) from
         which free and unmapped space adds up to `size`."""
-        unmapped = self._unmapped[small]
+        unmapped = self._unmapped[key]
         for address in sorted(unmapped):
             block = unmapped[address]
             start = block.prev if block.prev is not None and block.prev.free else block
@@ -383,28 +413,33 @@ class ExpandableSegmentsModel:
         """map_block: whole pages over the first `size` bytes of the (page-aligned) unmapped
         range, merged with free mapped neighbours; the merged free block, or None over the
         limit."""
-        small = unmapped.small
+        small, key = unmapped.small, (unmapped.stream, unmapped.small)
         page = self._page[small]
         mapped = min(-(-size // page) * page, unmapped.size)
         if self.limit is not None and self.reserved + mapped > self.limit:
             return None
-        del self._unmapped[small][unmapped.address]
+        del self._unmapped[key][unmapped.address]
         if mapped < unmapped.size:
-            rest = Block(unmapped.address + mapped, unmapped.size - mapped, small, mapped=False)
+            rest = Block(
+                unmapped.address + mapped, unmapped.size - mapped, small, mapped=False,
+                stream=unmapped.stream,
+            )  # fmt: skip
             _link_after(unmapped, rest)
             unmapped.size = mapped
-            self._unmapped[small][rest.address] = rest
+            self._unmapped[key][rest.address] = rest
         unmapped.mapped = True
         self.reserved += mapped
-        self._mapped[small] += mapped
+        self._mapped[key] += mapped
         block = self._merge_free(unmapped)
-        self._pools[small].add(block)
+        self._pools[key].add(block)
         return block
 
     def _release_cache(self) -> None:
-        """release_cached_blocks / unmap_block: unmap every wholly free page of every free block;
-        the bytes of a free block before its first and after its last whole page stay mapped."""
-        for small, pool in self._pools.items():
+        """release_cached_blocks / unmap_block: unmap every wholly free page of every free block
+        of every pool; the bytes of a free block before its first and after its last whole page
+        stay mapped."""
+        for key, pool in self._pools.items():
+            stream, small = key
             page = self._page[small]
             for block in pool.free_blocks():
                 start = -(-block.address // page) * page
@@ -413,18 +448,23 @@ class ExpandableSegmentsModel:
                     continue
                 pool.remove(block)
                 if start > block.address:
-                    _link_after(block, Block(start, block.address + block.size - start, small))
+                    _link_after(
+                        block,
+                        Block(start, block.address + block.size - start, small, stream=stream),
+                    )
                     block.size = start - block.address
                     pool.add(block)
                     block = block.next  # type: ignore[assignment]
                 if end < block.address + block.size:
-                    _link_after(block, Block(end, block.address + block.size - end, small))
+                    _link_after(
+                        block, Block(end, block.address + block.size - end, small, stream=stream)
+                    )
                     block.size = end - block.address
                     pool.add(block.next)  # type: ignore[arg-type]
                 block.mapped = False
                 self.reserved -= block.size
-                self._mapped[small] -= block.size
-                unmapped = self._unmapped[small]
+                self._mapped[key] -= block.size
+                unmapped = self._unmapped[key]
                 after = block.next
                 if after is not None and not after.mapped:
                     del unmapped[after.address]

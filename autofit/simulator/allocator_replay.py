@@ -47,9 +47,11 @@ def replay(
     persistent: Iterable[int] = (),
     limit: int | None = None,
     allocator: str = "default",
+    streams: Sequence[int] | None = None,
 ) -> AllocatorReplay:
     """Replay a tracker's event log (id = allocated, ~id = freed) through the allocator model
-    for the `allocator` setting (a key of `MODELS`).
+    for the `allocator` setting (a key of `MODELS`). `streams[id]`: the CUDA stream allocation
+    `id` was made on (None: all on the default stream), whose pool serves it.
 
     `persistent` allocations are made first and never freed (the cuBLAS workspace, for one).
     With a `limit`, the replay stops at the first request that does not fit under it.
@@ -57,7 +59,7 @@ def replay(
     started = _Progress.start(allocator, limit, persistent)
     if isinstance(started, AllocatorReplay):
         return started
-    return started.run(events, sizes)[0]
+    return started.run(events, sizes, streams=streams)[0]
 
 
 class _Progress:
@@ -84,7 +86,11 @@ class _Progress:
         return _Progress(model, {}, model.reserved, -1)
 
     def run(
-        self, events: Sequence[int], sizes: Sequence[int], watch: int | None = None
+        self,
+        events: Sequence[int],
+        sizes: Sequence[int],
+        watch: int | None = None,
+        streams: Sequence[int] | None = None,
     ) -> tuple[AllocatorReplay, _Progress | None]:
         """Replays the rest of the log. With `watch`, also a copy of the progress just before
         the first event after which more than `watch` bytes are reserved (None: no event is):
@@ -99,10 +105,11 @@ class _Progress:
             event = events[index]
             if event >= 0:
                 size = sizes[event]
-                if watch is not None and model.reserved + model.most_growth(size) > watch:
+                stream = streams[event] if streams is not None else 0
+                if watch is not None and model.reserved + model.most_growth(size, stream) > watch:
                     candidate = self._copied(index, peak, peak_event)
                 try:
-                    held[event] = model.malloc(size)
+                    held[event] = model.malloc(size, stream)
                 except AllocatorOutOfMemory:
                     return AllocatorReplay(peak, peak_event, model.segments, index), None
                 if model.reserved > peak:
@@ -131,6 +138,7 @@ class _Progress:
         for key, block in found.items():
             clone = twin[key] = Block.__new__(Block)
             clone.address, clone.size, clone.small = block.address, block.size, block.small
+            clone.stream = block.stream
             clone.free, clone.mapped = block.free, block.mapped
         for key, block in found.items():
             clone = twin[key]
@@ -155,6 +163,7 @@ def required_memory(
     limit: int,
     allocator: str = "default",
     plentiful_reserved: int | None = None,
+    streams: Sequence[int] | None = None,
 ) -> Requirement:
     """How the run fares with the allocator (setting `allocator`) limited to `limit`, and the
     least it needs. `plentiful_reserved`: what a replay without a limit reserved at most, where
@@ -170,14 +179,14 @@ def required_memory(
         return Requirement(plentiful_reserved, plentiful_reserved, True, None)
     started = _Progress.start(allocator, None, persistent)
     assert isinstance(started, _Progress), "nothing runs out of memory without a limit"
-    plentiful, crossing = started.run(events, sizes, watch=limit)
+    plentiful, crossing = started.run(events, sizes, watch=limit, streams=streams)
     if plentiful.peak_reserved_bytes <= limit:
         return Requirement(plentiful.peak_reserved_bytes, plentiful.peak_reserved_bytes, True, None)
 
     def under(cap: int) -> AllocatorReplay:
         if crossing is None or cap < limit:
-            return replay(events, sizes, persistent, cap, allocator)
-        return crossing.resumed(cap).run(events, sizes)[0]
+            return replay(events, sizes, persistent, cap, allocator, streams)
+        return crossing.resumed(cap).run(events, sizes, streams=streams)[0]
 
     capped = under(limit)
     fits = capped.oom_event is None

@@ -65,6 +65,7 @@ class Structure(NamedTuple):
     """What must be the same at every batch of one structure's traces."""
 
     categories: tuple[int, ...]  # allocation id -> index into CATEGORIES
+    streams: tuple[int, ...]  # allocation id -> the CUDA stream it is made on
     events: tuple[int, ...]  # runs of frees in one order (canonical_frees)
     phase_changes: tuple[tuple[int, str], ...]
     host_pinned: tuple[bool, ...]
@@ -78,6 +79,7 @@ class Structure(NamedTuple):
 # How a message names each part of a Structure.
 _SAID = {
     "categories": "allocation categories",
+    "streams": "allocation streams",
     "events": "allocation events",
     "phase_changes": "phases",
     "host_pinned": "host allocations (pinned or not)",
@@ -129,6 +131,7 @@ def record(
     )
     structure = Structure(
         categories=tuple(log.categories),
+        streams=tuple(log.streams),
         events=canonical_frees(log.events),
         phase_changes=tuple(log.phase_changes),
         host_pinned=tuple(log.host_pinned),
@@ -232,7 +235,8 @@ class BatchCurve:
             (_labels(mine_s.events, mine_s.phase_changes),
              _labels(theirs_s.events, theirs_s.phase_changes)),
             (own["raw_sizes"], other["raw_sizes"]),
-            (mine_s.categories, theirs_s.categories),
+            (tuple(zip(mine_s.categories, mine_s.streams, strict=True)),
+             tuple(zip(theirs_s.categories, theirs_s.streams, strict=True))),
             slopes["raw_sizes"],
         )  # fmt: skip
         host = _aligned(
@@ -288,7 +292,7 @@ class BatchCurve:
         return StepLog.counted(
             sizes.tolist(), kept.categories, kept.events, kept.phase_changes,
             numbers["host_raw_sizes"].tolist(), kept.host_pinned, kept.host_events,
-            kept.host_event_phases,
+            kept.host_event_phases, kept.streams,
         )  # fmt: skip
 
     def cost_at(self, batch: int, gpu: GpuSpec) -> StepCost:
@@ -353,11 +357,15 @@ def gpu_fits(log: StepLog, persistent: Sequence[int], limit: int, allocator: str
     under the limit that does not run out), without the search for the least limit."""
     if log.peak + sum(persistent) > limit:
         return False
-    plentiful = replay(log.events, log.sizes, persistent, allocator=allocator).peak_reserved_bytes
+    plentiful = replay(
+        log.events, log.sizes, persistent, allocator=allocator, streams=log.streams
+    ).peak_reserved_bytes
     log.plentiful_reserved[tuple(persistent), allocator] = plentiful
     if plentiful <= limit:
         return True
-    return replay(log.events, log.sizes, persistent, limit, allocator).oom_event is None
+    return (
+        replay(log.events, log.sizes, persistent, limit, allocator, log.streams).oom_event is None
+    )
 
 
 def _split(values: np.ndarray, parts: tuple[tuple[str, int], ...]) -> dict[str, np.ndarray]:

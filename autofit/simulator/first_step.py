@@ -74,6 +74,7 @@ class Pass:
     host_phases: tuple[str, ...] = ()
     host_tail_phases: tuple[str, ...] = ()
     moved: tuple[int, int, int] = (0, 0, 0)  # link, peer, host compute bytes (Position.moved)
+    streams: tuple[int, ...] = ()  # the CUDA stream of each allocation, by id as `raw_sizes`
 
 
 def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass | None:
@@ -128,6 +129,7 @@ def cut(log: StepLog, step: StepMarks, kernels: Sequence[Kernel] | None) -> Pass
         tuple(phases[start.host_events : update.host_events]),
         tuple(phases[updated.host_events : end.host_events]),
         moved,  # type: ignore[arg-type]
+        tuple(log.streams[a] for a in ids),
     )  # fmt: skip
 
 
@@ -171,6 +173,7 @@ def assemble(
     if _dropped_seen(events, gpu, set(second.grads)) or _dropped_seen(log.host_events, host):
         return None
     raw_sizes, categories = list(log.raw_sizes), list(log.categories)
+    streams = list(log.streams)
     spliced: list[int] = []
     phases: list[tuple[int, str]] = []
     steady: list[Kernel] = []
@@ -187,6 +190,7 @@ def assemble(
         def fresh(own: int) -> int:
             raw_sizes.append(pass_.raw_sizes[own])
             categories.append(pass_.categories[own])
+            streams.append(pass_.streams[own])
             return len(raw_sizes) - 1
 
         phases.extend((index + len(spliced), phase) for index, phase in run_phases)
@@ -217,7 +221,9 @@ def assemble(
     recorded(second.end.events, len(events), last=True)
     host_log.recorded(second.end.host_events, len(log.host_events))
     ops = pass_.ops + (second.updated.ops - second.update.ops) + pass_.tail_ops
-    return Assembled(_numbered(raw_sizes, categories, spliced, phases, host_log), steady, ops)
+    return Assembled(
+        _numbered(raw_sizes, categories, streams, spliced, phases, host_log), steady, ops
+    )
 
 
 class _HostSplice:
@@ -254,6 +260,7 @@ def _phases(log: StepLog, lo: int, hi: int, last: bool = False) -> list[tuple[in
 def _numbered(
     raw_sizes: Sequence[int],
     categories: Sequence[int],
+    streams: Sequence[int],
     events: Sequence[int],
     phase_changes: Sequence[tuple[int, str]],
     host: _HostSplice,
@@ -270,6 +277,7 @@ def _numbered(
         [host.pinned[h] for h in host_order],
         _renamed(host.events, host_order),
         host.phases,
+        [streams[aid] for aid in order],
     )  # fmt: skip
 
 

@@ -33,8 +33,15 @@ holds, and the emulation allocates and frees as FSDP1 does:
 - one process has no peers: at `world_size=1` FSDP1 runs NO_SHARD (`_init_utils.py`), whose flat
   parameter is whole and whose gradient is all-reduced in place; the emulation does the same.
 
-Known limitations: one CUDA stream, so `limit_all_gathers`' rate limiter (at most two all-gathers
-in flight) and `record_stream`'s delayed frees are the allocation order itself; forward prefetch
+Each allocation is made on the CUDA stream FSDP1 makes it on (`PRE_UNSHARD`, `UNSHARD`,
+`POST_BACKWARD` below, the default stream otherwise), and the caching allocator's model keeps a pool
+per stream: a block freed after one unit's all-gather serves the next all-gather, never an
+activation (c10/cuda/CUDACachingAllocator.cpp, `get_free_block` matches the block's stream).
+
+Known limitations: the streams' work is the allocation order itself, so `limit_all_gathers`' rate
+limiter (at most two all-gathers in flight) and `record_stream`'s delayed frees (a block freed on
+one stream while another may still read it returns to its pool once that stream is done) are not
+modelled; forward prefetch
 and `use_orig_params=True` (its per-parameter alignment padding and views) are not modelled; the
 model is flattened unit by unit from host memory (rank 0 of `sync_module_states`), the other
 ranks' meta-device initialisation not; NCCL's buffers are outside the allocator.
@@ -57,6 +64,13 @@ from autofit.simulator.fsdp1_units import Unit, fsdp1_units
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
+
+# The CUDA streams FSDP1 allocates on besides the default one (_init_streams in
+# torch/distributed/fsdp/_runtime_utils.py): the caching allocator serves each from a pool of its
+# own (a freed block is reused only by a request on the stream it was allocated on).
+PRE_UNSHARD = 1  # _pre_unshard_stream: the low-precision shard, the offloaded shard's GPU copy
+UNSHARD = 2  # _unshard_stream: the all-gathered padded flat parameter
+POST_BACKWARD = 3  # _post_backward_stream: the reduce dtype's gradient, its padded copy, the shard
 
 
 # -- the emulation ------------------------------------------------------------------------------
@@ -176,6 +190,26 @@ class _Handle:
     def unshard(self) -> None:
         """`_unshard`: pre_unshard, the all-gather, post_unshard."""
         run, n = self.emulation.run, self.emulation.world_size
+        with run.on_stream(PRE_UNSHARD):
+            self._pre_unshard()
+        if not self.sharded:
+            self._use_unsharded(self.flat.data)
+            run.tag([self.flat.data], "parameters")
+            return
+        assert self.full is not None
+        if self.needs_unshard():
+            with run.on_stream(UNSHARD):
+                _alloc(self.full, self.shard_numel * n)
+            run.tag([self.full], "parameters")
+            run.traffic.peer_bytes += self.shard_numel * self.full.element_size() * (n - 1)
+        self._use_unsharded(self.full)
+        if self.uses_mp:  # post_unshard
+            assert self.mp_shard is not None
+            _free(self.mp_shard)
+
+    def _pre_unshard(self) -> None:
+        """`pre_unshard`: the low-precision shard (or the offloaded shard's GPU copy)."""
+        run = self.emulation.run
         if not (self.sharded and not self.offload and not self.needs_unshard()):
             if self.uses_mp:  # _use_low_precision_shard
                 assert self.mp_shard is not None
@@ -190,19 +224,6 @@ class _Handle:
             elif self.offload and self.flat.device != run.device:
                 run.traffic.link_bytes += self.local_shard.numel() * self.local_shard.element_size()
                 self.flat.data = self.local_shard.to(run.device, non_blocking=True)
-        if not self.sharded:
-            self._use_unsharded(self.flat.data)
-            run.tag([self.flat.data], "parameters")
-            return
-        assert self.full is not None
-        if self.needs_unshard():
-            _alloc(self.full, self.shard_numel * n)
-            run.tag([self.full], "parameters")
-            run.traffic.peer_bytes += self.shard_numel * self.full.element_size() * (n - 1)
-        self._use_unsharded(self.full)
-        if self.uses_mp:  # post_unshard
-            assert self.mp_shard is not None
-            _free(self.mp_shard)
 
     def _use_unsharded(self, padded: torch.Tensor) -> None:
         self.flat.data = padded[: self.numel]
@@ -237,13 +258,21 @@ class _Handle:
     def post_backward(self, *_: Any) -> None:
         """`_post_backward_hook`: reshard, then reduce the unsharded flat gradient."""
         emulation = self.emulation
-        run, n = emulation.run, emulation.world_size
+        run = emulation.run
         self.post_backward_called = True
         self.state = "backward_post"
         if self.flat.grad is None:
             return
         self.reshard(self.free_in_backward())
         emulation.prefetch(self)  # a no-op under BACKWARD_PRE
+        with run.on_stream(POST_BACKWARD):
+            self._reduce_gradient()
+
+    def _reduce_gradient(self) -> None:
+        """The rest of `_post_backward_hook`, on the post-backward stream: the gradient in the
+        reduce dtype, reduced (reduce-scattered into a new shard, or all-reduced in place)."""
+        run, n = self.emulation.run, self.emulation.world_size
+        assert self.flat.grad is not None
         computed = self.flat.grad.data
         if self.flat.grad.dtype != self.reduce_dtype:
             self.flat.grad.data = self.flat.grad.to(self.reduce_dtype)

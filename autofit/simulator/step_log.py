@@ -103,7 +103,8 @@ class StepLog:
     """The GPU and host allocation logs of tracked steps.
 
     GPU: `sizes[id]` the rounded bytes of allocation `id`, `raw_sizes[id]` the bytes requested,
-    `categories[id]` an index into CATEGORIES; `events` holds `id` when allocated and `~id` when
+    `categories[id]` an index into CATEGORIES, `streams[id]` the CUDA stream it was made on (0:
+    the default one; the caching allocator keeps a pool per stream); `events` holds `id` when allocated and `~id` when
     freed; `phase_changes` (first event index, phase) in order. Host: the same per host
     allocation (`host_sizes` as the host allocator holds them: pinned rounded to a power of two,
     `host_raw_sizes` as requested), with the phase of each host event."""
@@ -112,6 +113,7 @@ class StepLog:
         self.sizes: list[int] = []
         self.raw_sizes: list[int] = []
         self.categories: list[int] = []
+        self.streams: list[int] = []
         self.events: list[int] = []
         self.phase_changes: list[tuple[int, str]] = [(0, "setup")]
         self.host_sizes: list[int] = []
@@ -139,6 +141,7 @@ class StepLog:
         host_pinned: Sequence[bool],
         host_events: Sequence[int],
         host_event_phases: Sequence[str],
+        streams: Sequence[int] | None = None,
     ) -> StepLog:
         """A log from its events and requested sizes, with the running figures a tracker keeps
         while recording (MemoryTracker._allocated) counted over the events in order."""
@@ -146,6 +149,7 @@ class StepLog:
         log.raw_sizes = list(raw_sizes)
         log.sizes = sizes = [round_allocation(n) for n in raw_sizes]
         log.categories, log.events = list(categories), list(events)
+        log.streams = list(streams) if streams is not None else [0] * len(raw_sizes)
         log.phase_changes = list(phase_changes)
         log.host_raw_sizes, log.host_pinned = list(host_raw_sizes), list(host_pinned)
         log.host_sizes = [

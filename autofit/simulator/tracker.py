@@ -149,6 +149,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         self.phase = "setup"
         self.current = 0
         self._uncounted_depth = 0  # inside uncounted(): new storages are not counted at all
+        self.stream = 0  # the CUDA stream allocations are made on now (on_stream)
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -224,6 +225,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         self.sizes.append(size)
         self.raw_sizes.append(nbytes)
         self.categories.append(_TEMPORARIES)
+        self.streams.append(self.stream)
         self._live[key] = aid
         self._refs[aid] = weakref.ref(storage, lambda _ref, key=key, aid=aid: self._freed(key, aid))
         self.events.append(aid)
@@ -349,6 +351,16 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         finally:
             self._host_depth -= 1
             self._pinned_depth -= pinned
+
+    @contextmanager
+    def on_stream(self, stream: int) -> Iterator[None]:
+        """Allocations made inside are made on CUDA stream `stream` (0: the default stream),
+        whose own pool of the caching allocator serves them (FSDP1's all-gathers, say)."""
+        previous, self.stream = self.stream, stream
+        try:
+            yield
+        finally:
+            self.stream = previous
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:
