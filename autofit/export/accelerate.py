@@ -36,15 +36,20 @@ def accelerate_config(settings: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted({**MACHINE, **settings}.items()))
 
 
+def allocator_env(plan: ExportPlan) -> str:
+    """The environment the allocator knob asks for, as a launch line's prefix ('' for none)."""
+    allocator = plan.point.config.get("allocator", "default")
+    return "".join(
+        f"{key}={shlex.quote(str(value))} "
+        for key, value in allocator_environment(allocator).items()
+    )
+
+
 def launch_prefix(plan: ExportPlan, config_path: str) -> str:
     """`accelerate launch --config_file ...`, with the accumulation where the file cannot hold it
     and the environment the allocator knob asks for."""
     accumulation = plan.point.accumulation
-    allocator = plan.point.config.get("allocator", "default")
-    env = "".join(
-        f"{key}={shlex.quote(str(value))} "
-        for key, value in allocator_environment(allocator).items()
-    )
+    env = allocator_env(plan)
     if accumulation > 1 and not plan.point.config["zero_stage"]:
         # Without DeepSpeed the config file has no accumulation; Accelerator() reads this variable.
         env += f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={accumulation} "

@@ -18,9 +18,8 @@ import shlex
 
 import yaml
 
-from autofit.export.accelerate import accelerate_config
+from autofit.export.accelerate import accelerate_config, allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
-from autofit.knobs.allocator import environment as allocator_environment
 
 DATASET = "path/to/dataset"  # placeholder: autofit never sees the user's data
 OUTPUT_DIR = "output/autofit"
@@ -122,12 +121,8 @@ class Trl(Target):
         )
         sft = plan.out / "sft.yaml"
         script = plan.out / "train.py"
-        env = "".join(
-            f"{key}={shlex.quote(str(value))} "
-            for key, value in allocator_environment(point.config["allocator"]).items()
-        )
         plan.command = (
-            f"{env}accelerate launch --config_file {shlex.quote(str(accelerate))} "
+            f"{allocator_env(plan)}accelerate launch --config_file {shlex.quote(str(accelerate))} "
             f"{shlex.quote(str(script))} --config {shlex.quote(str(sft))}"
         )
         what = f"{point.label} of autofit study {point.study} ({point.model}, {point.gpu})"

@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.optimizer import PAGED
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | Non
         if config.get(knob, off) != off:
             return f"fsdp={value} with {knob}={config[knob]}: {why}"
     optimizer = config.get("optimizer", "")
-    if config.get("fsdp_offload", "none") == "cpu" and optimizer.startswith("paged_"):
+    if config.get("fsdp_offload", "none") == "cpu" and optimizer in PAGED:
         unpaged = optimizer.removeprefix("paged_")
         return f"fsdp_offload=cpu steps on the host, where {optimizer} has no GPU pages to page: use {unpaged}"
     # The cpu and cuda backends run fully_shard itself in a one-process group (shard_for_real;

@@ -69,14 +69,11 @@ CHUNKS = 8  # torchtune's num_output_chunks default
 LITGPT_CHUNK = 128  # litgpt 0.5: the fine-tuning scripts' lm_head_chunk_size and chunk_size
 
 
-# TRL 1.16's SFTTrainer scores every token through its own fused LM head whatever its config says
-# (trl/trainer/sft_trainer.py: liger's fused loss is refused, the others are never asked for).
-TRL = {"trl_fused": Say()}
-
-
 def _trl(value: Any, s: Subject) -> Say | Refuse:
-    if value in TRL:
-        return TRL[value]
+    """TRL 1.16's SFTTrainer scores every token through its own fused LM head whatever its config
+    says (trl/trainer/sft_trainer.py: liger's fused loss is refused, the others never asked for)."""
+    if value == "trl_fused":
+        return Say()
     return Refuse("TRL 1.16's SFTTrainer scores every token through its own fused LM head")
 
 
