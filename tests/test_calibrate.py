@@ -56,6 +56,39 @@ def test_without_a_gpu_measure_cuda_says_what_to_do(tmp_path: Path) -> None:
     assert not (tmp_path / "calibration").exists()
 
 
+def test_published_rows_rerun_for_real_are_cases_named_by_their_ids(tmp_path: Path) -> None:
+    """`set=published rerun=true`: each row's closest knobs on its own card (emulated on a larger
+    GPU), simulated and run for real, into calibration/<gpu>-published.csv."""
+    done = in_process(
+        "calibrate", "set=published", "rerun=true", "only=[N-OTI1,ST-SD3-01-h100]",
+        "dry_run=true", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("[1/2] N-OTI1: sdxl@rtx4090 batch_size=4 ")
+    assert "optimizer_impl=for_loop precision=fp16" in lines[0]
+    assert lines[1].startswith("[2/2] ST-SD3-01-h100: sd35_medium@h100_80 ")
+    assert lines[2] == "2 cases; the CSV would be calibration/h100_80-published.csv"
+
+
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [
+        (["set=tiny", "rerun=true"], "set='tiny'"),
+        (["set=tiny", "only=[PF2]"], "only="),
+        (["set=published", "rerun=true", "only=[NOPE]"], "only=NOPE"),
+    ],
+    ids=["rerun-of-a-set", "only-of-a-set", "unknown-row"],
+)
+def test_rerun_and_only_belong_to_the_published_set(
+    tmp_path: Path, words: list[str], named: str
+) -> None:
+    done = in_process("calibrate", *words, "measure=cpu", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert named in done.stderr
+
+
 @pytest.mark.long
 def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resumes(
     tmp_path: Path,
@@ -88,6 +121,23 @@ def test_calibrating_against_real_cpu_tensors_writes_rows_and_figures_and_resume
     assert again.returncode == 0 and "2 already there are kept" in again.stdout
     assert "[1/2]" not in again.stdout  # nothing probed again
     assert len(list(csv.DictReader(out.open()))) == 2
+
+    # A row whose real run crashed (a bug since fixed, say) says nothing: it is run again, once.
+    rows = list(csv.DictReader(out.open()))
+    rows[0].update(real_outcome="crash", real_peak_bytes="", real_error="AssertionError: x")
+    with out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    third = in_process(
+        "calibrate", "gpu=a40", f"set={cases}", "measure=cpu", f"out={out}", cwd=tmp_path
+    )
+    assert third.returncode == 0, third.stderr
+    assert "1 already there are kept, 1 that crashed or timed out are run again" in third.stdout
+    assert "[1/2]" in third.stdout and "[2/2]" not in third.stdout
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(r["batch_size"] for r in rows) == ["1", "8"]
+    assert {r["real_outcome"] for r in rows} == {"ok"}
 
 
 def test_figures_count_false_fits_and_errors() -> None:

@@ -22,11 +22,13 @@ class CalibrationCase:
     model: str
     target: str | None
     knobs: dict[str, Any]
+    name: str = ""  # a published row's id, where the case is one
 
     def key(self, local_gpu: str) -> str:
         """What identifies the case in a CSV, so a rerun skips the cases already measured."""
         words = " ".join(f"{k}={_word(v)}" for k, v in sorted(self.knobs.items()))
-        return f"{self.model}@{self.target or local_gpu} {words}".strip()
+        case = f"{self.model}@{self.target or local_gpu} {words}".strip()
+        return f"{self.name}: {case}" if self.name else case
 
 
 def _word(value: Any) -> str:

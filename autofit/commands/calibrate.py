@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,21 +72,22 @@ def default_output(gpu: str, measure: str, set_name: str) -> Path:
 def run_config(cfg: Any) -> int:
     from omegaconf import OmegaConf
 
-    if str(cfg.set) == "published":
-        return run_published(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-
-    from autofit.calibration.margins import AUTO, FLOOR
-    from autofit.calibration.rows import append_row, describe, figures, read_rows, row
-    from autofit.calibration.sets import load_set
-    from autofit.gpus import load_gpu
-    from autofit.models import load_preset
-    from autofit.paths import ensure_writable
-    from autofit.probe.build import check_settings, gpu_from_config, make_spec, probe_margin
-    from autofit.probe.runner import run_probe
-    from autofit.units import size
-
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
+    if str(data["set"]) == "published" and not data["rerun"]:
+        return run_published(data)
+    if data["rerun"] and str(data["set"]) != "published":
+        raise ConfigError(
+            f"rerun=true runs the published set's rows; set={shown(data['set'])} is run for real "
+            "without it (drop rerun=true, or give set=published)"
+        )
+    if data.get("only") and str(data["set"]) != "published":
+        raise ConfigError(f"only= names rows of set=published, not of set={shown(data['set'])}")
+
+    from autofit.calibration.margins import AUTO, FLOOR
+    from autofit.calibration.sets import load_set
+    from autofit.probe.build import check_settings, gpu_from_config
+
     measure = data["measure"]
     if measure not in ("cuda", "cpu"):
         raise ConfigError(f"measure={shown(measure)} is not valid; valid values: cuda, cpu")
@@ -93,26 +95,53 @@ def run_config(cfg: Any) -> int:
     gpu = gpu_from_config(data["gpu"])
     # a reservation that leaves nothing fails before any case
     gpu.budget_bytes(FLOOR if data["margin"] == AUTO else data["margin"])
-    cases = load_set(str(data["set"]))
+    cases = _published_cases(data.get("only")) if data["rerun"] else load_set(str(data["set"]))
     out = (
         Path(data["out"])
         if data.get("out")
         else default_output(gpu.label, measure, str(data["set"]))
     )
-
     if data["dry_run"]:
         for number, case in enumerate(cases, start=1):
             print(f"[{number}/{len(cases)}] {case.key(gpu.name)}")
         print(f"{len(cases)} cases; the CSV would be {out}")
         return 0
+    return _run_cases(cases, gpu, measure, data, out)
+
+
+def _published_cases(only: Any) -> list[Any]:
+    """The published rows (those `only=` names, in its order) as cases: each row's closest knobs
+    on its own card, named by the row's id."""
+    from autofit.calibration.published import load_published
+    from autofit.calibration.sets import CalibrationCase
+
+    return [
+        CalibrationCase(str(r.model), r.gpu, dict(r.knobs), name=r.id)
+        for r in _chosen_rows(load_published(), only)
+    ]
+
+
+def _run_cases(cases: list[Any], gpu: Any, measure: str, data: dict[str, Any], out: Path) -> int:
+    """Each case simulated and run for real, a CSV row appended as each one finishes; a rerun
+    skips the cases the CSV already holds."""
+    from autofit.calibration.rows import append_row, describe, figures, read_rows, row
+    from autofit.gpus import load_gpu
+    from autofit.models import load_preset
+    from autofit.paths import ensure_writable
+    from autofit.probe.build import make_spec, probe_margin
+    from autofit.probe.runner import run_probe
+    from autofit.units import size
 
     device, device_memory = _local_device(measure, gpu.memory_bytes)
     ensure_writable(out)
     env = environment(measure, device)
     preset_of, gpu_of = functools.cache(load_preset), functools.cache(load_gpu)  # read each once
-    done = {r["case"] for r in read_rows(out) if r.get("measure") == measure}
+    kept, again = _answered_rows(out, measure)
+    done = {r["case"] for r in kept}
     print(f"calibrating {len(cases)} cases on {device} (measure={measure}) into {out}"
-          + (f"; {len(done)} already there are kept" if done else ""), flush=True)  # fmt: skip
+          + (f"; {len(done)} already there are kept" if done else "")
+          + (f", {again} that crashed or timed out are run again" if again else ""),
+          flush=True)  # fmt: skip
 
     for number, case in enumerate(cases, start=1):
         key = case.key(gpu.name)
@@ -131,11 +160,14 @@ def run_config(cfg: Any) -> int:
         )
         preset = preset_of(case.model)
         margin = probe_margin(data["margin"], preset, case.knobs).value
-        results = {
-            backend: run_probe(make_spec(preset, target, case.knobs, backend, margin, data["timeout_s"]))
-            for backend in ("simulate", measure)
-        }  # fmt: skip
-        sim, real = results["simulate"], results[measure]
+        # The simulation (on the host's cores) runs beside the real run: a GPU's lease is short.
+        with ThreadPoolExecutor(2) as pool:
+            simulated, measured = (
+                pool.submit(run_probe, make_spec(preset, target, case.knobs, backend, margin,
+                                                 data["timeout_s"]))
+                for backend in ("simulate", measure)
+            )  # fmt: skip
+            sim, real = simulated.result(), measured.result()
         values = row(key, case.model, target.name, device, measure, emulated, sim, real, env)
         append_row(out, values)
         print(f"[{number}/{len(cases)}] {key}: " + _compared(values, size), flush=True)
@@ -147,6 +179,26 @@ def run_config(cfg: Any) -> int:
                                    "figures": result}, indent=2))  # fmt: skip
     print(f"\n{describe(result)}\n\nrows in {out}, figures in {summary}")
     return 0
+
+
+def _answered_rows(out: Path, measure: str) -> tuple[list[dict[str, str]], int]:
+    """The CSV's rows of `measure` whose two runs both answered (fits or not), and how many did
+    not: a crash or a timeout says nothing of the case and may be fixed since, so its row is
+    dropped from the file (rewritten whole) and the case run again."""
+    from autofit.calibration.rows import read_rows, write_rows
+
+    rows = read_rows(out)
+    answered = ("ok", "oom")
+
+    def stale(r: dict[str, str]) -> bool:
+        return r.get("measure") == measure and not (
+            r["sim_outcome"] in answered and r["real_outcome"] in answered
+        )
+
+    dropped = [r for r in rows if stale(r)]
+    if dropped:
+        write_rows(out, list(rows[0]), [r for r in rows if not stale(r)])
+    return [r for r in rows if r.get("measure") == measure and not stale(r)], len(dropped)
 
 
 def _compared(values: dict[str, Any], size: Any) -> str:
