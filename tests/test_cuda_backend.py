@@ -38,3 +38,10 @@ def test_a_smaller_target_is_emulated_by_capping_memory() -> None:
     )
     assert result.outcome is Outcome.OOM
     assert result.phase in ("setup", "forward", "backward", "optimizer")
+
+
+def test_out_of_memory_names_the_phase_it_ran_out_in() -> None:
+    # Sana 600M's weights and AdamW state fit a T4; batch 16 at 1024 px does not: the step runs out.
+    result = run_probe(spec("sana_600m", gpu="t4", backend="cuda", precision="fp16", batch_size=16))
+    assert result.outcome is Outcome.OOM
+    assert result.phase in ("forward", "backward")

@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.gpus import load_gpu
 from autofit.simulator.roofline import (
+    _FORMULAS,
     HOST_SECONDS_PER_OP,
     KERNEL_FLOOR_S,
     MATMUL_EFFICIENCY,
@@ -108,3 +109,46 @@ def test_block_exchanges_slower_than_compute_make_the_gpu_wait() -> None:
     assert exchange_wait(slow, link_gbs=1.0) == pytest.approx(2.0 + 2.0 + 2.0)
     # A stall delays what follows: an exchange ready after it starts later too.
     assert exchange_wait(slow[:1], link_gbs=1.0) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2], ids=["multi-head", "grouped-query"])
+def test_attention_is_counted_per_query_head_without_torchs_formulas(
+    kv_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Grouped-query attention costs what its query heads compute. Before 2.13, torch's own
+    formulas refused such shapes (every Llama 3 probe crashed on an H100 with torch 2.11): the
+    counter must not consult them, so here they raise."""
+    from torch.utils import flop_counter
+
+    def refused(*args: object, **kwargs: object) -> int:
+        raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+
+    for packet in list(flop_counter.flop_registry):
+        if "scaled_dot_product" in str(packet):
+            monkeypatch.setitem(flop_counter.flop_registry, packet, refused)
+    batch, heads, tokens, dim = 2, 8, 256, 64
+    q = torch.randn(batch, heads, tokens, dim, requires_grad=True)
+    k = torch.randn(batch, kv_heads, tokens, dim, requires_grad=True)
+    v = torch.randn(batch, kv_heads, tokens, dim, requires_grad=True)
+    counter = RooflineCounter(A40)
+    with counter:
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True).sum().backward()
+    scores = 2 * batch * heads * tokens * tokens * dim  # one product of q k^T's size
+    # forward: scores and output; backward: scores again, then dV, dScores, dQ and dK
+    assert counter.cost.flops == 2 * scores + 5 * scores
+    # the GPU's flash kernel, on fake tensors as the simulator runs it, is counted the same way
+    counter = RooflineCounter(A40)
+    with FakeTensorMode():
+        on_gpu = [torch.empty(t.shape, dtype=torch.bfloat16, device="cuda") for t in (q, k, v)]
+        with counter:
+            torch.ops.aten._scaled_dot_product_flash_attention(*on_gpu)
+    assert counter.cost.flops == 2 * scores
+    # every attention kernel torch has a formula for is counted by autofit's
+    assert {p for p in flop_counter.flop_registry if "scaled_dot_product" in str(p)} <= set(
+        _FORMULAS
+    )
+    # torch's own formulas (grouped-query aware from 2.13) agree
+    if kv_heads == heads or torch.__version__ >= "2.13":
+        shapes = (q.shape, k.shape, v.shape)
+        assert flop_counter.sdpa_flop_count(*shapes) == 2 * scores
+        assert flop_counter.sdpa_backward_flop_count(q.shape, *shapes) == 5 * scores

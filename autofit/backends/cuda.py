@@ -79,9 +79,9 @@ def measure(spec: ProbeSpec) -> Measurement:
         torch.cuda.synchronize(device)
         step_time = (time.perf_counter() - started) / TIMED_STEPS
     except torch.OutOfMemoryError as exc:
-        raise OutOfMemory(
-            str(exc).splitlines()[0], tracker.phase if run.tracker else "timing"
-        ) from exc
+        # The run's phase, not the tracker's: leaving a phase on the error restored the tracker's
+        # to the one before (a batch too large for an RTX 4090 read "out of memory in setup").
+        raise OutOfMemory(str(exc).splitlines()[0], run.phase if run.tracker else "timing") from exc
 
     host = _with_process(model_host_memory(tracker, spec), rss_reset, host_ranks(spec.knobs))
     allocated = torch.cuda.max_memory_allocated(device)

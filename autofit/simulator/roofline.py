@@ -29,12 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import (
-    conv_flop_count,
-    flop_registry,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
+from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from autofit.gpus import GpuSpec
 from autofit.simulator.kernel_outputs import fake_device
@@ -75,16 +70,24 @@ _CONVOLUTIONS = {
 }
 
 
-def _flash_cpu_forward(
+def _attention_forward(
     q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> int:
-    return sdpa_flop_count(q.shape, k.shape, v.shape)
+    """Scores (q k^T) and output (scores v), per query head: a grouped-query kernel broadcasts
+    each key/value head to its group of query heads (as torch >= 2.13's formula counts, where
+    older ones refuse the shapes)."""
+    batch, heads, s_q, d_qk = q.shape
+    s_k, d_v = k.shape[-2], v.shape[-1]
+    return 2 * batch * heads * s_q * s_k * (d_qk + d_v)
 
 
-def _flash_cpu_backward(
+def _attention_backward(
     grad: Any, q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> int:
-    return sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
+    """The scores recomputed, then the gradients of v, the scores, q and k: five products."""
+    batch, heads, s_q, d_qk = q.shape
+    s_k, d_v = k.shape[-2], v.shape[-1]
+    return 2 * batch * heads * s_q * s_k * (3 * d_qk + 2 * d_v)
 
 
 def _convolution_backward(
@@ -108,20 +111,28 @@ def _convolution_backward(
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-# These take precedence over PyTorch's registry: the CPU flash-attention kernels stand in for the
-# GPU's flash kernels (the registry knows only the GPU ones), and convolution_backward is fixed.
-_FORMULAS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_forward,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _flash_cpu_backward,
-    aten.convolution_backward: _convolution_backward,
-}
-_ATTENTION = {
+# Every attention kernel, forward and backward: the CPU's flash kernels stand in for the GPU's.
+_ATTENTION_FORWARD = (
     aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
     aten._scaled_dot_product_flash_attention,
-    aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+)
+_ATTENTION_BACKWARD = (
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)
+_ATTENTION = {*_ATTENTION_FORWARD, *_ATTENTION_BACKWARD}
+# These take precedence over PyTorch's registry: attention is counted here for every kernel (the
+# registry knows only the GPU ones, and before torch 2.13 refuses grouped-query shapes, which
+# crashed every probe of a Llama 3 or Qwen 2.5 on torch 2.11, calibration/h100_80-published.csv),
+# and convolution_backward is fixed.
+_FORMULAS = {
+    **dict.fromkeys(_ATTENTION_FORWARD, _attention_forward),
+    **dict.fromkeys(_ATTENTION_BACKWARD, _attention_backward),
+    aten.convolution_backward: _convolution_backward,
 }
 
 
