@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autofit.host_init import tiled_random_init
 from autofit.models import ModelPreset
 
 if TYPE_CHECKING:
@@ -241,6 +242,8 @@ class RunState:
         stack = ExitStack()
         stack.enter_context(self.host_device)
         stack.enter_context(self.host())
+        if not self.fake:  # drawing real random weights on the host takes a minute for 8B
+            stack.enter_context(tiled_random_init())
         return stack
 
     def stays_on_host(self, module_path: str) -> bool:
