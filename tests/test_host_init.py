@@ -46,4 +46,3 @@ def test_the_fill_holds_no_memory_a_tracker_counts() -> None:
         del layer
     assert held[True] == held[False]
     assert sum(held[True][0]) >= 4096 * 1024 * 4 and held[True][1] == []
-
