@@ -38,6 +38,7 @@ from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
 from autofit.knobs.optimizer_impl import OptimizerImpl
+from autofit.knobs.lycoris_config import LycorisConfigKnob
 from autofit.knobs.peft_config import PeftConfigKnob
 from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution
@@ -64,6 +65,7 @@ REGISTRY: dict[str, Knob] = {
         LoraRank(),
         LoraTargets(),
         PeftConfigKnob(),
+        LycorisConfigKnob(),
         Checkpointing(),
         Attention(),
         Loss(),

@@ -25,6 +25,9 @@
   blocks before the first trained one, so autograd keeps none of their activations.
 - `peft`: the adapters of any PEFT method, as the PEFT config file `peft_config` declares them,
   built by PEFT's own classes on the frozen 16-bit model (autofit/knobs/peft_config.py).
+- `lycoris`: a LyCORIS network (LoKr, LoHa, LoCon, ...), as the SimpleTuner lycoris_config file
+  `lycoris_config` declares it, built by the lycoris-lora library on the frozen 16-bit model
+  (autofit/knobs/lycoris_config.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.families import diffusers, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
+from autofit.knobs.lycoris_config import LYCORIS_MODE, add_lycoris_network
 from autofit.knobs.peft_config import PEFT_MODE, add_peft_adapters, unread_by
 from autofit.knobs.trainable_layers import last_blocks
 
@@ -68,6 +72,8 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return NO_FREEZE_KOHYA
     if value == PEFT_MODE:
         return NO_PEFT_FILE("sd-scripts")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("sd-scripts")
     scripts = kohya(s.family)
     if value == "full" or scripts is None:
         return Say()  # the full fine-tune script (the family's check refuses other families)
@@ -79,9 +85,17 @@ def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the const
     return Refuse(f"{unread_by(trainer).why} (its own LoRA: train_mode=lora)")
 
 
+def NO_LYCORIS_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
+    return Refuse(
+        f"{trainer} does not read SimpleTuner's lycoris_config (its own LoRA: train_mode=lora)"
+    )
+
+
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     if value == PEFT_MODE:
         return NO_PEFT_FILE("the diffusers example scripts")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("the diffusers example scripts")
     if diffusers_script(s.family, value) is not None:
         return Say()  # which script runs is the layout's
     if value in DORA_MODES and diffusers_script(s.family, "lora") is not None:
@@ -118,6 +132,8 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
         )
     if value == "peft":
         return NO_PEFT_FILE("autofit's TRL export")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("TRL")
     settings: dict[str, Any] = {
         "use_peft": True,
         "lora_dropout": 0.0,
@@ -142,7 +158,7 @@ class TrainMode(Knob):
     help = (
         "which weights train: full | lora | qlora (4-bit base) | dora | qdora (DoRA, on a 16-bit "
         "or 4-bit base) | freeze (the last trainable_layers blocks) | peft (any PEFT method, "
-        "from peft_config)"
+        "from peft_config) | lycoris (a LyCORIS network, from lycoris_config)"
     )
     values = {
         "full": "every weight of the model trains",
@@ -156,6 +172,9 @@ class TrainMode(Knob):
         "embeddings and the output head are frozen in 16-bit",
         "peft": "the adapters of any PEFT method, as the PEFT config file peft_config declares "
         "them (built by PEFT on the frozen 16-bit model)",
+        "lycoris": "a LyCORIS network (LoKr, LoHa, LoCon, ...), as the SimpleTuner "
+        "lycoris_config file lycoris_config declares it (built by lycoris-lora on the frozen "
+        "16-bit model, in its dtype)",
     }
     # LoRA keeps each adapter's input, DoRA also the layer's outputs, freeze nothing of the
     # frozen blocks before the trained ones: the memory per sample differs between them.
@@ -168,6 +187,8 @@ class TrainMode(Knob):
         # a 4-bit base is bitsandbytes' layers (on a GPU; the simulator's layout otherwise)
         if value in ("full", "freeze"):
             return ()
+        if value == LYCORIS_MODE:
+            return ("lycoris",)
         return ("peft", "bitsandbytes") if value in ("qlora", "qdora") else ("peft",)
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
@@ -202,6 +223,8 @@ class TrainMode(Knob):
             _train_last_blocks(run)
         elif value == PEFT_MODE:
             add_peft_adapters(run, run.knobs["peft_config"])
+        elif value == LYCORIS_MODE:
+            add_lycoris_network(run, run.knobs["lycoris_config"])
         else:
             _add_adapters(run, value)
         run.tag(run.trainable_parameters(), "parameters")
@@ -221,6 +244,7 @@ class TrainMode(Knob):
                 "the last blocks (its layer_freeze_strategy offers none or bitfit)"
             ),
             "peft": NO_PEFT_FILE("SimpleTuner"),
+            "lycoris": Say(settings={"model_type": "lora", "lora_type": "lycoris"}),
         },
         "kohya": _kohya,
         "sana": {
@@ -231,6 +255,7 @@ class TrainMode(Knob):
             "qdora": SANA_WHOLE_MODEL,
             "freeze": SANA_WHOLE_MODEL,
             "peft": SANA_WHOLE_MODEL,
+            "lycoris": SANA_WHOLE_MODEL,
         },
         "diffusers": _diffusers,
         "trl": _trl,
