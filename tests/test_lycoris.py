@@ -59,9 +59,7 @@ def test_an_ampere_target_runs_the_fused_kernels_an_older_one_the_reference(
             monkeypatch.setenv("LYCORIS_KERNEL_BACKEND", "torch")
         else:
             monkeypatch.delenv("LYCORIS_KERNEL_BACKEND", raising=False)
-        _, tracker = simulate.trace(
-            _probe(gpu, precision=precision, checkpointing=checkpointing)
-        )
+        _, tracker = simulate.trace(_probe(gpu, precision=precision, checkpointing=checkpointing))
         return tracker.peak_report().breakdown["activations"]
 
     assert activations("a40", "bf16", reference=False) < activations("a40", "bf16", True)
@@ -73,7 +71,10 @@ def test_a_build_leaves_lycoris_presets_as_it_found_them() -> None:
 
     before = list(LycorisNetwork.TARGET_REPLACE_MODULE), dict(LycorisNetwork.MODULE_ALGO_MAP)
     simulate.trace(_probe())
-    assert (list(LycorisNetwork.TARGET_REPLACE_MODULE), dict(LycorisNetwork.MODULE_ALGO_MAP)) == before
+    assert (
+        list(LycorisNetwork.TARGET_REPLACE_MODULE),
+        dict(LycorisNetwork.MODULE_ALGO_MAP),
+    ) == before
 
 
 def _reason(backend: str = "simulate", **knobs: Any) -> str | None:

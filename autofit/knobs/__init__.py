@@ -33,12 +33,12 @@ from autofit.knobs.kbit_prep import KbitPrep
 from autofit.knobs.lora_rank import LoraRank
 from autofit.knobs.lora_targets import LoraTargets
 from autofit.knobs.loss import Loss
+from autofit.knobs.lycoris_config import LycorisConfigKnob
 from autofit.knobs.offload_activations import OffloadActivations
 from autofit.knobs.offload_optimizer import OffloadOptimizer
 from autofit.knobs.offload_params import OffloadParams
 from autofit.knobs.optimizer import Optimizer
 from autofit.knobs.optimizer_impl import OptimizerImpl
-from autofit.knobs.lycoris_config import LycorisConfigKnob
 from autofit.knobs.peft_config import PeftConfigKnob
 from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution

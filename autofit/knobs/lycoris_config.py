@@ -125,8 +125,10 @@ class LycorisConfigKnob(Knob):
                 lambda v, s, _why=why: Refuse(f"{_why}; a SimpleTuner lycoris_config is not one")
             )
             for vocabulary, why in (
-                ("kohya", "sd-scripts takes LyCORIS as network_module=lycoris.kohya and its "
-                 "network_args"),
+                (
+                    "kohya",
+                    "sd-scripts takes LyCORIS as network_module=lycoris.kohya and its network_args",
+                ),
                 ("sana", "Sana's train.py trains the whole model"),
                 ("diffusers", "the diffusers example scripts train peft's LoRA"),
                 ("trl", "TRL trains peft's adapters"),
