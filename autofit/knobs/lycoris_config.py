@@ -210,10 +210,14 @@ def _choosing_as(gpu: GpuSpec, forward: Any) -> Any:
 def add_lycoris_network(run: RunState, value: str) -> None:
     """The LyCORIS network the config declares, built on the frozen model as SimpleTuner builds
     it, and kept in the model (its parameters are the run's trainable ones)."""
+    import logging
+
     from lycoris import LycorisNetwork, create_lycoris
 
     from autofit.run_state import default_dtype
 
+    # lycoris logs each module it builds to stdout, which would fill a probe's output
+    logging.getLogger("LyCORIS").setLevel(logging.WARNING)
     fields = read_config(value)
     preset = fields.pop("apply_preset", None)
     positional = [fields.pop(name) for name in POSITIONAL]
