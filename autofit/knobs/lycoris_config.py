@@ -20,15 +20,14 @@ product per layer), and so does the simulation for such a target.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import ConfigError
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Subject, say
-from autofit.models import ModelPreset
+from autofit.knobs.adapter_file import AdapterFileKnob, read_json, simulated
+from autofit.knobs.base import ProbeContext, Refuse, Subject, say
 
 if TYPE_CHECKING:
     from autofit.gpus import GpuSpec
@@ -46,16 +45,11 @@ PRESET_ATTRIBUTES = (
 
 def read_config(value: str) -> dict[str, Any]:
     """The file's fields, or a ConfigError saying in a line what is wrong with it."""
-    path = Path(value).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"lycoris_config={value}: no such file (a LyCORIS network config as SimpleTuner's "
-            f"lycoris_config, relative to {Path.cwd()})"
-        )
-    try:
-        fields = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"lycoris_config={value}: not a JSON file ({exc})") from None
+    fields = read_json(
+        f"lycoris_config={value}",
+        Path(value).expanduser(),
+        "a LyCORIS network config as SimpleTuner's lycoris_config",
+    )
     missing = [k for k in ("algo", *POSITIONAL) if not isinstance(fields, dict) or k not in fields]
     if missing:
         raise ConfigError(
@@ -68,48 +62,26 @@ def read_config(value: str) -> dict[str, Any]:
     return fields
 
 
-class LycorisConfigKnob(Knob):
+class LycorisConfigKnob(AdapterFileKnob):
     name = "lycoris_config"
-    default = None
-    default_means = "none (train_mode=lycoris asks for one)"
     help = (
         "the LyCORIS network config (SimpleTuner's lycoris_config JSON) that train_mode=lycoris "
         "trains: LoKr, LoHa, LoCon, ..., built by the lycoris-lora library"
     )
-    kind = str
-    names_a_file = True
-    per_sample_memory = False  # what it changes per sample, train_mode=lycoris says
-    # train_mode's apply reads it (the network is built there).
-
-    def describe(self) -> str:
-        return "a path to a LyCORIS network config"
+    mode = LYCORIS_MODE
+    what = "a LyCORIS network config"
+    trains = "the network a LyCORIS config declares"
+    example = "lycoris_config.json"
 
     def means(self, value: Any, subject: Subject) -> str:
         return f"the LyCORIS network {value} declares, built by lycoris-lora"
 
-    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return config.get("train_mode", "full") == LYCORIS_MODE
-
-    def parse(self, value: Any) -> Any:
-        if value is None or isinstance(value, str) and value:
-            return value
-        raise ConfigError(
-            f"lycoris_config={value!r} is not valid; expected a path to a LyCORIS network config"
-        )
-
-    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if not self.applies(context.knobs, context.model):
-            return None
-        if value is None:
-            return (
-                "train_mode=lycoris trains the network a LyCORIS config declares: give it as "
-                "lycoris_config=path/to/lycoris_config.json"
-            )
+    def file_reason(self, value: str, context: ProbeContext) -> str | None:
         try:
             fields = read_config(value)
         except ConfigError as exc:
             return str(exc)
-        if fields.get("module_dropout") and context.backend in ("simulate", "auto"):
+        if fields.get("module_dropout") and simulated(context.backend):
             return (
                 f"lycoris_config={value}: module_dropout draws a random number every forward to "
                 "decide whether a layer runs, which the simulator's fake tensors do not hold; "

@@ -21,15 +21,12 @@ backend's memory tracker counts yet: they are refused everywhere.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.devices import nvidia_device_visible
 from autofit.errors import ConfigError
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Subject
-from autofit.models import ModelPreset
+from autofit.knobs.adapter_file import AdapterFileKnob, read_json, simulated
+from autofit.knobs.base import ProbeContext, Refuse, Subject
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -69,16 +66,11 @@ def config_file(value: str) -> Path:
 
 def read_fields(value: str) -> dict[str, Any]:
     """The config's fields as PEFT saved them, or a ConfigError saying what is wrong, in a line."""
-    path = config_file(value)
-    if not path.is_file():
-        raise ConfigError(
-            f"peft_config={value}: no such file (a PEFT adapter config, {CONFIG_NAME} or the "
-            f"folder holding one, relative to {Path.cwd()})"
-        )
-    try:
-        fields = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"peft_config={value}: not a JSON file ({exc})") from None
+    fields = read_json(
+        f"peft_config={value}",
+        config_file(value),
+        f"a PEFT adapter config, {CONFIG_NAME} or the folder holding one",
+    )
     if not isinstance(fields, dict) or not isinstance(fields.get("peft_type"), str):
         raise ConfigError(
             f"peft_config={value}: a PEFT adapter config names its method in a 'peft_type' "
@@ -87,43 +79,21 @@ def read_fields(value: str) -> dict[str, Any]:
     return fields
 
 
-class PeftConfigKnob(Knob):
+class PeftConfigKnob(AdapterFileKnob):
     name = "peft_config"
-    default = None
-    default_means = "none (train_mode=peft asks for one)"
     help = (
         "the PEFT adapter config (adapter_config.json or its folder) that train_mode=peft "
         "trains: any PEFT method, built by PEFT's own classes"
     )
-    kind = str
-    names_a_file = True
-    per_sample_memory = False  # what it changes per sample, train_mode=peft says
-    # train_mode's apply reads it (the adapters are built there).
-
-    def describe(self) -> str:
-        return "a path to a PEFT adapter config"
+    mode = PEFT_MODE
+    what = "a PEFT adapter config"
+    trains = "the adapters a PEFT config declares"
+    example = CONFIG_NAME
 
     def means(self, value: Any, subject: Subject) -> str:
         return f"the adapters {value} declares, built by PEFT"
 
-    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
-        return config.get("train_mode", "full") == PEFT_MODE
-
-    def parse(self, value: Any) -> Any:
-        if value is None or isinstance(value, str) and value:
-            return value
-        raise ConfigError(
-            f"peft_config={value!r} is not valid; expected a path to a PEFT adapter config"
-        )
-
-    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if not self.applies(context.knobs, context.model):
-            return None
-        if value is None:
-            return (
-                "train_mode=peft trains the adapters a PEFT config declares: give it as "
-                "peft_config=path/to/adapter_config.json"
-            )
+    def file_reason(self, value: str, context: ProbeContext) -> str | None:
         try:
             method = read_fields(value)["peft_type"]
         except ConfigError as exc:
@@ -133,7 +103,7 @@ class PeftConfigKnob(Knob):
                 f"peft_config={value}: PEFT's {method} builds sparse tensors, which have no "
                 "storage for autofit's memory tracker to count, on any backend"
             )
-        if method in NEEDS_VALUES and _simulated(context.backend):
+        if method in NEEDS_VALUES and simulated(context.backend):
             return (
                 f"peft_config={value}: PEFT's {method} {NEEDS_VALUES[method]}, which the "
                 "simulator's fake tensors do not hold; probe it with backend=cpu or cuda"
@@ -152,11 +122,6 @@ class PeftConfigKnob(Knob):
             ("trl", "autofit's TRL export"),
         )
     }
-
-
-def _simulated(backend: str) -> bool:
-    """Whether the probe runs on fake tensors: simulate, or auto where no GPU is visible."""
-    return backend == "simulate" or backend == "auto" and not nvidia_device_visible()
 
 
 def add_peft_adapters(run: RunState, value: str) -> None:
