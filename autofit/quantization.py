@@ -8,6 +8,8 @@
   saves it for the input's gradient, so without gradient checkpointing every layer's 16-bit copy
   lives until its backward; with checkpointing only the recomputed block's do. Real float8
   storage on every backend (a CPU build casts float8 too); no GPU needs fp8 arithmetic for it.
+- SimpleTuner's int8 SDNQ base (`int8-sdnq`): SD.Next's quantizer (the sdnq library) run as
+  SimpleTuner runs it, on fake and real tensors alike (`sdnq_base`).
 """
 
 from __future__ import annotations
@@ -142,3 +144,48 @@ def _bitsandbytes_layer(
     if linear.bias is not None:
         layer.bias = nn.Parameter(linear.bias.detach().to(device, copy=True), requires_grad=False)
     return layer.to(device)  # quantizes the weight on its way to the device
+
+
+# SimpleTuner's int8-sdnq as its quantisation.py sets it (bghira/SimpleTuner, helpers/training/
+# quantisation.py, _sdnq_model): int8 weights with a scale per 32 of them, int8 matmuls (its
+# default wherever SDNQ compiles, which a GPU with Triton does), static quantization with
+# stochastic rounding, dequantized through fp32; the Hadamard variant rotates groups of 128.
+SDNQ_INT8 = {
+    "weights_dtype": "int8", "quantized_matmul_dtype": "int8", "group_size": 32,
+    "hadamard_group_size": 128, "svd_rank": 32, "svd_steps": 2, "use_svd": False,
+    "use_quantized_matmul": True, "use_static_quantization": True,
+    "use_stochastic_rounding": True, "dequantize_fp32": True, "non_blocking": False,
+    "add_skip_keys": True,
+}  # fmt: skip
+
+
+def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The trained model's base quantized by SDNQ to int8 as SimpleTuner quantizes it, each weight
+    quantized on the run's device as it loads (SimpleTuner's quantize_via=accelerator); returns
+    the quantized weights and the tensors they keep (their int8 values and scales).
+
+    SDNQ compiles its (de)quantization with torch.compile where it can; autofit runs it eagerly on
+    every backend (SDNQ_USE_TORCH_COMPILE=0, read when sdnq is first imported): compiling fuses its
+    temporaries, which the eager code holds a moment longer, and leaves the stored layout and what
+    its autograd functions save for backward as they are."""
+    from sdnq.training import sdnq_training_post_load_quant
+
+    import autofit.sdnq_eager  # noqa: F401  (SDNQ_USE_TORCH_COMPILE before sdnq's import)
+
+    skipped = [".proj_out"] if run.preset.family == "flux" else []  # SimpleTuner's, for Flux
+    model = sdnq_training_post_load_quant(
+        run.model, **SDNQ_INT8, use_hadamard=hadamard,
+        use_grad_ckpt=bool(run.knobs.get("checkpointing", False)),
+        modules_to_not_convert=skipped, quantization_device=run.device,
+        return_device=run.device,
+    )  # fmt: skip
+    assert model is run.model  # quantized in place
+    weights, kept = [], []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if weight is not None and hasattr(weight, "__tensor_flatten__"):
+            weight.requires_grad_(False)
+            weights.append(weight)
+            names, _ = weight.__tensor_flatten__()
+            kept += [getattr(weight, name) for name in names]
+    return weights, kept

@@ -7,9 +7,15 @@
   cast per layer per pass. The math stays 16-bit, so no GPU generation is ruled out; what the
   upcast copies cost is in autofit/quantization.py.
 
+- `int8_sdnq`, `int8_sdnq_hadamard`: SimpleTuner's `int8-sdnq` base (and with
+  `sdnq_use_hadamard`): SD.Next's SDNQ quantizer run as SimpleTuner runs it (autofit/
+  quantization.py, `sdnq_base`), int8 weights with an fp32 scale per 32 (1.125 bytes a weight) and
+  int8 matmuls; the Hadamard variant rotates each group of 128 inputs. SDNQ's own code on fake
+  and real tensors; it skips the layers its own skip lists name.
+
 Like QLoRA's quantizing loader, the base is built in host memory and each weight cast on its way
 to the GPU: the 16-bit model never sits there whole. The companions (text encoders, VAE) keep
-their own dtype.
+their own dtype. The base of a LoRA or a LyCORIS run.
 """
 
 from __future__ import annotations
@@ -23,11 +29,17 @@ if TYPE_CHECKING:
     from autofit.run_state import RunState
 
 NOT_FP8 = "base_precision=same"
+SDNQ = ("int8_sdnq", "int8_sdnq_hadamard")  # SDNQ's int8 base, plain and Hadamard-rotated
+FROZEN_BASE_MODES = ("lora", "lycoris")  # the train_mode values whose frozen base this stores
 
 
-def _kohya(value: Any, s: Subject) -> Say:
+def _kohya(value: Any, s: Subject) -> Say | Refuse:
     if value == "same":
         return Say()
+    if value in SDNQ:
+        return Refuse(
+            "sd-scripts stores a base in fp8 at most (fp8_base), not in SDNQ's int8", NOT_FP8
+        )
     # fp8_base_unet keeps the text encoders in 16-bit, as measured; fp8_base alone would cast
     # them too when they run online.
     return say(fp8_base=True, fp8_base_unet=True)
@@ -36,32 +48,48 @@ def _kohya(value: Any, s: Subject) -> Say:
 def _simpletuner(value: Any, s: Subject) -> Say:
     # quanto's fp8 weights are upcast for the matmul, as measured; its fp8-torchao and
     # fp8-native run fp8 matmuls, which need an Ada or Hopper GPU and hold other tensors.
+    if value in SDNQ:
+        hadamard = {"sdnq_use_hadamard": True} if value == "int8_sdnq_hadamard" else {}
+        return say(base_model_precision="int8-sdnq", **hadamard)
     return say(base_model_precision="no_change" if value == "same" else "fp8-quanto")
 
 
 class BasePrecision(Knob):
     name = "base_precision"
     default = "same"
-    help = "the frozen base under LoRA: same (the run's dtype) | fp8 (float8, upcast per layer)"
+    help = (
+        "the frozen base under LoRA or LyCORIS: same (the run's dtype) | fp8 (float8, upcast per "
+        "layer) | int8_sdnq, int8_sdnq_hadamard (SimpleTuner's int8-sdnq, by SDNQ)"
+    )
     values = {
         "same": "the frozen base in the run's own dtype",
         "fp8": "the frozen base's linear and convolution weights stored in float8 e4m3 and cast "
         "to the compute dtype per layer, just before its matmul",
+        "int8_sdnq": "the frozen base's linear weights quantized by SDNQ as SimpleTuner's "
+        "int8-sdnq does (int8, an fp32 scale per 32 weights, int8 matmuls)",
+        "int8_sdnq_hadamard": "as int8_sdnq, each group of 128 inputs Hadamard-rotated first "
+        "(SimpleTuner's sdnq_use_hadamard)",
     }
     per_sample_memory = False
     reads = ("dtypes",)
 
+    def libraries(self, value: Any) -> tuple[str, ...]:
+        # sdnq through the module that sets SDNQ_USE_TORCH_COMPILE first; sdnq imports
+        # transformers and bitsandbytes at its own import
+        return ("autofit.sdnq_eager", "transformers", "bitsandbytes") if value in SDNQ else ()
+
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        return "same" if value == "fp8" else None  # a cast per layer per pass buys it
+        # a cast (or a dequantization) per layer per pass buys it
+        return "same" if value != "same" else None
 
     def applies(self, config: Any, preset: Any) -> bool:
-        return config.get("train_mode", "full") == "lora"
+        return config.get("train_mode", "full") in FROZEN_BASE_MODES
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "same":
             return None
         mode = context.knobs.get("train_mode", "full")
-        if mode != "lora":
+        if mode not in FROZEN_BASE_MODES:
             what = {"qlora": "has a 4-bit base already", "qdora": "has a 4-bit base already",
                     "full": "has no frozen base"}.get(mode, "is measured with a 16-bit base only")  # fmt: skip
             return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} {what}; use train_mode=lora"
@@ -77,9 +105,14 @@ class BasePrecision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
-        from autofit.quantization import float8_layers
+        from autofit.quantization import float8_layers, sdnq_base
         from autofit.run_state import move_to_device
 
+        if value in SDNQ:
+            weights, kept = sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
+            move_to_device(run, run.model, skip={id(w) for w in weights})
+            run.tag(kept, "parameters")
+            return
         layers = float8_layers(run.model, run.dtypes.autocast or run.dtypes.weights, run)
         cast = {id(t) for layer in layers for t in layer.parameters()}
         move_to_device(run, run.model, skip=cast)
@@ -88,13 +121,16 @@ class BasePrecision(Knob):
     trainers = {
         "kohya": _kohya,
         "simpletuner": _simpletuner,
-        "sana": {"same": Say(), "fp8": Refuse("Sana's train.py has no fp8 base", NOT_FP8)},
-        "diffusers": {
-            "same": Say(),
-            "fp8": Refuse(
+        "sana": lambda v, s: (
+            Say() if v == "same" else Refuse("Sana's train.py has no quantized base", NOT_FP8)
+        ),
+        "diffusers": lambda v, s: (
+            Say()
+            if v == "same"
+            else Refuse(
                 "the diffusers example scripts store the base in the 16-bit weight dtype "
                 "(their --do_fp8_training is float8 compute through torchao, another run)",
                 NOT_FP8,
-            ),
-        },
+            )
+        ),
     }

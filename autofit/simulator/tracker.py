@@ -64,7 +64,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from autofit.simulator.kernel_outputs import fake_device
 from autofit.simulator.step_log import (  # noqa: F401  (re-exported: what a tracker records)
@@ -194,6 +194,11 @@ class MemoryTracker(TorchDispatchMode, StepLog):
                 self._see_all(item)
 
     def _see(self, tensor: torch.Tensor) -> int | None:
+        if is_traceable_wrapper_subclass(tensor):
+            # A wrapper (SDNQ's quantized weight) holds no memory of its own, only the tensors
+            # inside it, which are seen as they are made; on real tensors its storage still
+            # answers the logical size (SDNQ's int8 layer as a 16-bit one).
+            return None
         return self._see_storage(tensor.untyped_storage())
 
     def _see_storage(self, storage: torch.UntypedStorage) -> int | None:
