@@ -135,7 +135,7 @@ def ampere_or_newer(gpu: GpuSpec) -> bool:
 
 
 @contextmanager
-def kernels_for(gpu: GpuSpec, fake: bool) -> Iterator[None]:
+def kernels_for(gpu: GpuSpec) -> Iterator[None]:
     """On fake tensors, lycoris' kernel choice as the target GPU makes it. The simulator's fake
     tensors sit on no CUDA device, so lycoris would take its torch reference; a GPU from Ampere
     on takes its fused Triton kernels wherever their operands fit them (one 16-bit family), and
@@ -147,7 +147,7 @@ def kernels_for(gpu: GpuSpec, fake: bool) -> Iterator[None]:
 
     from lycoris.kernels.select import one_family
 
-    if not fake or os.environ.get("LYCORIS_KERNEL_BACKEND"):
+    if os.environ.get("LYCORIS_KERNEL_BACKEND"):
         yield
         return
     newer = ampere_or_newer(gpu)
@@ -173,7 +173,7 @@ def _choosing_as(gpu: GpuSpec, forward: Any) -> Any:
     recomputes it in backward."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        with kernels_for(gpu, fake=True):
+        with kernels_for(gpu):
             return forward(*args, **kwargs)
 
     return call
