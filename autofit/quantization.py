@@ -168,9 +168,9 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
     every backend (SDNQ_USE_TORCH_COMPILE=0, read when sdnq is first imported): compiling fuses its
     temporaries, which the eager code holds a moment longer, and leaves the stored layout and what
     its autograd functions save for backward as they are."""
-    from sdnq.training import sdnq_training_post_load_quant
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    import autofit.sdnq_eager  # noqa: F401  (SDNQ_USE_TORCH_COMPILE before sdnq's import)
+    from autofit.sdnq_eager import sdnq_training_post_load_quant
 
     skipped = [".proj_out"] if run.preset.family == "flux" else []  # SimpleTuner's, for Flux
     model = sdnq_training_post_load_quant(
@@ -183,7 +183,7 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
     weights, kept = [], []
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if weight is not None and hasattr(weight, "__tensor_flatten__"):
+        if weight is not None and is_traceable_wrapper_subclass(weight):
             weight.requires_grad_(False)
             weights.append(weight)
             names, _ = weight.__tensor_flatten__()

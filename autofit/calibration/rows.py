@@ -128,13 +128,15 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+def answered(r: dict[str, str]) -> bool:
+    """Whether both runs of a row said fits or does not fit (not a crash or a timeout)."""
+    return r["sim_outcome"] in ("ok", "oom") and r["real_outcome"] in ("ok", "oom")
+
+
 def figures(rows: list[dict[str, str]]) -> dict[str, Any]:
     """The calibration's verdict: peak and throughput errors, and how often the two backends
     disagree on fitting. A false fit (simulated ok, real oom) is the costly miss: the user's run
     crashes; a false oom only leaves a larger batch on the table."""
-
-    def answered(r: dict[str, str]) -> bool:  # both runs said fits or does not fit
-        return r["sim_outcome"] in ("ok", "oom") and r["real_outcome"] in ("ok", "oom")
 
     return {
         "cases": len(rows),

@@ -185,15 +185,12 @@ def _answered_rows(out: Path, measure: str) -> tuple[list[dict[str, str]], int]:
     """The CSV's rows of `measure` whose two runs both answered (fits or not), and how many did
     not: a crash or a timeout says nothing of the case and may be fixed since, so its row is
     dropped from the file (rewritten whole) and the case run again."""
-    from autofit.calibration.rows import read_rows, write_rows
+    from autofit.calibration.rows import answered, read_rows, write_rows
 
     rows = read_rows(out)
-    answered = ("ok", "oom")
 
     def stale(r: dict[str, str]) -> bool:
-        return r.get("measure") == measure and not (
-            r["sim_outcome"] in answered and r["real_outcome"] in answered
-        )
+        return r.get("measure") == measure and not answered(r)
 
     dropped = [r for r in rows if stale(r)]
     if dropped:
