@@ -46,6 +46,10 @@ class GpuSpec:
     processes): it comes out of every budget. `tensor_cores` is false for a card without them
     (before Volta, and the GTX 16 series): it has no TF32 and no bf16, and PyTorch's 16-bit
     matmuls, which accumulate in fp32, run on its FP32 units: autofit prices them at `fp32`.
+    `host_memory_gib` is the RAM of a typical machine this card sits in, and `host_memory_basis`
+    says which machine, in a few words: the host budget of a run simulated for this card when
+    `host_memory_gib=` is not set (autofit/host.py). Every shipped entry states both (its
+    source in the file's comments); a card file may leave them out (no host limit then).
     """
 
     name: str
@@ -62,6 +66,8 @@ class GpuSpec:
     reserved_mib: int = 0
     nvme_gbs: float = NVME_GBS
     tensor_cores: bool = True
+    host_memory_gib: float | None = None
+    host_memory_basis: str = ""
     notes: str = ""
 
     @classmethod
@@ -97,6 +103,8 @@ class GpuSpec:
         values = dict(data)
         values["tflops"] = {k: float(v) for k, v in data["tflops"].items()}
         values["compute_capability"] = _capability(data["compute_capability"])
+        if data.get("host_memory_gib") is not None:
+            values["host_memory_gib"] = float(data["host_memory_gib"])
         spec = cls(**values)
         spec._check_together(source)
         return spec
@@ -114,6 +122,11 @@ class GpuSpec:
                 f"{source}: tensor_cores=false but tflops gives {extra}; a card without tensor "
                 "cores has neither (give fp32 and its fp16 figure only)"
             )
+        if self.host_memory_basis and self.host_memory_gib is None:
+            raise ConfigError(
+                f"{source}: host_memory_basis is set but host_memory_gib is not; give the GiB "
+                "of RAM the machine it names has"
+            )
         if self.reserved_mib >= self.memory_mib:
             raise ConfigError(
                 f"{source}: reserved_mib={self.reserved_mib} is not valid; expected less than "
@@ -125,11 +138,17 @@ class GpuSpec:
 
     def fingerprint(self) -> str:
         """A short hash of the whole entry: a changed entry measures again. A field at its
-        default is left out, so an entry written before the field existed keeps its hash."""
+        default is left out, so an entry written before the field existed keeps its hash; so is
+        the machine around the card (HOST_FIELDS), which changes no measurement of the card: the
+        host budget a probe was judged against is in its key on its own."""
         from autofit.fingerprint import fingerprint
 
         return fingerprint(
-            {k: v for k, v in self.to_dict().items() if DEFAULTS.get(k, MISSING) != v}
+            {
+                k: v
+                for k, v in self.to_dict().items()
+                if DEFAULTS.get(k, MISSING) != v and k not in HOST_FIELDS
+            }
         )
 
     @property
@@ -147,6 +166,11 @@ class GpuSpec:
     @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB
+
+    @property
+    def host_memory_bytes(self) -> int | None:
+        """The RAM of a typical machine this card sits in (bytes); None where not stated."""
+        return None if self.host_memory_gib is None else int(self.host_memory_gib * (1 << 30))
 
     @property
     def reserved_bytes(self) -> int:
@@ -175,6 +199,7 @@ class GpuSpec:
 FIELDS = {f.name: f for f in fields(GpuSpec)}
 DEFAULTS = {f.name: f.default for f in fields(GpuSpec) if f.default is not MISSING}
 REQUIRED = [name for name in FIELDS if name not in DEFAULTS]
+HOST_FIELDS = ("host_memory_gib", "host_memory_basis")  # the machine the card sits in
 # What `gpu.<field>=<value>` may name.
 FIELD_PATHS = [k for k in FIELDS if k != "tflops"] + [f"tflops.{m}" for m in MATH_MODES]
 # Each field's check and the words saying what it may be.
@@ -200,6 +225,10 @@ _RULES: dict[str, tuple[Any, str]] = {
     "reserved_mib": (lambda v: _is_int(v) and v >= 0,
                      "a whole number of MiB >= 0, what a display or other processes hold"),
     "tensor_cores": (lambda v: isinstance(v, bool), "true or false (false before Volta)"),
+    "host_memory_gib": (lambda v: v is None or (_is_number(v) and v > 0),
+                        "a number of GiB > 0, the RAM of a typical machine this card sits in"),
+    "host_memory_basis": (lambda v: isinstance(v, str),
+                          "text: which machine host_memory_gib describes"),
     "notes": (lambda v: isinstance(v, str), "text"),
 }  # fmt: skip
 

@@ -8,7 +8,11 @@ module decides what it is compared against.
 - `host_memory_gib=` sets the budget (GiB of the machine's RAM the run may use; a run of several
   GPUs on one machine shares it, see `host_ranks`). Unset, a probe on the local GPU gets this
   machine's RAM (MemTotal); a probe simulated for a GPU that is not here, or run on the CPU
-  backend (which stands for a GPU elsewhere, as `simulate` does), has no host limit, and says so.
+  backend (which stands for a GPU elsewhere, as `simulate` does), gets the RAM of a typical
+  machine for that card, as its entry states it (`host_memory_gib` and `host_memory_basis` in
+  conf/gpu/; a 12 GB GeForce card sits in a home desktop, an A10G in a cloud VM): a run that
+  only fits a host larger than the card's usual one is no answer for its owner. A card file
+  that states none has no host limit, and says so.
 - The model as a trainer loads it: see `loader_shard_bytes`.
 """
 
@@ -19,6 +23,7 @@ from typing import Any
 
 from autofit.errors import ConfigError, shown
 from autofit.families import family as declared
+from autofit.gpus import GpuSpec
 
 GIB = 1 << 30
 
@@ -102,20 +107,37 @@ def check_host_memory(value: Any) -> float | None:
     return float(value)
 
 
-def host_budget_bytes(setting: float | None, backend: str) -> int | None:
+def host_budget_bytes(setting: float | None, backend: str, gpu: GpuSpec) -> int | None:
     """The host budget of a probe (bytes): the setting, else this machine's RAM when the probe
-    runs on the local GPU (`backend`, resolved: cuda), else None (not stated)."""
+    runs on the local GPU (`backend`, resolved: cuda), else the RAM of a typical machine for
+    `gpu` (its entry's `host_memory_gib`), else None (not stated)."""
     if setting is not None:
         return int(setting * GIB)
     if backend == "cuda":
         return machine_ram_bytes()
-    return None
+    return gpu.host_memory_bytes
+
+
+def host_budget_basis(setting: float | None, backend: str, gpu: GpuSpec) -> str | None:
+    """Where `host_budget_bytes` took its figure, in words for the search's header and the
+    report; None where the budget is not stated."""
+    if setting is not None:
+        return "as host_memory_gib= sets it"
+    if backend == "cuda":
+        return "this machine's RAM"
+    if gpu.host_memory_gib is None:
+        return None
+    machine = gpu.host_memory_basis or f"as the entry of {gpu.name} states"
+    return f"a typical machine for {gpu.name}: {machine}; set host_memory_gib= for yours"
 
 
 NOT_STATED = "not stated (simulated for a GPU not here); set host_memory_gib="
 
 
-def budget_words(budget: int | None) -> str:
+def budget_words(budget: int | None, basis: str | None = None) -> str:
+    """A host budget in words: its size and, where given, where it comes from."""
     from autofit.units import size
 
-    return size(budget) if budget is not None else NOT_STATED
+    if budget is None:
+        return NOT_STATED
+    return size(budget) + (f" ({basis})" if basis else "")

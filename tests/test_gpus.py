@@ -80,6 +80,12 @@ def test_every_shipped_entry_loads_and_holds_together(name: str) -> None:
     # PyTorch's default cuBLAS workspace: 32 MiB from Hopper on, 8.125 MiB before.
     assert gpu.cublas_workspace_mib == (32 if major >= 9 else 8.125)
     assert gpu.label == name  # a shipped entry, unchanged, carries its own name
+    # The machine around it, with where that figure comes from (issue 41 item 8).
+    assert gpu.host_memory_gib is not None and 12 <= gpu.host_memory_gib <= 512
+    assert gpu.host_memory_basis
+    text = (conf_dir() / "gpu" / f"{name}.yaml").read_text()
+    source = text.split("\nhost_memory_gib:")[0].rsplit("\n# The machine around it", 1)[1]
+    assert "skypilot-catalog" in source or "Survey" in source or "Colab" in source
 
 
 @pytest.mark.parametrize("name", ISSUE_14)
@@ -146,10 +152,14 @@ def test_a_stored_entry_without_reserved_memory_loads_and_keeps_its_fingerprint(
     old = {
         k: v
         for k, v in a40.to_dict().items()
-        if k not in ("reserved_mib", "nvme_gbs", "tensor_cores")
+        if k
+        not in ("reserved_mib", "nvme_gbs", "tensor_cores", "host_memory_gib", "host_memory_basis")
     }
     stored = ProbeSpec(model={}, gpu=old, knobs={})
-    assert ProbeSpec.from_json(stored.to_json()).gpu_spec == a40
+    # read back as the card it was, with no host stated (the machine around it came later)
+    assert ProbeSpec.from_json(stored.to_json()).gpu_spec == dataclasses.replace(
+        a40, host_memory_gib=None, host_memory_basis=""
+    )
     assert a40.fingerprint() == fingerprint(old)  # probes of older studies are still found
     assert dataclasses.replace(a40, reserved_mib=512).fingerprint() != a40.fingerprint()
 

@@ -408,3 +408,33 @@ def test_under_zero3_rank_0_alone_reads_a_transformers_checkpoint_whole() -> Non
     # Setup: two processes' resident bytes, one process's loader (here the whole tiny model).
     assert both.phase_peaks["optimizer"] == 2 * one.phase_peaks["optimizer"]
     assert both.phase_peaks["setup"] < 2 * one.phase_peaks["setup"]
+
+
+def test_a_simulated_card_is_held_to_the_ram_of_its_usual_machine(tmp_path: Path) -> None:
+    """Without host_memory_gib=, a probe simulated for a card takes the RAM its entry states (a
+    12 GB GeForce: a 32 GB home desktop; an A10G: AWS's 16 GiB g5.xlarge); the setting wins; a
+    card file that states none has no host limit. (issue 41 item 8)"""
+    from autofit.config import compose_config
+    from autofit.gpus import HOST_FIELDS, load_gpu
+    from autofit.host import budget_words, host_budget_basis
+    from autofit.probe.build import spec_from_config
+
+    def budget(*overrides: str) -> int | None:
+        cfg = compose_config("probe", ["model=tiny_mlp", "backend=simulate", *overrides])
+        return spec_from_config(cfg).host_memory_bytes
+
+    assert budget("gpu=rtx3060_12") == 32 * GIB
+    assert budget("gpu=a10g") == 16 * GIB
+    assert budget("gpu=rtx3060_12", "host_memory_gib=64") == 64 * GIB
+    card = {k: v for k, v in load_gpu("rtx3060_12").to_dict().items() if k not in HOST_FIELDS}
+    (tmp_path / "card.yaml").write_text(json.dumps(card))
+    assert budget(f"gpu={tmp_path / 'card.yaml'}") is None
+
+    rtx = load_gpu("rtx3060_12")
+    words = budget_words(32 * GIB, host_budget_basis(None, "simulate", rtx))
+    assert words == (
+        "32.00 GiB (a typical machine for rtx3060_12: a home desktop with 32 GB of RAM; "
+        "set host_memory_gib= for yours)"
+    )
+    assert host_budget_basis(48.0, "simulate", rtx) == "as host_memory_gib= sets it"
+    assert host_budget_basis(None, "cuda", rtx) == "this machine's RAM"

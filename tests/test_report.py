@@ -614,7 +614,7 @@ def test_a_run_over_the_host_budget_is_reported_as_oom_host_and_never_on_the_fro
         assert int(row["peak_bytes"]) <= int(row["budget_bytes"])
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["host_budget_bytes"] == HOST_BUDGET
-    assert f"host budget {size(HOST_BUDGET)}," in _study_line(out)
+    assert f"host budget {size(HOST_BUDGET)} (as host_memory_gib= sets it)," in _study_line(out)
 
     # The front and the best: fitting runs only, each with its host peak, pinned in full
     # (offloaded activations are page-locked).
@@ -719,7 +719,8 @@ def test_when_only_the_host_stops_every_run_the_report_says_so(tmp_path: Path) -
     budget = int(0.0001 * (1 << 30))
     assert (
         f"nothing fits: 1 run fits the GPU but not the host (the least host memory found is "
-        f"{size(probe.host_peak_bytes)} against a host budget of {size(budget)})"
+        f"{size(probe.host_peak_bytes)} against a host budget of {size(budget)} "
+        "(as host_memory_gib= sets it))"
     ) in done.stdout
     assert f"none fit  batch 1: oom_host in {probe.phase} (host {size(probe.host_peak_bytes)}" in (
         done.stdout
@@ -758,8 +759,11 @@ def test_a_study_written_before_host_memory_was_counted_still_reports(
     assert len(front_rows) == len(summary["pareto"])
     assert all(line.endswith(" -") for line in front_rows), front
     assert re.search(r" - +<- best$", best, re.M), best
-    # The new study, by contrast, states its host figures (simulated: no host budget).
-    assert "host budget not stated" in _study_line(reported.stdout)
+    # The new study, by contrast, states its host figures (simulated for a T4: the machine a
+    # T4 is met in, conf/gpu/t4.yaml).
+    assert "host budget 12.70 GiB (a typical machine for t4: a free Google Colab T4 VM" in (
+        _study_line(reported.stdout)
+    )
 
 
 def test_a_read_only_study_is_reported_and_exported_as_far_as_it_can_be(

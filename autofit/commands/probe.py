@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
+from autofit.host import budget_words, check_host_memory, host_budget_basis
 from autofit.models import ModelPreset
 from autofit.paths import ensure_writable
 from autofit.probe.build import probe_margin, spec_from_config
@@ -81,5 +82,9 @@ def run_config(cfg: Any, server: ForkServer | None = None) -> int:
     print(summarize(result))
     margin = probe_margin(cfg.margin, ModelPreset.from_dict(spec.model), spec.knobs)
     print(f"  margin     {margin.words()}")
+    if spec.host_memory_bytes is not None:
+        setting = check_host_memory(cfg.get("host_memory_gib"))
+        basis = host_budget_basis(setting, result.backend, spec.gpu_spec)
+        print(f"  host RAM   {budget_words(spec.host_memory_bytes, basis)}")
     print(f"  result     {out}")
     return 0 if result.outcome in ANSWERED else 1

@@ -12,7 +12,7 @@ from autofit.calibration.margins import chosen_margin, classes_spanned
 from autofit.command_line import key_of
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError, Interrupted, shown
-from autofit.host import budget_words, check_host_memory, host_budget_bytes
+from autofit.host import budget_words, check_host_memory, host_budget_basis, host_budget_bytes
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome
 from autofit.search.progress import Progress
@@ -82,10 +82,14 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     study_name, out = study_and_folder(data, preset, gpu, space)
     storage = _prepared_storage(data.get("storage"), out)
 
-    host_budget = host_budget_bytes(check_host_memory(data.get("host_memory_gib")), backend)
+    host_setting = check_host_memory(data.get("host_memory_gib"))
+    host_budget = host_budget_bytes(host_setting, backend, gpu)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
             "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
             "storage": storage}  # fmt: skip
+    basis = host_budget_basis(host_setting, backend, gpu)
+    if basis is not None:  # written where there is a budget to explain (schema.py)
+        meta["host_budget_basis"] = basis
     if trainer:
         meta["trainer"] = trainer
         meta["trainer_stack"] = stack
@@ -312,12 +316,22 @@ def _start_line(run: _Checked) -> str:
         f"{len(list(space.combinations()))} combinations x {len(space.resolutions)} resolutions, "
         f"batch {space.min_batch}..{space.max_batch}, budget {size(gpu.budget_bytes(run.margin))} at a "
         f"{run.margin * 100:g}% margin ({meta['margin_basis']}), host budget "
-        f"{budget_words(run.host_budget)}; study {meta['study']}"
+        f"{budget_words(run.host_budget, meta.get('host_budget_basis'))}; study {meta['study']}"
         + (f"; only runs {trainer} can launch" if trainer else "")
         + "".join(
             f"; {k}={v} as {trainer} runs it" for k, v in meta.get("trainer_stack", {}).items()
         )
     )
+
+
+def _host_budget_words(run: _Checked) -> str:
+    """The host budget, where it came from, and how to give the machine's own RAM."""
+    basis = run.meta.get("host_budget_basis")
+    words = budget_words(run.host_budget, basis)
+    # A typical machine's basis already says how to give yours; so does NOT_STATED.
+    if basis is None or "host_memory_gib=" in basis:
+        return words
+    return f"{words}; set host_memory_gib= to the machine's RAM"
 
 
 def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
@@ -334,7 +348,7 @@ def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
             f"nothing fits {gpu.name} at {at} with batch >= "
             f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
             f"(the least host memory found is {size(least)} against a host budget of "
-            f"{budget_words(run.host_budget)}; set host_memory_gib= to the machine's RAM){forward}"
+            f"{_host_budget_words(run)}){forward}"
         )
     return AutofitError(
         f"nothing fits {gpu.name} at {at} with batch >= {space.target_min_batch}: "

@@ -100,7 +100,8 @@ def make_spec(
 def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int | None:
     """The host budget of `host_memory_gib=` (checked: a one-line error if it is not a positive
     number): as set, else this machine's RAM when the probe runs on the local GPU (backend
-    `cuda`, or `auto` finding a GPU large enough here), else None."""
+    `cuda`, or `auto` finding a GPU large enough here), else the RAM of a typical machine for
+    the card (its entry's `host_memory_gib`), else None."""
     from autofit.host import check_host_memory, host_budget_bytes
 
     gib = check_host_memory(setting)
@@ -108,7 +109,7 @@ def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int 
         from autofit.backends import resolve
 
         backend = resolve(backend, gpu, gpu.budget_bytes(margin))
-    return host_budget_bytes(gib, backend)
+    return host_budget_bytes(gib, backend, gpu)
 
 
 def spec_from_config(cfg: Any) -> ProbeSpec:

@@ -58,7 +58,9 @@ def headline(study: Study) -> str:
     s = study.summary
     # A study written before autofit counted host memory has no host budget to state.
     host = (
-        f", host budget {budget_words(s['host_budget_bytes'])}" if "host_budget_bytes" in s else ""
+        f", host budget {budget_words(s['host_budget_bytes'], s.get('host_budget_basis'))}"
+        if "host_budget_bytes" in s
+        else ""
     )
     return (
         f"study {study.name}: {s.get('model')} on {s.get('gpu')} [{s.get('backend')}], "
@@ -133,7 +135,7 @@ def nothing_fits(study: Study) -> str:
         return (
             f"nothing fits: {_runs(len(over_host))} the GPU but not the host (the least host "
             f"memory found is {size(least)} against a host budget of "
-            f"{budget_words(host_budget(study))})"
+            f"{budget_words(host_budget(study), study.summary.get('host_budget_basis'))})"
         )
     smallest = study.smallest_peak()
     found = f"the smallest peak found is {size(smallest)}" if smallest else "no probe finished"

@@ -3,7 +3,8 @@ read back, and how any command finds it. The one place its layout is known.
 
 - `summary.json`: `schema_version` (the folder's layout: autofit/results/schema.py lists those
   older autofits wrote, and reading migrates them to today's), study, model, gpu, backend, space,
-  margin, budget, host budget (`host_budget_bytes`, null when not stated), probe counts, wall
+  margin, budget, host budget (`host_budget_bytes`, null when not stated, and beside a stated
+  one `host_budget_basis`, where it came from), probe counts, wall
   time, the best run and the Pareto front (each run with `config` holding every knob as applied,
   its GPU and host peaks), and every combination with its status (`Status`) and largest fitting
   batch or why it has none; `files`, the rows each table beside it holds (a reader tells a whole
