@@ -15,6 +15,10 @@ class ConfigError(AutofitError):
     exit_code = 2
 
 
+class NothingToSearch(AutofitError):
+    """Every combination of a search space is invalid: no probe to run."""
+
+
 # Characters of a user's value an error message quotes: a value read from a file can be as long
 # as the file, and the message is one line.
 SHOWN = 60

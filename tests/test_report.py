@@ -16,6 +16,7 @@ import subprocess
 import sys
 import wsgiref.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chromium import find_chromium, open_page
@@ -112,6 +113,30 @@ def test_the_report_shows_the_front_the_best_its_memory_and_why_others_lost(
     for png in ("pareto.png", "memory.png"):
         assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"report in results/{STUDY}/report/" in out
+
+
+def test_the_charts_and_tables_show_the_best_run_where_the_rule_chose_a_lighter_one(
+    workdir: Path,
+) -> None:
+    """Where the best rule takes a lighter run than the fastest (a little speed for headroom),
+    the memory chart's bar and the best-per-resolution table at that resolution are the best
+    run, marked so, not the fastest beside it (issue 41 item 5)."""
+    from autofit.report.tables import best_table
+
+    study = load_study(workdir / "results" / STUDY)
+    resolution, fastest = next(iter(study.fastest_per_resolution().items()))
+    # a lighter run beside the fastest: one sample less, a little slower
+    config = {**fastest["config"], "batch_size": fastest["config"]["batch_size"] - 1}
+    lighter = {**fastest, "config": config, "samples_per_s": fastest["samples_per_s"] * 0.98}
+    summary = {**study.summary, "best": lighter, "pareto": [*study.pareto, lighter]}
+    chosen = dataclasses.replace(study, summary=summary)
+    assert chosen.fastest_per_resolution()[resolution] == fastest
+    (bar,) = [b for b in charts.bars(chosen) if b.label.startswith(f"{resolution}px ")]
+    assert bar.best and bar.label.startswith(
+        f"{resolution}px b={lighter['config']['batch_size']}\n"
+    )
+    row = next(r for r in best_table(chosen).rows if r[0] == str(resolution))
+    assert row[1] == str(lighter["config"]["batch_size"]) and row[-1] == "<- best"
 
 
 def _box(out: str) -> list[str]:
@@ -436,10 +461,63 @@ def test_the_html_page_renders_both_charts_offline_with_no_console_error(
             # plotly draws each point of a scatter, and each bar, as a path.point
             "pareto_points": "document.querySelectorAll('#pareto .scatterlayer .point').length",
             "memory_bars": "document.querySelectorAll('#memory .barlayer .point').length",
+            # the memory chart's labels (its two panels' titles, the GPU's total, the budget) as
+            # drawn, "count:overlaps"
+            "labels": OVERLAPS.replace("SELECTOR", "#memory .annotation"),
         },
     )
     assert rendered.errors == []
     assert rendered.values["pareto_points"] > 0 and rendered.values["memory_bars"] > 0, rendered
+    assert rendered.values["labels"] == "4:0", rendered  # all drawn, none over another
+
+
+# Of the elements a selector finds, how many, and how many pairs of their boxes overlap.
+OVERLAPS = """(() => {
+  const r = [...document.querySelectorAll('SELECTOR')].map(e => e.getBoundingClientRect());
+  if (!r.length) return '';  // not drawn yet: open_page asks again
+  let bad = 0;
+  for (let i = 0; i < r.length; i++) for (let j = i + 1; j < r.length; j++) {
+    const a = r[i], b = r[j];
+    if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) bad++;
+  }
+  return r.length + ':' + bad;
+})()"""
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    return bool(a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1)
+
+
+def test_the_pngs_keep_their_legends_off_the_plots_and_their_labels_apart(workdir: Path) -> None:
+    """pareto.png and memory.png as drawn at their default size: each legend clear of every
+    plot area and axis label, and no two tick labels of an axis over one another (issue 41
+    item 5: the legend hid the y axis' label and points, a log axis' labels collided)."""
+    from autofit.report.plots import memory_figure, pareto_figure
+
+    study = load_study(workdir / "results" / STUDY)
+    for figure in (pareto_figure(study), memory_figure(study)):
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        legends = [*figure.legends, *(ax.get_legend() for ax in figure.axes if ax.get_legend())]
+        assert legends
+        for ax in figure.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
+            labels = [ax.xaxis.label, ax.yaxis.label]
+            for legend in legends:
+                box = legend.get_window_extent(renderer)
+                assert not _overlap(box, ax.get_window_extent(renderer)), ax.get_title()
+                for label in labels:
+                    if label.get_text():
+                        assert not _overlap(box, label.get_window_extent(renderer))
+            ticks = [
+                t for t in ax.get_xticklabels(which="both") if t.get_visible() and t.get_text()
+            ]
+            boxes = [t.get_window_extent(renderer) for t in ticks]
+            for i, a in enumerate(boxes):
+                assert not any(_overlap(a, b) for b in boxes[i + 1 :]), [
+                    t.get_text() for t in ticks
+                ]
 
 
 def _slower_copy(source: Path, target: Path, factor: float) -> None:

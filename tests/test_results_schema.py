@@ -171,7 +171,7 @@ def test_a_folder_written_today_states_the_current_version_in_todays_shape(today
     # Every older folder, migrated, has today's fields (but those only some searches write).
     sometimes = {
         "overrides", "host_budget_bytes", "host_budget_basis", "nothing_fits", "trainer",
-        "trainer_stack",
+        "trainer_stack", "trainer_values",
     }  # fmt: skip
     with (today / "trials.csv").open(newline="") as f:
         columns = next(csv.reader(f))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -495,3 +496,75 @@ def test_nothing_fits_names_the_run_the_search_measured_at_another_resolution() 
     )
     nowhere = str(_nothing_fits(run, SimpleNamespace(results=results[:1]), budget + 2**30))
     assert "it fits" not in nowhere
+
+
+def _space(folder: Path, name: str, ema: str, then: str | None = None) -> None:
+    """A two-batch space of tiny_mlp's EMA on the host or off, going on to `then` where nothing
+    fits."""
+    text = f"batch_size: {{min: 1, max: 2}}\nresolution: [x1]\nknobs:\n  ema: ['{ema}']\n"
+    (folder / f"{name}.yaml").write_text(text + (f"if_nothing_fits: {then}\n" if then else ""))
+
+
+@pytest.mark.long
+def test_where_nothing_fits_the_search_goes_on_to_the_space_its_space_names(
+    tmp_path: Path,
+) -> None:
+    """A space whose runs the host cannot hold (EMA on the host, 194 KiB, under a 105 KiB host
+    budget) names another (EMA off): the first search says nothing fits, the second answers in
+    a study and folder of their own, and its rerun line searches the second space; a chain that
+    comes back to a space it searched stops there, exit 1. (issue 41 items 2 and 3)"""
+    _space(tmp_path, "heavy", "cpu", then="light.yaml")
+    _space(tmp_path, "light", "off")
+    common = ("model=tiny_mlp", "gpu=a40", "backend=simulate", "jobs=1", "host_memory_gib=0.0001")
+    done = in_process("search", *common, "space=heavy.yaml", "study=s", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    first, _, second = done.stdout.partition("searching space ")
+    assert "\nnothing fits a40 at" in first and "fit the GPU but not the host" in first
+    assert second.startswith("light.yaml next, the recipes for a smaller card")
+    summary = json.loads((tmp_path / "results" / "s-light" / "summary.json").read_text())
+    assert summary["best"]["config"]["ema"] == "off" and summary["space"] == "light"
+    assert "space=light.yaml" in summary["rerun"] and "study=s-light" in summary["rerun"]
+    assert json.loads((tmp_path / "results" / "s" / "summary.json").read_text())["best"] is None
+
+    _space(
+        tmp_path, "light", "cpu", then="heavy.yaml"
+    )  # now both fit nothing, each names the other
+    done = in_process("search", *common, "space=heavy.yaml", "study=t", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.count("searching space ") == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("autofit: error: nothing fits a40")
+
+
+def test_a_space_names_the_space_after_it_in_one_checked_line(tmp_path: Path) -> None:
+    from autofit.errors import ConfigError
+    from autofit.models import load_preset
+    from autofit.search.space import load_space
+
+    preset = load_preset("tiny_mlp")
+    assert load_space("quick", preset).if_nothing_fits == "small_cards_lora"
+    assert load_space("small_cards_lora", preset).if_nothing_fits is None
+    for then, words in [
+        ("nope", "if_nothing_fits: unknown space 'nope'"),
+        ("[1]", "if_nothing_fits=[1] is not valid; expected the name of a space"),
+        ("me.yaml", "if_nothing_fits: it names the space itself"),
+    ]:
+        (tmp_path / "me.yaml").write_text(
+            f"batch_size: {{min: 1, max: 2}}\nif_nothing_fits: {then}\n"
+        )
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            load_space(str(tmp_path / "me.yaml"), preset)
+
+
+def test_for_a_trainer_that_runs_none_of_a_knobs_values_the_search_takes_the_ones_it_runs() -> None:
+    """space=quick trains mixed bf16 (fp32 master weights) or fp16; SimpleTuner runs neither, so
+    a search for it searches the precisions it runs, rather than nothing (issue 41 item 2)."""
+    from autofit.commands.search import _for_trainer
+    from autofit.models import load_preset
+    from autofit.search.space import load_space
+
+    preset = load_preset("sdxl")
+    space = load_space("quick", preset)
+    chosen, _, in_place, searched = _for_trainer("simpletuner", preset, space)
+    assert in_place == {"precision": ("fp32", "bf16_autocast")}
+    assert searched.knobs["precision"] == ("fp32", "bf16_autocast")
+    assert _for_trainer("kohya", preset, space)[2] == {}  # kohya runs mixed bf16 and fp16

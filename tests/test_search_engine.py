@@ -204,9 +204,9 @@ def test_the_best_line_shows_headroom_provenance_and_the_run_it_was_preferred_to
     edge = BUDGET - BUDGET // 100
     fastest, lighter = make(8, 1024, 10.0, edge), make(7, 1024, 9.8, edge - BUDGET // 10)
     alone = best_block(fastest, [])
-    assert "headroom, 1% of the budget; simulated" in alone and "preferred" not in alone
+    assert "headroom, the peak 99% of budget; simulated" in alone and "preferred" not in alone
     preferred = best_block(lighter, [], fastest, BestRule())
-    assert "headroom, 11% of the budget; simulated" in preferred
+    assert "headroom, the peak 89% of budget; simulated" in preferred
     assert "preferred to the fastest, batch_size=8 resolution=1024: 2.0% faster but " in preferred
     assert "(target.speed_tolerance=0.03 target.memory_gain=0.05)" in preferred
     cuda = dataclasses.replace(fastest, backend="cuda")

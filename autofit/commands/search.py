@@ -11,14 +11,14 @@ from typing import Any
 from autofit.calibration.margins import chosen_margin, classes_spanned
 from autofit.command_line import key_of
 from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError, Interrupted, shown
+from autofit.errors import AutofitError, ConfigError, Interrupted, NothingToSearch, shown
 from autofit.host import budget_words, check_host_memory, host_budget_basis, host_budget_bytes
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome
 from autofit.search.progress import Progress
 from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace
-from autofit.units import many, resolution_words, size
+from autofit.units import many, resolution_words, size, value
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
@@ -56,17 +56,36 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     `rerun` line repeats."""
     from omegaconf import OmegaConf
 
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return _run_settings(data, given, set())
+
+
+def next_search(data: dict[str, Any], space: str) -> dict[str, Any]:
+    """The settings of the search `if_nothing_fits` starts: the same but the space, and a study
+    and folder of its own where the user named them (study=NAME-<space>, out=FOLDER-<space>);
+    unnamed, they follow from the space as any search's do."""
+    stem = Path(space).stem
+    return {
+        **data,
+        "space": space,
+        "study": f"{data['study']}-{stem}" if data.get("study") is not None else None,
+        "out": f"{data['out']}-{stem}" if data.get("out") else None,
+    }
+
+
+def _run_settings(data: dict[str, Any], given: list[str] | None, tried: set[str]) -> int:
+    """The search of `data` (run_config's settings); where nothing fits and its space names
+    another to search (`if_nothing_fits`), that search next, once per space (`tried`)."""
     from autofit.backends import resolve
     from autofit.search.space import load_space
 
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
     preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
     check_settings(data["backend"], data["margin"], data["timeout_s"])
     check_host_memory(data.get("host_memory_gib"))
     space = load_space(str(data["space"]), preset)
     trainer = data.get("trainer")
-    chosen, stack, space = _for_trainer(trainer, preset, space)
+    chosen, stack, in_place, space = _for_trainer(trainer, preset, space)
     margin = chosen_margin(
         data["margin"], preset.family, classes_spanned(preset.family, space.knobs)
     )
@@ -93,6 +112,8 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     if trainer:
         meta["trainer"] = trainer
         meta["trainer_stack"] = stack
+        if in_place:
+            meta["trainer_values"] = {k: list(v) for k, v in in_place.items()}
     # Every setting as the user gave it, but where the folder and the study are: the `rerun`
     # line and the probe lines printed for the user repeat them (autofit/results/write.py).
     given = _job_overrides() if given is None else given
@@ -106,22 +127,43 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
         return _search(checked)
     except StorageError as exc:
         raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
+    except NothingFits as exc:
+        following = space.if_nothing_fits
+        if following is None or Path(following).stem in tried:
+            raise
+        print(
+            f"\n{exc}\n\nsearching space {following} next, the recipes for a smaller card "
+            f"(space {space.name}'s if_nothing_fits)\n",
+            flush=True,
+        )
+        if given is not None:
+            given = [o for o in given if key_of(o) not in ("space", "study", "out")]
+            given.append(f"space={following}")
+        try:
+            return _run_settings(next_search(data, following), given, tried | {space.name})
+        except NothingToSearch as none:
+            raise NothingFits(
+                f"{exc}; space {following}, searched next, has no run: {none}"
+            ) from None
 
 
 def _for_trainer(
     trainer: Any, preset: Any, space: SearchSpace
-) -> tuple[Any, dict[str, Any], SearchSpace]:
+) -> tuple[Any, dict[str, Any], dict[str, tuple[Any, ...]], SearchSpace]:
     """The target `trainer=` names (None without one), the values it runs of the knobs it
-    decides itself, and the space with those fixed for every trial."""
+    decides itself, the values it runs of searched knobs where it runs none of the space's
+    (`trainer_values`), and the space with both in place for every trial."""
     if trainer is None:
-        return None, {}, space
-    from autofit.export import target, trainer_stack
+        return None, {}, {}, space
+    from autofit.export import target, trainer_stack, trainer_values
 
     chosen = target(trainer, setting="trainer")
     chosen.check_family(preset, setting="trainer")
-    stack = trainer_stack(chosen, preset, space.knobs)
-    fixed = {**space.knobs, **{k: (v,) for k, v in stack.items()}}
-    return chosen, stack, dataclasses.replace(space, knobs=fixed)
+    values = trainer_values(chosen, preset, space.knobs)
+    searched = {**space.knobs, **values}
+    stack = trainer_stack(chosen, preset, searched)
+    fixed = {**searched, **{k: (v,) for k, v in stack.items()}}
+    return chosen, stack, values, dataclasses.replace(space, knobs=fixed)
 
 
 def _with_target(target: dict[str, Any], preset: Any, space: SearchSpace) -> SearchSpace:
@@ -319,6 +361,10 @@ def _start_line(run: _Checked) -> str:
         f"{budget_words(run.host_budget, meta.get('host_budget_basis'))}; study {meta['study']}"
         + (f"; only runs {trainer} can launch" if trainer else "")
         + "".join(
+            f"; {k} in {', '.join(map(value, v))}, the values {trainer} runs (it runs none of the space's)"
+            for k, v in meta.get("trainer_values", {}).items()
+        )
+        + "".join(
             f"; {k}={v} as {trainer} runs it" for k, v in meta.get("trainer_stack", {}).items()
         )
     )
@@ -334,7 +380,11 @@ def _host_budget_words(run: _Checked) -> str:
     return f"{words}; set host_memory_gib= to the machine's RAM"
 
 
-def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
+class NothingFits(AutofitError):
+    """No run of the space fits at its target: the search's answer (exit 1)."""
+
+
+def _nothing_fits(run: _Checked, result: Any, smallest: int) -> NothingFits:
     """Why no run fits: over the host's budget where runs fit the GPU, else the least peak; and
     the way forward the search itself measured, where it has one (a run that fits at another of
     its resolutions)."""
@@ -344,13 +394,13 @@ def _nothing_fits(run: _Checked, result: Any, smallest: int) -> AutofitError:
     over_host = [r for r in result.results if r.outcome is Outcome.OOM_HOST]
     if over_host:
         least = min(r.host_peak_bytes or 0 for r in over_host)
-        return AutofitError(
+        return NothingFits(
             f"nothing fits {gpu.name} at {at} with batch >= "
             f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
             f"(the least host memory found is {size(least)} against a host budget of "
             f"{_host_budget_words(run)}){forward}"
         )
-    return AutofitError(
+    return NothingFits(
         f"nothing fits {gpu.name} at {at} with batch >= {space.target_min_batch}: "
         f"the smallest peak found is {size(smallest)} against a budget of "
         f"{size(gpu.budget_bytes(run.margin))}{forward}"

@@ -78,13 +78,20 @@ def job_row(
     0), `since` when the sweep started (a results folder written before is not this job's)."""
     row: dict[str, Any] = {**_settings(overrides), "answer": Answer.FAILED.value, "best": failure}
     try:
-        folder = results_folder(cfg) if cfg is not None else None
-        fresh = folder is not None and (
-            failure is None or (folder / SUMMARY).stat().st_mtime >= since
+        folders = results_folders(cfg) if cfg is not None else []
+        fresh = bool(folders) and (
+            failure is None or (folders[0] / SUMMARY).stat().st_mtime >= since
         )
         if not fresh:
             return row
-        study = load_study(folder)
+        folder, study = folders[0], load_study(folders[0])
+        # Where nothing fit, the search went on to its space's if_nothing_fits: that answers.
+        for following in folders[1:]:
+            if study.best is not None or not (following / SUMMARY).exists():
+                break
+            if (following / SUMMARY).stat().st_mtime < (folder / SUMMARY).stat().st_mtime:
+                break  # an older search's folder, not this job's
+            folder, study = following, load_study(following)
     except (AutofitError, OSError) as exc:
         if failure is None:
             row["best"] = f"no results: {exc}"
@@ -124,20 +131,29 @@ def best_words(study: Study) -> str:
     return " ".join([f"b={config['batch_size']}", f"res={config['resolution']}", *knobs])
 
 
-def results_folder(cfg: Any) -> Path:
+def results_folders(cfg: Any) -> list[Path]:
     """Where the search a job's config describes writes its files (autofit/commands/search.py
-    study_and_folder, which the search itself uses)."""
+    study_and_folder, which the search itself uses), then where each search it goes on to
+    where nothing fits writes its own (the spaces' if_nothing_fits, next_search)."""
     from omegaconf import OmegaConf
 
-    from autofit.commands.search import study_and_folder
+    from autofit.commands.search import next_search, study_and_folder
     from autofit.probe.build import gpu_from_config, preset_from_config
     from autofit.search.space import load_space
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    preset = preset_from_config(data["model"])
-    space = load_space(str(data["space"]), preset)
-    return study_and_folder(data, preset, gpu_from_config(data["gpu"]), space)[1]
+    preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
+    folders: list[Path] = []
+    names: set[str] = set()
+    while True:
+        space = load_space(str(data["space"]), preset)
+        folders.append(study_and_folder(data, preset, gpu, space)[1])
+        names.add(space.name)
+        following = space.if_nothing_fits
+        if following is None or Path(following).stem in names:
+            return folders
+        data = next_search(data, following)
 
 
 def table_text(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:

@@ -75,6 +75,22 @@ def trainer_stack(
     return {name: value for name, value in own.items() if value is not None}
 
 
+def trainer_values(
+    chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
+) -> dict[str, tuple[Any, ...]]:
+    """For each knob the space searches of which `chosen` runs none of the space's values, the
+    values it does run (in the knob's order): a search for a trainer then searches what that
+    trainer can launch (SimpleTuner trains in bf16 or fp32 weights, never under mixed bf16 with
+    fp32 masters) rather than nothing. Judged on the space's first values of the other knobs."""
+    subject = Subject({**defaults(), **{k: v[0] for k, v in searched.items()}}, preset)
+    replaced = {}
+    for name, values in searched.items():
+        runs = REGISTRY[name].runs(chosen.vocabulary, subject, chosen.own_code)
+        if runs and not set(values) & set(runs):
+            replaced[name] = runs
+    return replaced
+
+
 __all__ = [
     "TARGETS",
     "ExportPlan",
@@ -83,6 +99,7 @@ __all__ = [
     "load_point",
     "target",
     "trainer_stack",
+    "trainer_values",
     "unlaunchable",
     "readme",
     "write_export",

@@ -290,18 +290,25 @@ class Knob:
             offers="" if self.choices else f"{self.name}={text(self.default)}",
         )
 
-    def offers(self, vocabulary: str, subject: Subject, own_code: bool = False) -> str:
-        """What a trainer can run of this knob, given the rest of `subject`: its values, or where
-        the set is open, '' (the refusal says)."""
+    def runs(self, vocabulary: str, subject: Subject, own_code: bool = False) -> tuple[Any, ...]:
+        """The values of this knob a trainer runs, given the rest of `subject`, in the knob's
+        order; () where the set is open (no `choices`)."""
         if self.choices is None:
-            return ""
-        fine = [
+            return ()
+        return tuple(
             v
             for v in self.choices
             if isinstance(
                 self.express(vocabulary, v, subject.with_value(self.name, v), own_code), Say
             )
-        ]
+        )
+
+    def offers(self, vocabulary: str, subject: Subject, own_code: bool = False) -> str:
+        """What a trainer can run of this knob, given the rest of `subject`: its values, or where
+        the set is open, '' (the refusal says)."""
+        if self.choices is None:
+            return ""
+        fine = self.runs(vocabulary, subject, own_code)
         if not fine:
             return f"no value of {self.name} with the rest of this run"
         return f"{self.name}=" + ", ".join(text(v) for v in fine)

@@ -10,9 +10,10 @@ LOG_LINES = 8
 
 
 def headroom(peak_bytes: int, budget_bytes: int) -> str:
-    """What a run leaves free of its budget, as the best line, report and export show it."""
+    """What a run leaves free of its budget, as the best line, report and export show it. "of
+    budget" is the peak's share, as in every table's column of that name."""
     free = budget_bytes - peak_bytes
-    return f"{size(free)} headroom, {free / budget_bytes:.0%} of the budget"
+    return f"{size(free)} headroom, the peak {peak_bytes / budget_bytes:.0%} of budget"
 
 
 def provenance(backend: str) -> str:

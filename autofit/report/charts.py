@@ -24,9 +24,9 @@ from autofit.units import size
 from autofit.units import value as show
 
 PARETO_TITLE = "Pareto front: throughput against run size, memory as colour"
-MEMORY_TITLE = "Peak memory: every probe, and the best run per resolution part by part"
+MEMORY_TITLE = "Peak memory: every probe, and the best run (the fastest elsewhere) part by part"
 PEAKS_TITLE = "every probe's peak against its batch"
-BARS_TITLE = "the best run per resolution, part by part"
+BARS_TITLE = "best run part by part (elsewhere: the fastest)"
 RUN_SIZE_AXIS = "run size: batch x pixels per step (megapixels)"
 THROUGHPUT_AXIS = "samples/s"
 BATCH_AXIS = "batch size"
@@ -186,11 +186,12 @@ def memory_unit(study: Study) -> tuple[str, int]:
 
 
 def bars(study: Study) -> list[Bar]:
-    """The best run at each resolution, its peak part by part in `memory_unit`."""
+    """The run the answer names at its resolution and the fastest at each other, its peak part
+    by part in `memory_unit` (the same runs as the best-per-resolution table)."""
     _, scale = memory_unit(study)
     best = study.best
     found = []
-    for resolution, entry in study.best_per_resolution().items():
+    for resolution, entry in study.chosen_per_resolution().items():
         breakdown = entry.get("breakdown") or {}
         config = entry["config"]
         knobs = {k: config[k] for k in study.knob_names if k in config}

@@ -128,13 +128,15 @@ def _memory_figure(study: Study) -> Any:
             customdata=[b.label.replace("\n", " ") for b in bars],
             hovertemplate=f"%{{customdata}}<br>{part}: %{{y:.2f}} {axis.unit}<extra></extra>",
         ), row=1, col=2)  # fmt: skip
-    for value, colour, dash, label in (
-        (axis.total, charts.COLOURS["total"], "solid", axis.total_label()),
-        (axis.budget, charts.COLOURS["budget"], "dash", axis.budget_label()),
+    # The total's label above its line, the budget's (always lower) below its own: a margin of
+    # a few percent puts the two lines closer than a label is tall.
+    for value, colour, dash, label, where in (
+        (axis.total, charts.COLOURS["total"], "solid", axis.total_label(), "top left"),
+        (axis.budget, charts.COLOURS["budget"], "dash", axis.budget_label(), "bottom left"),
     ):
         line = {"color": colour, "dash": dash, "width": 1.2}
         fig.add_hline(y=value, line=line, row=1, col=1, annotation_text=label,
-                      annotation_position="top left")  # fmt: skip
+                      annotation_position=where)  # fmt: skip
         fig.add_hline(y=value, line=line, row=1, col=2)
     fig.update_layout(
         title=charts.MEMORY_TITLE,

@@ -14,6 +14,9 @@ MARKERS = "osD^vP<>"
 # Each kind of probe on the memory panel: (marker, colour or None for its series' colour).
 PEAK_MARKS = {"fits": ("o", None), "over": ("x", charts.COLOURS["over"]),
               "over_host": ("P", charts.COLOURS["over_host"])}  # fmt: skip
+# The share of the Pareto figure's height under the plot that holds its legend (up to six rows
+# of two entries at fontsize 8 in a 5.5-inch figure).
+LEGEND_BAND = 0.2
 # A series' line and its legend entry: more series than this are told apart on the page (hover).
 LEGEND_SERIES = 10
 
@@ -59,6 +62,8 @@ def pareto_figure(study: Study) -> Any:
         ax.text(0.5, 0.5, charts.NOTHING_FITS, transform=ax.transAxes, ha="center")
     if view.log:
         ax.set_xscale("log")
+        # minor ticks' labels (2, 3, ... between decades) crowd into the decades' own
+        ax.xaxis.set_minor_formatter(_no_labels())
     if view.x is not None and view.y is not None:
         ax.set_xlim(*view.x)
         ax.set_ylim(*view.y)
@@ -66,10 +71,18 @@ def pareto_figure(study: Study) -> Any:
     ax.set_ylabel(charts.THROUGHPUT_AXIS)
     ax.set_title(f"{study.name}: {charts.PARETO_TITLE}", fontsize=10)
     ax.grid(alpha=0.3)
-    if points:
-        ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    if points:  # below the plot: inside it, a legend covers points and the axis label
+        fig.legend(fontsize=8, loc="lower center", ncol=2, bbox_to_anchor=(0.5, 0.0))
+        fig.tight_layout(rect=(0, LEGEND_BAND, 1, 1))
+    else:
+        fig.tight_layout()
     return fig
+
+
+def _no_labels() -> Any:
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
 
 
 def _peaks(ax: Any, study: Study, axis: charts.MemoryAxis) -> None:

@@ -150,9 +150,7 @@ def best_table(study: Study) -> Table:
         "the search's best, which may trade a little speed for headroom)",
         ["res", "batch", *names, "samples/s", "step", "peak", "of budget", "host", ""],
     )
-    points = study.best_per_resolution()
-    if best is not None:
-        points[int(best["config"]["resolution"])] = best
+    points = study.chosen_per_resolution()
     for resolution, point in points.items():
         config = point["config"]
         overall = best is not None and best["config"] == config
@@ -239,7 +237,7 @@ def losers_table(study: Study) -> Table:
     """One row per combination at each resolution that is not the best there, with why."""
     names = study.knob_names
     table = Table("why the others lost", ["res", *names, "result", "why"])
-    best_at = study.best_per_resolution()
+    best_at = study.chosen_per_resolution()
     for combination in study.combinations:
         resolution, status = int(combination["resolution"]), Status(combination["status"])
         best = best_at.get(resolution)

@@ -31,8 +31,8 @@ The versions, each with the commit that first wrote it and what it changed:
 6. 4a8407c: `margin_basis`, what backs the margin (margin=auto chooses it). From 3214588,
    `trainer_stack` beside `trainer`; `schema_version` since it was kept, the layout unchanged.
 
-A field a search writes only sometimes (nothing_fits, trainer, trainer_stack, overrides, and
-`host_budget_basis`, where the host budget came from, beside a stated budget) is
+A field a search writes only sometimes (nothing_fits, trainer, trainer_stack, trainer_values,
+overrides, and `host_budget_basis`, where the host budget came from, beside a stated budget) is
 absent from some folders of today too: its absence marks no version, and no step adds it.
 pareto.csv is read for its rows' number only, so no step touches it.
 """

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.errors import AutofitError
+from autofit.errors import NothingToSearch
 from autofit.knobs import invalid_reason
 from autofit.probe.spec import Outcome, ProbeResult, ScanResult
 from autofit.results import Status
@@ -338,7 +338,7 @@ class Search:
                 runnable.append(combination)
         self.prober.recorder.record_pruned_all(invalid)
         if not runnable:
-            raise AutofitError(_nothing_to_search(combinations, self.space.name))
+            raise NothingToSearch(_nothing_to_search(combinations, self.space.name))
         self.listener.on_start(len(runnable))
         # In waves by how many memory-saving settings a combination has: those with fewer
         # first, as their answers set the others' floors. A group starts as soon as its

@@ -22,7 +22,7 @@ from autofit.search.pareto import BestRule
 from autofit.units import resolution_words
 from autofit.yaml_files import read_yaml
 
-TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target")
+TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target", "if_nothing_fits")
 TARGET = ("resolution", "min_batch", *(f.name for f in fields(BestRule)))
 SEARCHED_ELSEWHERE = ("batch_size", "resolution")  # not structural knobs: the planner varies them
 # Combinations of knob values and resolutions a space may hold: the largest shipped space holds
@@ -43,6 +43,9 @@ class SearchSpace:
     target_resolution: int
     target_min_batch: int
     best_rule: BestRule = BestRule()
+    # The space searched next where this one fits nothing at its target (a shipped space's name
+    # or a YAML file's path): the recipes a smaller card runs, measured rather than suggested.
+    if_nothing_fits: str | None = None
 
     def combinations(self) -> Iterator[dict[str, Any]]:
         """Every structural combination: one value per searched knob."""
@@ -125,7 +128,28 @@ def load_space(name: str, preset: ModelPreset) -> SearchSpace:
         target_resolution=target_resolution,
         target_min_batch=target_min_batch,
         best_rule=BestRule().replaced(target, f"{path}: target."),
+        if_nothing_fits=_next_space(data.get("if_nothing_fits"), file, path),
     )
+
+
+def _next_space(name: Any, file: Path, path: str) -> str | None:
+    """The space `if_nothing_fits` names, checked to exist: a shipped space's name, or a YAML
+    file's path (relative to the space file that names it)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"{path}: if_nothing_fits={shown(name)} is not valid; expected the name of a space "
+            "(or a path to its file), searched where this one fits nothing"
+        )
+    if Path(name).suffix in (".yaml", ".yml") and not Path(name).is_absolute():
+        name = str(file.parent / name)
+    try:
+        if space_path(name).resolve() == file.resolve():
+            raise ConfigError("it names the space itself")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: if_nothing_fits: {exc}") from None
+    return name
 
 
 def _batch_range(data: dict[str, Any], path: str) -> tuple[int, int]:
