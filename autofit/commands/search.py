@@ -127,13 +127,15 @@ def _run_settings(data: dict[str, Any], given: list[str] | None, tried: set[str]
         return _search(checked)
     except StorageError as exc:
         raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
-    except NothingFits as exc:
+    except (NothingFits, NothingToSearch) as exc:
+        # Nothing fits, or nothing here is a run this card or trainer can launch: the space
+        # names where to look next.
         following = space.if_nothing_fits
         if following is None or Path(following).stem in tried:
             raise
         print(
-            f"\n{exc}\n\nsearching space {following} next, the recipes for a smaller card "
-            f"(space {space.name}'s if_nothing_fits)\n",
+            f"\n{exc}\n\nsearching space {following} next, where space {space.name} has no "
+            "run (its if_nothing_fits)\n",
             flush=True,
         )
         if given is not None:

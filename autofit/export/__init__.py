@@ -24,7 +24,7 @@ from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
 from autofit.export.trl import TARGET as TRL
 from autofit.knobs import REGISTRY, defaults
-from autofit.knobs.base import Subject
+from autofit.knobs.base import Refuse, Subject
 from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
@@ -78,14 +78,29 @@ def trainer_stack(
 def trainer_values(
     chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
 ) -> dict[str, tuple[Any, ...]]:
-    """For each knob the space searches of which `chosen` runs none of the space's values, the
-    values it does run (in the knob's order): a search for a trainer then searches what that
-    trainer can launch (SimpleTuner trains in bf16 or fp32 weights, never under mixed bf16 with
-    fp32 masters) rather than nothing. Judged on the space's first values of the other knobs."""
-    subject = Subject({**defaults(), **{k: v[0] for k, v in searched.items()}}, preset)
+    """For each knob of which `chosen` runs none of the values the space gives it (those it
+    searches, or the default of one it leaves out), the values it does run (in the knob's
+    order): a search for a trainer then searches what that trainer can launch rather than
+    nothing (SimpleTuner trains in bf16 or fp32 weights, never under mixed bf16 with fp32
+    masters; diffusers' example scripts train Sana only as LoRA, and keep Flux's text encoders
+    on the GPU). A knob left out that the trainer decides itself, asking nothing, is
+    `trainer_stack`'s. Judged on the space's first values of the other knobs."""
+    given = {**{k: (v,) for k, v in defaults().items()}, **searched}
+    given["resolution"] = (preset.resolution,)  # the planner's, not a knob's values to judge
+    subject = Subject({k: v[0] for k, v in given.items()}, preset)
     replaced = {}
-    for name, values in searched.items():
-        runs = REGISTRY[name].runs(chosen.vocabulary, subject, chosen.own_code)
+    for name, values in given.items():
+        knob = REGISTRY[name]
+        if name in ("batch_size", "resolution"):
+            continue
+        own = knob.trainers_own_value(chosen.vocabulary, subject, chosen.own_code)
+        if name not in searched and own is not None:
+            continue  # trainer_stack's: the one value the trainer runs when told nothing
+        if name not in searched and not isinstance(
+            knob.express(chosen.vocabulary, values[0], subject, chosen.own_code), Refuse
+        ):
+            continue  # its default runs: nothing to replace
+        runs = knob.runs(chosen.vocabulary, subject, chosen.own_code)
         if runs and not set(values) & set(runs):
             replaced[name] = runs
     return replaced

@@ -1,0 +1,73 @@
+"""Every shipped space answers on every shipped card, for every model family, with and without a
+trainer (issue 41 item 2): a search of `space=quick` (or of the spaces it goes on to where
+nothing fits, `if_nothing_fits`) always has a run to measure, so it ends with a best run or a
+measured "nothing fits", never "nothing to search". Checked without a probe, as the search
+checks a space before its first: every combination's invalid reason and what the search leaves
+out. What each answers, measured on full-size models, is benchmarks/quick_everywhere.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.commands.search import _for_trainer, left_out_by
+from autofit.export import TARGETS
+from autofit.gpus import load_gpu
+from autofit.knobs import defaults, invalid_reason
+from autofit.models import load_preset
+from autofit.paths import group_options
+from autofit.search.space import load_space
+
+# The smallest preset of each family autofit ships (the toys aside).
+SMALLEST = {
+    "sana": "sana_600m", "sd3": "sd35_medium", "sd3_controlnet": "sd3_controlnet",
+    "sdxl": "sdxl", "flux": "flux_dev", "llm": "llama3_2_1b",
+}  # fmt: skip
+
+
+def _smallest_per_memory_class() -> list[str]:
+    """The shipped card of least memory in each class of 8, 12, 16, 24, 48 and 80+ GB (and every
+    card without bf16, whose precisions differ)."""
+    cards = [load_gpu(name) for name in group_options("gpu")]
+    chosen = {card.name for card in cards if not card.bf16}
+    for low, high in ((0, 9), (9, 13), (13, 17), (17, 25), (25, 50), (50, 10_000)):
+        within = [c for c in cards if low * 1024 < c.memory_mib <= high * 1024]
+        if within:
+            chosen.add(min(within, key=lambda c: c.memory_mib).name)
+    return sorted(chosen)
+
+
+def _runnable(space, gpu, preset, trainer=None) -> int:  # type: ignore[no-untyped-def]
+    left_out = left_out_by(space, gpu, trainer, preset)
+    count = 0
+    for resolution in space.resolutions:
+        for combination in space.combinations():
+            knobs = {**defaults(), **combination, "resolution": resolution}
+            if invalid_reason(knobs, gpu, preset, "simulate") is None and left_out(knobs) is None:
+                count += 1
+    return count
+
+
+def test_the_classes_cover_the_cards_people_start_on() -> None:
+    cards = _smallest_per_memory_class()
+    assert {"rtx4060_8", "rtx3080_10", "t4", "v100_16", "rtx2080ti"} <= set(cards), cards
+
+
+@pytest.mark.parametrize("family", sorted(SMALLEST))
+def test_quick_and_the_spaces_it_goes_on_to_have_a_run_on_every_card(family: str) -> None:
+    preset = load_preset(SMALLEST[family])
+    trainers = [None, *(name for name, t in TARGETS.items() if t.trains(family))]
+    for card in _smallest_per_memory_class():
+        gpu = load_gpu(card)
+        for trainer in trainers:
+            name, seen, runs = "quick", [], 0
+            while name is not None:  # quick, then each if_nothing_fits
+                space = load_space(name, preset)
+                chosen, _, _, space = _for_trainer(trainer, preset, space)
+                runs = _runnable(space, gpu, preset, chosen)
+                seen.append(name)
+                name = space.if_nothing_fits
+                assert name not in seen
+            assert seen == ["quick", "small_cards_lora"]
+            # the last space has runs to measure: where quick has none (or none fits), the
+            # search goes on to one that has
+            assert runs > 0, (card, trainer, seen[-1])
