@@ -301,9 +301,23 @@ def gpu_suggestion(name: str) -> str:
         )
     if len(near) > 3:
         return suggest(name, options)
+    if gb is None and all(_another_model(base, o) for o in near):
+        # rtx4070ti is not rtx4070tisuper_16: name each card and its memory, and the way out
+        cards = [f"'{o}' ({load_gpu(o).display}, {memory_class(load_gpu(o))} GB)" for o in near]
+        return (
+            f" (autofit has {' and '.join(cards)}, another card; for yours give it as a file, "
+            "gpu=path/to/card.yaml, docs/gpus.md has a whole one)"
+        )
     quoted = [f"'{o}'" for o in near]
     listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
     return f" (did you mean {listed}?)"
+
+
+def _another_model(base: str, entry: str) -> bool:
+    """Whether `entry` names another model of the card `base` starts: more of its name follows,
+    in letters (rtx4070ti, rtx4070tisuper_16), not its memory (rtx4060ti, rtx4060ti_16)."""
+    rest = entry[len(base) :] if entry.lower().startswith(base.lower()) else ""
+    return bool(rest) and rest[0].isalpha()
 
 
 def is_gpu_file(value: Any) -> bool:

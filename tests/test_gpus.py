@@ -295,6 +295,11 @@ def test_every_mistake_in_a_card_file_is_reported_at_once(tmp_path: Path) -> Non
         ("a100", " (did you mean 'a100_40' or 'a100_80'?)"),
         ("a6000", " (did you mean 'rtx_a6000'?)"),
         ("rtx4900", " (did you mean 'rtx4090'?)"),
+        (  # a 12 GB card autofit has no entry for, whose name another card's continues
+            "rtx4070ti",
+            " (autofit has 'rtx4070tisuper_16' (NVIDIA GeForce RTX 4070 Ti SUPER, 16 GB), another "
+            "card; for yours give it as a file, gpu=path/to/card.yaml",
+        ),
         (
             "gtx1080ti",
             ": autofit has no entry for that card; give it as a file, gpu=path/to/card.yaml",
