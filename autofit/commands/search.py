@@ -382,6 +382,10 @@ def _host_budget_words(run: _Checked) -> str:
     return f"{words}; set host_memory_gib= to the machine's RAM"
 
 
+def _fit_the_gpu(runs: int) -> str:
+    return "1 run fits the GPU" if runs == 1 else f"{runs} runs fit the GPU"
+
+
 class NothingFits(AutofitError):
     """No run of the space fits at its target: the search's answer (exit 1)."""
 
@@ -398,7 +402,7 @@ def _nothing_fits(run: _Checked, result: Any, smallest: int) -> NothingFits:
         least = min(r.host_peak_bytes or 0 for r in over_host)
         return NothingFits(
             f"nothing fits {gpu.name} at {at} with batch >= "
-            f"{space.target_min_batch}: {len(over_host)} runs fit the GPU but not the host "
+            f"{space.target_min_batch}: {_fit_the_gpu(len(over_host))} but not the host "
             f"(the least host memory found is {size(least)} against a host budget of "
             f"{_host_budget_words(run)}){forward}"
         )
