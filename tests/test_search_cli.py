@@ -519,7 +519,7 @@ def test_where_nothing_fits_the_search_goes_on_to_the_space_its_space_names(
     done = in_process("search", *common, "space=heavy.yaml", "study=s", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     first, _, second = done.stdout.partition("searching space ")
-    assert "\nnothing fits a40 at" in first and "fit the GPU but not the host" in first
+    assert "\nnothing fits a40 at" in first and "1 run fits the GPU but not the host" in first
     assert second.startswith("light.yaml next, where space heavy has no run (its if_nothing_fits)")
     summary = json.loads((tmp_path / "results" / "s-light" / "summary.json").read_text())
     assert summary["best"]["config"]["ema"] == "off" and summary["space"] == "light"

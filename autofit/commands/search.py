@@ -130,31 +130,38 @@ def _run_settings(data: dict[str, Any], given: list[str] | None, tried: set[str]
     except (NothingFits, NothingToSearch) as exc:
         # Nothing fits, or nothing here is a run this card or trainer can launch: the space
         # names where to look next.
-        following = space.if_nothing_fits
-        if following is None or Path(following).stem in tried:
+        if space.if_nothing_fits is None or Path(space.if_nothing_fits).stem in tried:
             raise
-        print(
-            f"\n{exc}\n\nsearching space {following} next, where space {space.name} has no "
-            "run (its if_nothing_fits)\n",
-            flush=True,
-        )
-        if given is not None:
-            given = [o for o in given if key_of(o) not in ("space", "study", "out")]
-            given.append(f"space={following}")
-        try:
-            return _run_settings(next_search(data, following), given, tried | {space.name})
-        except NothingToSearch as none:
-            raise NothingFits(
-                f"{exc}; space {following}, searched next, has no run: {none}"
-            ) from None
+        return _go_on(exc, space, data, given, tried)
+
+
+def _go_on(
+    exc: AutofitError, space: SearchSpace, data: dict[str, Any], given: list[str] | None,
+    tried: set[str],
+) -> int:  # fmt: skip
+    """Where `space` has no run (`exc` says why), the search of the space it names next."""
+    following = space.if_nothing_fits
+    assert following is not None
+    print(
+        f"\n{exc}\n\nsearching space {following} next, where space {space.name} has no run "
+        "(its if_nothing_fits)\n",
+        flush=True,
+    )
+    if given is not None:
+        given = [o for o in given if key_of(o) not in ("space", "study", "out")]
+        given.append(f"space={following}")
+    try:
+        return _run_settings(next_search(data, following), given, tried | {space.name})
+    except NothingToSearch as none:
+        raise NothingFits(f"{exc}; space {following}, searched next, has no run: {none}") from None
 
 
 def _for_trainer(
     trainer: Any, preset: Any, space: SearchSpace
 ) -> tuple[Any, dict[str, Any], dict[str, tuple[Any, ...]], SearchSpace]:
     """The target `trainer=` names (None without one), the values it runs of the knobs it
-    decides itself, the values it runs of searched knobs where it runs none of the space's
-    (`trainer_values`), and the space with both in place for every trial."""
+    decides itself (`trainer_stack`), the values it runs of knobs where it runs none the space
+    gives (`trainer_values`), and the space with both in place for every trial."""
     if trainer is None:
         return None, {}, {}, space
     from autofit.export import target, trainer_stack, trainer_values
