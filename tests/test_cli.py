@@ -152,8 +152,9 @@ def test_search_help_shows_the_target_settings_and_sweeps(tmp_path: Path) -> Non
     # a description that goes on under its setting in the YAML is read whole
     (host,) = [line for line in lines if line.split()[:1] == ["host_memory_gib"]]
     assert host.endswith(
-        "default: this machine's RAM when probing the GPU here, else no host limit"
-    )
+        "default: this machine's RAM when probing the GPU here, else a typical machine's for the "
+        "card (its entry's host_memory_gib; a card file without one: no limit)"
+    )  # three lines of the YAML, read whole
     (grace,) = [line for line in lines if line.split()[:1] == ["claim_grace_s"]]
     assert "is taken over by another worker" in grace
 
