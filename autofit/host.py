@@ -107,28 +107,30 @@ def check_host_memory(value: Any) -> float | None:
     return float(value)
 
 
-def host_budget_bytes(setting: float | None, backend: str, gpu: GpuSpec) -> int | None:
-    """The host budget of a probe (bytes): the setting, else this machine's RAM when the probe
-    runs on the local GPU (`backend`, resolved: cuda), else the RAM of a typical machine for
-    `gpu` (its entry's `host_memory_gib`), else None (not stated)."""
+def host_budget(setting: float | None, backend: str, gpu: GpuSpec) -> tuple[int | None, str | None]:
+    """The host budget of a probe (bytes) and where it came from, in words for the search's
+    header and the report: the setting, else this machine's RAM when the probe runs on the
+    local GPU (`backend`, resolved: cuda), else the RAM of a typical machine for `gpu` (its
+    entry's `host_memory_gib`), else (None, None): not stated."""
     if setting is not None:
-        return int(setting * GIB)
+        return int(setting * GIB), "as host_memory_gib= sets it"
     if backend == "cuda":
-        return machine_ram_bytes()
-    return gpu.host_memory_bytes
+        return machine_ram_bytes(), "this machine's RAM"
+    if gpu.host_memory_bytes is None:
+        return None, None
+    machine = gpu.host_memory_basis or f"as the entry of {gpu.name} states"
+    words = f"a typical machine for {gpu.name}: {machine}; set host_memory_gib= for yours"
+    return gpu.host_memory_bytes, words
+
+
+def host_budget_bytes(setting: float | None, backend: str, gpu: GpuSpec) -> int | None:
+    """`host_budget`'s bytes."""
+    return host_budget(setting, backend, gpu)[0]
 
 
 def host_budget_basis(setting: float | None, backend: str, gpu: GpuSpec) -> str | None:
-    """Where `host_budget_bytes` took its figure, in words for the search's header and the
-    report; None where the budget is not stated."""
-    if setting is not None:
-        return "as host_memory_gib= sets it"
-    if backend == "cuda":
-        return "this machine's RAM"
-    if gpu.host_memory_gib is None:
-        return None
-    machine = gpu.host_memory_basis or f"as the entry of {gpu.name} states"
-    return f"a typical machine for {gpu.name}: {machine}; set host_memory_gib= for yours"
+    """`host_budget`'s words."""
+    return host_budget(setting, backend, gpu)[1]
 
 
 NOT_STATED = "not stated (simulated for a GPU not here); set host_memory_gib="

@@ -12,7 +12,8 @@ from autofit.calibration.margins import chosen_margin, classes_spanned
 from autofit.command_line import key_of
 from autofit.config import compose_config
 from autofit.errors import AutofitError, ConfigError, Interrupted, NothingToSearch, shown
-from autofit.host import budget_words, check_host_memory, host_budget_basis, host_budget_bytes
+from autofit.host import budget_words, check_host_memory
+from autofit.host import host_budget as host_budget_of
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
 from autofit.probe.spec import Outcome
 from autofit.search.progress import Progress
@@ -102,11 +103,10 @@ def _run_settings(data: dict[str, Any], given: list[str] | None, tried: set[str]
     storage = _prepared_storage(data.get("storage"), out)
 
     host_setting = check_host_memory(data.get("host_memory_gib"))
-    host_budget = host_budget_bytes(host_setting, backend, gpu)
+    host_budget, basis = host_budget_of(host_setting, backend, gpu)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
             "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
             "storage": storage}  # fmt: skip
-    basis = host_budget_basis(host_setting, backend, gpu)
     if basis is not None:  # written where there is a budget to explain (schema.py)
         meta["host_budget_basis"] = basis
     if trainer:

@@ -93,13 +93,15 @@ def trainer_values(
         knob = REGISTRY[name]
         if name in ("batch_size", "resolution"):
             continue
-        own = knob.trainers_own_value(chosen.vocabulary, subject, chosen.own_code)
-        if name not in searched and own is not None:
-            continue  # trainer_stack's: the one value the trainer runs when told nothing
-        if name not in searched and not isinstance(
-            knob.express(chosen.vocabulary, values[0], subject, chosen.own_code), Refuse
+        if name not in searched and (
+            # trainer_stack's: the one value the trainer runs when told nothing
+            knob.trainers_own_value(chosen.vocabulary, subject, chosen.own_code) is not None
+            # its default runs: nothing to replace
+            or not isinstance(
+                knob.express(chosen.vocabulary, values[0], subject, chosen.own_code), Refuse
+            )
         ):
-            continue  # its default runs: nothing to replace
+            continue
         runs = knob.runs(chosen.vocabulary, subject, chosen.own_code)
         if runs and not set(values) & set(runs):
             replaced[name] = runs
