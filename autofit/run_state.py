@@ -40,6 +40,8 @@ KNOB_FIELDS = {
     "after_step": "work after each optimizer step (an EMA update), or None",
     "base_preparation": "what is done to a 4-bit base once quantized, before its adapters are "
     "added (peft's prepare_model_for_kbit_training), or None",
+    "checkpoint_plan": "which blocks gradient checkpointing wraps, and how many in one call "
+    "(autofit/knobs/checkpoint_interval.py), or None: every block on its own",
 }
 # Bookkeeping the run changes while a hook runs (in_phase), not state a knob decides.
 _RUN_BOOKKEEPING = ("phase",)
@@ -192,6 +194,7 @@ class RunState:
         self.stepper: Any = None
         self.after_step: Callable[[], None] | None = None
         self.base_preparation: Callable[[RunState], None] | None = None
+        self.checkpoint_plan: Any = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         applying = self.__dict__.get("_applying")
@@ -342,8 +345,15 @@ class RunState:
 
     def checkpoint(self, block: Any, *args: Any, **kwargs: Any) -> Any:
         """The gradient-checkpointing function handed to the model (non-reentrant, as diffusers
-        and transformers use). Under a tracker, a block's recomputed activations count as
-        activations, not temporaries."""
+        and transformers use), or the checkpoint plan's answer where a knob laid one out (a
+        block run without it, or a run of blocks under one call)."""
+        if self.checkpoint_plan is not None:
+            return self.checkpoint_plan(block, *args, **kwargs)
+        return self.checkpoint_call(block, *args, **kwargs)
+
+    def checkpoint_call(self, block: Any, *args: Any, **kwargs: Any) -> Any:
+        """One non-reentrant checkpoint around `block`. Under a tracker, the block's recomputed
+        activations count as activations, not temporaries."""
         return torch.utils.checkpoint.checkpoint(
             self._recomputable(block), *args, use_reentrant=False, **kwargs
         )

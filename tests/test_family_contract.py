@@ -25,7 +25,7 @@ from autofit.families import (
     family,
     kohya_max_blocks_to_swap,
 )
-from autofit.families.base import LOADERS, UNITS
+from autofit.families.base import CHECKPOINT_GROUPS, LOADERS, UNITS
 from autofit.models import load_preset
 from autofit.paths import group_options
 from autofit.probe.libraries import OPTIONAL
@@ -56,6 +56,10 @@ def test_every_family_declares_every_fact(declared: Family) -> None:
     assert set(declared.feed_forward) <= {
         m for modules in declared.lora_sets.values() for m in modules
     }
+    assert declared.checkpoint_groups is None or declared.checkpoint_groups in CHECKPOINT_GROUPS
+    if declared.checkpoint_groups == "segments":  # a segment runs the model's loop itself
+        workload = importlib.import_module(declared.workload).WORKLOAD
+        assert "next_block_inputs" in {n for c in workload.__mro__[:-2] for n in vars(c)}
 
 
 @pytest.mark.parametrize("declared", FAMILIES, ids=_ids(FAMILIES))

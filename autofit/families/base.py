@@ -15,6 +15,9 @@ declares:
 - its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
 - whether it is a transformers causal language model (`causal_lm`: the loss and k-bit knobs and
   the margins' classes ask);
+- how checkpointing every N blocks groups its blocks (`checkpoint_groups`, SimpleTuner's
+  semantics for the family's transformer: `segments`, N contiguous blocks under one checkpoint
+  call; `blocks`, every N-th block checkpointed on its own; None: every block, no interval);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
 - per export target that trains named families (diffusers, kohya, simpletuner, sana, trl), the
@@ -38,6 +41,7 @@ from autofit.words import Refuse
 COMPANION_LIBRARIES = ("transformers", "autofit.workloads.companions")
 LOADERS = ("diffusers", "transformers")
 UNITS = ("pixels", "tokens")
+CHECKPOINT_GROUPS = ("segments", "blocks")
 # The attention projections of diffusers' transformer blocks (Attention's to_q, to_k, ...).
 DIFFUSION_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 
@@ -173,6 +177,9 @@ class Family:
     # projection (the loss knob's values), PEFT's k-bit preparation is made for it, and its
     # published runs are classes of their own (the margins).
     causal_lm: bool = False
+    # How checkpointing every N blocks (checkpoint_interval) groups the blocks of each list
+    # (CHECKPOINT_GROUPS); None: the family checkpoints every block and has no interval.
+    checkpoint_groups: str | None = None
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

@@ -37,6 +37,7 @@ FLUX = Family(
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
+    checkpoint_groups="segments",
     trainers={
         "diffusers": DiffusersScripts(
             {

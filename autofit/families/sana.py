@@ -21,6 +21,7 @@ SANA = Family(
     unit="pixels",
     companions=("text_encoder", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
+    checkpoint_groups="blocks",
     trainers={
         "diffusers": DiffusersScripts(
             {"lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_sana.py", "dreambooth", True, ("cached", "online"))},

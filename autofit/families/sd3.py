@@ -30,6 +30,7 @@ SD3 = Family(
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
+    checkpoint_groups="segments",
     trainers={
         "diffusers": DiffusersScripts(
             {

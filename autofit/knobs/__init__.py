@@ -22,6 +22,8 @@ from autofit.knobs.attention import Attention
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 from autofit.knobs.base_precision import BasePrecision
 from autofit.knobs.batch_size import BatchSize
+from autofit.knobs.checkpoint_interval import CheckpointInterval
+from autofit.knobs.checkpoint_stride import CheckpointStride
 from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
@@ -67,6 +69,8 @@ REGISTRY: dict[str, Knob] = {
         PeftConfigKnob(),
         LycorisConfigKnob(),
         Checkpointing(),
+        CheckpointInterval(),
+        CheckpointStride(),
         Attention(),
         Loss(),
         Encoders(),

@@ -59,6 +59,12 @@ class Workload:
         """Make the model run its blocks through `checkpoint(block, *inputs)`."""
         raise NotImplementedError
 
+    def next_block_inputs(self, output: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The next block's inputs, from one block's output and its inputs, as the model's own
+        loop hands them on: checkpointing contiguous blocks in one call runs that loop itself.
+        Families whose `checkpoint_groups` is `segments` implement it."""
+        raise NotImplementedError
+
     # Families with frozen encoders (`companions`) also implement these.
 
     def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:

@@ -108,6 +108,12 @@ class LatentDiffusion(Workload):
     def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
         model.enable_gradient_checkpointing(checkpoint)  # type: ignore[operator]
 
+    def next_block_inputs(self, output: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        # diffusers' joint blocks (SD3's, and both of Flux's lists) take (hidden_states,
+        # encoder_hidden_states, temb, ...) and return (encoder_hidden_states, hidden_states).
+        encoder_hidden_states, hidden_states = output
+        return (hidden_states, encoder_hidden_states, *inputs[2:])
+
     @torch.no_grad()
     def validate(self, run: RunState, pipeline: Pipeline) -> None:
         # The pipeline encodes the prompt (with its guidance batch), runs the denoiser step at

@@ -3,6 +3,8 @@ embedded by Gemma-2 (300 tokens, with their attention mask)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from diffusers import SanaTransformer2DModel
 
@@ -38,6 +40,11 @@ class SanaWorkload(LatentDiffusion):
             input_ids=tokens["ids"], attention_mask=tokens["mask"]
         ).last_hidden_state
         return {"text": text, "text_mask": tokens["mask"].to(text.dtype)}
+
+    def next_block_inputs(self, output: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        # SanaTransformerBlock returns the hidden states alone; the rest of its inputs (the
+        # masks, the timestep embedding, the patch grid) are the same for every block.
+        return (output, *inputs[1:])
 
     def predict(
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions

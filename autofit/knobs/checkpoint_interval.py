@@ -1,0 +1,153 @@
+"""checkpoint_interval: gradient checkpointing every N blocks instead of every block, as
+SimpleTuner's `gradient_checkpointing_interval` does (with `checkpoint_stride`, its
+`gradient_checkpointing_segment_stride`).
+
+How the blocks are grouped is the family's (`Family.checkpoint_groups`, SimpleTuner's semantics
+for its transformer, helpers/training/gradient_checkpointing_interval.py):
+
+- `segments` (SD3, Flux's two lists): N contiguous blocks run under one non-reentrant checkpoint
+  call, so forward keeps only each segment's inputs and backward recomputes the whole segment at
+  once, all N blocks' activations alive together (`checkpoint_sequential_state`). With a stride S
+  a segment starts every S blocks and the S - N blocks between run unchecked, keeping all they
+  save. Recomputation is the same as every block's: each checkpointed block runs twice.
+- `blocks` (Sana): each block on its own, block i checkpointed when i % N == 0, or with a stride
+  when i % S < N (`should_checkpoint_block`); the rest run unchecked.
+
+The model's own loop still calls the checkpoint function block by block; for a segment the plan
+runs the segment's blocks itself at its first block, handing each the inputs the loop would
+(`Workload.next_block_inputs`), and answers the segment's other blocks with its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autofit.families import REGISTRY, family
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.models import ModelPreset
+
+if TYPE_CHECKING:
+    from autofit.run_state import RunState
+
+EVERY_BLOCK = "checkpoint_interval=1"
+
+
+def grouping_families() -> list[str]:
+    return [name for name, declared in REGISTRY.items() if declared.checkpoint_groups]
+
+
+class CheckpointPlan:
+    """The checkpoint function a run hands its model when it checkpoints every N blocks."""
+
+    def __init__(self, run: RunState, interval: int, stride: int, groups: str) -> None:
+        self.run, self.interval, self.groups = run, interval, groups
+        self.stride = stride or interval
+        self.explicit_stride = bool(stride)
+        self.where: dict[int, tuple[list[Any], int]] = {}
+        self.carried: dict[int, Any] = {}  # a segment's later blocks -> the segment's output
+
+    def _place(self, block: Any) -> tuple[list[Any], int]:
+        if not self.where:  # the model is final by its first forward (wrapped, sharded)
+            for name, module in self.run.model.named_modules():
+                if any(name == p or name.endswith("." + p) for p in self.run.preset.blocks):
+                    members = list(module)
+                    for index, member in enumerate(members):
+                        self.where[id(member)] = (members, index)
+        return self.where[id(block)]
+
+    def checked(self, index: int) -> bool:
+        """SimpleTuner's should_checkpoint_block."""
+        if self.explicit_stride:
+            return index % self.stride < self.interval
+        return index % self.interval == 0
+
+    def __call__(self, block: Any, *args: Any, **kwargs: Any) -> Any:
+        members, index = self._place(block)
+        if self.groups == "blocks":
+            if self.checked(index):
+                return self.run.checkpoint_call(block, *args, **kwargs)
+            return block(*args, **kwargs)
+        if id(block) in self.carried:
+            return self.carried.pop(id(block))
+        start = index - index % self.stride
+        segment = members[index : start + self.interval]
+        if not segment:  # between segments: runs unchecked
+            return block(*args, **kwargs)
+        assert not kwargs, "a segment hands its blocks their inputs by position"
+        next_inputs = self.run.workload.next_block_inputs
+
+        def run_segment(*inputs: Any) -> Any:
+            output = None
+            for member in segment:
+                output = member(*inputs)
+                inputs = next_inputs(output, inputs)
+            return output
+
+        output = self.run.checkpoint_call(run_segment, *args)
+        for member in segment[1:]:
+            self.carried[id(member)] = output
+        return output
+
+
+def _sana(value: Any, s: Subject) -> Say | Refuse:
+    if value == 1:
+        return Say()
+    return Refuse(
+        "Sana's train.py has a gc_step whose grouping autofit has not measured against its "
+        "own; SimpleTuner's Sana checkpoints every N-th block",
+        EVERY_BLOCK,
+    )
+
+
+class CheckpointInterval(Knob):
+    name = "checkpoint_interval"
+    default = 1
+    help = (
+        "with checkpointing: checkpoint every N blocks, N contiguous blocks under one call (SD3, "
+        "Flux) or every N-th block alone (Sana), as SimpleTuner's gradient_checkpointing_interval"
+    )
+    kind = int
+    minimum = 1
+    pass_only = True  # what forward saves and backward recomputes
+    writes = ("checkpoint_plan",)
+
+    def means(self, value: Any, subject: Subject) -> str:
+        groups = family(subject.family).checkpoint_groups
+        if value == 1:
+            return "gradient checkpointing on every block"
+        if groups == "segments":
+            return f"each {value} contiguous blocks checkpointed under one call"
+        return f"every {value}th block checkpointed, the others not"
+
+    def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
+        return bool(config.get("checkpointing"))
+
+    def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value == 1:
+            return None
+        if not context.knobs.get("checkpointing"):
+            return f"checkpoint_interval={value} needs checkpointing=true"
+        if not family(context.model.family).checkpoint_groups:
+            return (
+                f"checkpoint_interval={value}: the {context.model.family} family checkpoints "
+                f"every block; an interval exists for {', '.join(grouping_families())}"
+            )
+        if context.knobs.get("swap_blocks"):
+            return (
+                f"checkpoint_interval={value} with swap_blocks: SimpleTuner falls back to every "
+                "block's own call when it swaps blocks, and autofit has not modelled that"
+            )
+        return None
+
+    def apply(self, run: RunState, value: Any) -> None:
+        if value > 1 and run.knobs.get("checkpointing"):
+            groups = family(run.preset.family).checkpoint_groups
+            assert groups, f"checkpoint_interval={value} for a family without groups"
+            stride = int(run.knobs.get("checkpoint_stride", 0))
+            run.checkpoint_plan = CheckpointPlan(run, int(value), stride, groups)
+
+    trainers = {
+        "simpletuner": lambda v, s: Say() if v == 1 else say(gradient_checkpointing_interval=v),
+        "sana": _sana,
+    }
