@@ -18,6 +18,8 @@ declares:
 - how checkpointing every N blocks groups its blocks (`checkpoint_groups`, SimpleTuner's
   semantics for the family's transformer: `segments`, N contiguous blocks under one checkpoint
   call; `blocks`, every N-th block checkpointed on its own; None: every block, no interval);
+- the attention modules of each block that SimpleTuner's attention activation offload wraps
+  (`attention_modules`, empty where it has none for the family);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
 - per export target that trains named families (diffusers, kohya, simpletuner, sana, trl), the
@@ -180,6 +182,9 @@ class Family:
     # How checkpointing every N blocks (checkpoint_interval) groups the blocks of each list
     # (CHECKPOINT_GROUPS); None: the family checkpoints every block and has no interval.
     checkpoint_groups: str | None = None
+    # The children of each block whose saved tensors SimpleTuner's attention activation offload
+    # copies to the host (offload_activations=attention); (): it offers none for the family.
+    attention_modules: tuple[str, ...] = ()
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

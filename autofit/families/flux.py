@@ -38,6 +38,7 @@ FLUX = Family(
     companions=("text_encoder", "text_encoder_2", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
     checkpoint_groups="segments",
+    attention_modules=("attn",),
     trainers={
         "diffusers": DiffusersScripts(
             {

@@ -31,6 +31,7 @@ SD3 = Family(
     companions=("text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
     checkpoint_groups="segments",
+    attention_modules=("attn", "attn2"),
     trainers={
         "diffusers": DiffusersScripts(
             {

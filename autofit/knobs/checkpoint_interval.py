@@ -49,11 +49,10 @@ class CheckpointPlan:
 
     def _place(self, block: Any) -> tuple[list[Any], int]:
         if not self.where:  # the model is final by its first forward (wrapped, sharded)
-            for name, module in self.run.model.named_modules():
-                if any(name == p or name.endswith("." + p) for p in self.run.preset.blocks):
-                    members = list(module)
-                    for index, member in enumerate(members):
-                        self.where[id(member)] = (members, index)
+            for path in self.run.preset.blocks:
+                members = list(self.run.model.get_submodule(path))
+                for index, member in enumerate(members):
+                    self.where[id(member)] = (members, index)
         return self.where[id(block)]
 
     def checked(self, index: int) -> bool:

@@ -20,6 +20,16 @@ backward. The copies cross the host link both ways, on their own stream, overlap
 (the roofline prices them as host-link traffic). Any model family; with ZeRO-3 the gathered
 weights are weights, not copied. Not with FSDP here (torchtune runs it under FSDP2, but the FSDP
 emulation keeps saved-tensor hooks of its own, which these cannot wrap).
+- `attention`: SimpleTuner's attention activation offload (`gradient_checkpointing_offload_attention`,
+  helpers/training/offloaded_gradient_checkpointer.py `activation_offload_context` around each
+  block's attention call, its `CPUOffloadHooks`): inside the attention modules the family names
+  (`Family.attention_modules`), every saved tensor on the GPU that is not a leaf (a weight, or a
+  tensor nothing trained depends on, stays) is copied to host memory as it is saved and brought
+  back, a new GPU tensor, when backward needs it; no tensor is shared, a tensor saved twice is
+  copied twice. Every block, checkpointed or not: inside a checkpointed block the attention's
+  hooks are innermost, so its saved tensors go to the host rather than into the checkpoint, and
+  its recomputation copies them out again. Its pinned buffers come from a pool of at most 12
+  shapes (pageable beyond); the host bytes are the same. Prefetch is off, its default.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import REGISTRY as FAMILIES
+from autofit.families import family
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, say
 
 if TYPE_CHECKING:
@@ -104,28 +116,88 @@ class ActivationOffload:
         return self.run.to_device(saved.host)
 
 
+class AttentionOffload:
+    """SimpleTuner's CPUOffloadHooks, entered around each call of a block's attention module."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+        self.open: list[AbstractContextManager[Any]] = []
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        import torch
+
+        if tensor.device != self.run.device or tensor.is_leaf:
+            return tensor, False
+        with self.run.host(pinned=True):
+            pinned = self.run.device.type == "cuda"
+            host = torch.empty_like(tensor, device=self.run.host_device, pin_memory=pinned)
+            host.copy_(tensor.detach(), non_blocking=pinned)
+        self.run.traffic.link_bytes += tensor.numel() * tensor.element_size()
+        return host, True
+
+    def unpack(self, saved: Any) -> torch.Tensor:
+        tensor, offloaded = saved
+        return self.run.to_device(tensor) if offloaded else tensor
+
+    def enter(self, module: Any, args: Any) -> None:
+        import torch
+
+        context = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        context.__enter__()
+        self.open.append(context)
+
+    def leave(self, module: Any, args: Any, output: Any) -> None:
+        self.open.pop().__exit__(None, None, None)
+
+    def wrap(self, blocks: list[Any], modules: tuple[str, ...]) -> None:
+        for block in blocks:
+            for name in modules:
+                attention = getattr(block, name, None)
+                if attention is not None:
+                    attention.register_forward_pre_hook(self.enter)
+                    attention.register_forward_hook(self.leave, always_call=True)
+
+
 class OffloadActivations(Knob):
     name = "offload_activations"
     default = "off"
-    help = "saved activations copied to pinned host memory in forward, back in backward: off | cpu"
+    help = (
+        "saved activations copied to pinned host memory in forward, back in backward: off | cpu "
+        "(every one, torchtune's) | attention (the attention's, SimpleTuner's)"
+    )
     values = {
         "off": "saved activations stay on the GPU",
         "cpu": "every saved activation of 1 KiB or more copied to pinned host memory as forward "
         "saves it and brought back in backward (torchtune's OffloadActivations, TRL's "
         "activation_offloading)",
+        "attention": "what each block's attention saves copied to host memory and brought back "
+        "in backward (SimpleTuner's gradient_checkpointing_offload_attention)",
     }
     pass_only = True  # what forward saves, and where
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        return "off" if value == "cpu" else None
+        return "off" if value in ("cpu", "attention") else None
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         fsdp = context.knobs.get("fsdp", "off")
-        if value == "cpu" and fsdp != "off":
+        if value != "off" and fsdp != "off":
             # The FSDP emulation (autofit/simulator/fsdp.py) saves gathered weights by reference
             # through saved-tensor hooks of its own, inside which these would not run.
-            return f"offload_activations=cpu with fsdp={fsdp} is not modelled"
+            return f"offload_activations={value} with fsdp={fsdp} is not modelled"
+        if value == "attention" and not family(context.model.family).attention_modules:
+            offering = [n for n, f in FAMILIES.items() if f.attention_modules]
+            return (
+                f"offload_activations=attention: SimpleTuner offloads attention activations of "
+                f"{', '.join(offering)}, not of the {context.model.family} family"
+            )
         return None
+
+    def apply(self, run: RunState, value: Any) -> None:
+        if value == "attention":
+            offload = AttentionOffload(run)
+            modules = family(run.preset.family).attention_modules
+            for path in run.preset.blocks:
+                offload.wrap(list(run.model.get_submodule(path)), modules)
 
     def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if value != "cpu":
@@ -141,6 +213,7 @@ class OffloadActivations(Knob):
                 "inputs (Flux, SD3), in pageable memory with blocking copies, not every saved "
                 "activation as measured"
             ),
+            "attention": Refuse("sd-scripts has no attention activation offload"),
         },
         "simpletuner": {
             "off": Say(),
@@ -148,12 +221,24 @@ class OffloadActivations(Knob):
                 "SimpleTuner has no setting that offloads every saved activation (its unsloth "
                 "checkpointing backend offloads checkpointed inputs its own way)"
             ),
+            "attention": say(gradient_checkpointing_offload_attention=True),
         },
-        "sana": {"off": Say(), "cpu": Refuse("Sana's train.py has no activation offloading")},
+        "sana": {
+            "off": Say(),
+            "cpu": Refuse("Sana's train.py has no activation offloading"),
+            "attention": Refuse("Sana's train.py has no activation offloading"),
+        },
         "diffusers": {
             "off": Say(),
             "cpu": Refuse("the diffusers example scripts have no activation offloading"),
+            "attention": Refuse("the diffusers example scripts have no activation offloading"),
         },
         # SFTConfig(activation_offloading=True): TRL's OffloadActivations, as measured.
-        "trl": {"off": Say(), "cpu": say(activation_offloading=True)},
+        "trl": {
+            "off": Say(),
+            "cpu": say(activation_offloading=True),
+            "attention": Refuse(
+                "TRL's activation_offloading copies every saved activation, not the attention's"
+            ),
+        },
     }
