@@ -189,3 +189,42 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
             names, _ = weight.__tensor_flatten__()
             kept += [getattr(weight, name) for name in names]
     return weights, kept
+
+
+def simpletuner_torchao_layer(module: nn.Module) -> bool:
+    """The layers SimpleTuner's TorchAO precisions quantize (helpers/training/quantisation,
+    `_torchao_filter_fn`): every `nn.Linear` whose in and out features are multiples of 16."""
+    return (
+        type(module) is nn.Linear and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    )
+
+
+def torchao_float8_weight_only_base(run: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The trained model's base as SimpleTuner's fp8wo-torchao stores it: torchao's
+    `Float8WeightOnlyConfig` over the layers `simpletuner_torchao_layer` keeps, each moved to the
+    run's device and quantized there (SimpleTuner quantizes on the accelerator), torchao's own
+    code on fake and real tensors: float8 e4m3 values with an fp32 scale per output row, the
+    weight dequantized to the compute dtype for each matmul. Returns the quantized weights and
+    the tensors they keep (values, scales), and the biases moved with them."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from torchao.quantization import quantize_
+    from torchao.quantization.quant_api import Float8WeightOnlyConfig
+
+    weights: list[torch.Tensor] = []
+    kept: list[torch.Tensor] = []
+    for _name, module in list(run.model.named_modules()):
+        if not simpletuner_torchao_layer(module):
+            continue
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(run.device, copy=True)
+        quantize_(module, Float8WeightOnlyConfig())
+        weight = module.weight
+        assert is_traceable_wrapper_subclass(weight), "torchao left a layer unquantized"
+        weight.requires_grad_(False)
+        weights.append(weight)
+        names, _ = weight.__tensor_flatten__()
+        kept += [getattr(weight, name) for name in names]
+        if module.bias is not None:
+            weights.append(module.bias)
+            kept.append(module.bias)
+    return weights, kept

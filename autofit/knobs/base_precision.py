@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 NOT_FP8 = "base_precision=same"
 SDNQ = ("int8_sdnq", "int8_sdnq_hadamard")  # SDNQ's int8 base, plain and Hadamard-rotated
+TORCHAO = ("fp8wo_torchao",)  # torchao's float8 weight-only base
 FROZEN_BASE_MODES = ("lora", "lycoris")  # the train_mode values whose frozen base this stores
 
 
@@ -39,6 +40,12 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     if value in SDNQ:
         return Refuse(
             "sd-scripts stores a base in fp8 at most (fp8_base), not in SDNQ's int8", NOT_FP8
+        )
+    if value in TORCHAO:
+        return Refuse(
+            "sd-scripts' fp8_base casts each weight to float8 without a scale, not torchao's "
+            "float8 with a scale per row",
+            "base_precision=same, fp8",
         )
     # fp8_base_unet keeps the text encoders in 16-bit, as measured; fp8_base alone would cast
     # them too when they run online.
@@ -51,6 +58,8 @@ def _simpletuner(value: Any, s: Subject) -> Say:
     if value in SDNQ:
         hadamard = {"sdnq_use_hadamard": True} if value == "int8_sdnq_hadamard" else {}
         return say(base_model_precision="int8-sdnq", **hadamard)
+    if value in TORCHAO:
+        return say(base_model_precision="fp8wo-torchao")
     return say(base_model_precision="no_change" if value == "same" else "fp8-quanto")
 
 
@@ -69,6 +78,9 @@ class BasePrecision(Knob):
         "int8-sdnq does (int8, an fp32 scale per 32 weights, int8 matmuls)",
         "int8_sdnq_hadamard": "as int8_sdnq, each group of 128 inputs Hadamard-rotated first "
         "(SimpleTuner's sdnq_use_hadamard)",
+        "fp8wo_torchao": "the frozen base's linear weights quantized by torchao's "
+        "Float8WeightOnlyConfig as SimpleTuner's fp8wo-torchao does (float8 e4m3, an fp32 scale "
+        "per output row, dequantized for each matmul)",
     }
     per_sample_memory = False
     reads = ("dtypes",)
@@ -76,7 +88,9 @@ class BasePrecision(Knob):
     def libraries(self, value: Any) -> tuple[str, ...]:
         # sdnq through the module that sets SDNQ_USE_TORCH_COMPILE first; sdnq imports
         # transformers and bitsandbytes at its own import
-        return ("autofit.sdnq_eager", "transformers", "bitsandbytes") if value in SDNQ else ()
+        if value in SDNQ:
+            return ("autofit.sdnq_eager", "transformers", "bitsandbytes")
+        return ("autofit.torchao_quiet",) if value in TORCHAO else ()
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # a cast (or a dequantization) per layer per pass buys it
@@ -95,6 +109,8 @@ class BasePrecision(Knob):
             return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} {what}; use train_mode=lora"
         if context.knobs.get("zero_stage"):
             return f"base_precision={value}: DeepSpeed ZeRO keeps the whole model in its 16-bit dtype; use zero_stage=0"
+        if value in TORCHAO and context.knobs.get("swap_blocks"):
+            return f"base_precision={value} with swap_blocks: torchao's float8 weights streamed between host and GPU are not modelled"
         return None
 
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
@@ -105,9 +121,18 @@ class BasePrecision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
-        from autofit.quantization import float8_layers, sdnq_base
+        from autofit.quantization import (
+            float8_layers,
+            sdnq_base,
+            torchao_float8_weight_only_base,
+        )
         from autofit.run_state import move_to_device
 
+        if value in TORCHAO:
+            weights, kept = torchao_float8_weight_only_base(run)
+            move_to_device(run, run.model, skip={id(w) for w in weights})
+            run.tag(kept, "parameters")
+            return
         if value in SDNQ:
             weights, kept = sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
             move_to_device(run, run.model, skip={id(w) for w in weights})
