@@ -98,7 +98,7 @@ class BasePrecision(Knob):
         # transformers and bitsandbytes at its own import
         if value in SDNQ:
             return ("autofit.sdnq_eager", "transformers", "bitsandbytes")
-        return ("autofit.torchao_quiet",) if value in TORCHAO else ()
+        return ("torchao",) if value in TORCHAO else ()
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         # a cast (or a dequantization) per layer per pass buys it

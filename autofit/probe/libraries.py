@@ -1,7 +1,7 @@
 """The optional libraries a probe's fresh process leaves out because its run does not use them.
 
-diffusers imports peft, transformers and bitsandbytes at its own import whenever they are
-installed (for its LoRA loaders, hooks and quantizers), whether the run uses them or not: leaving
+diffusers imports peft, transformers, bitsandbytes and torchao at its own import whenever they
+are installed (for its LoRA loaders, hooks and quantizers), whether the run uses them or not: leaving
 them out took a whole Sana 1600M probe from 6.5 s to 4.5 s on two cores
 (benchmarks/probe_speed.py --against). A worker started fresh marks each one its probe does not
 use as absent before anything imports it: `sys.modules[name] = None`, Python's own way to make an
@@ -29,7 +29,7 @@ from autofit.probe.spec import ProbeSpec
 log = logging.getLogger("autofit.probe.libraries")
 
 # Imported by diffusers whenever installed, each seconds' worth of imports on two cores.
-OPTIONAL = ("peft", "bitsandbytes", "transformers")
+OPTIONAL = ("peft", "bitsandbytes", "transformers", "torchao")
 # What one of them imports at its own import, unconditionally: kept wherever it is.
 REQUIRES = {"peft": ("transformers",)}
 
