@@ -164,6 +164,12 @@ class GpuSpec:
         return f"{self.name}+{self.fingerprint()[:6]}"
 
     @property
+    def capability(self) -> tuple[int, int]:
+        """The compute capability as numbers, (8, 9) for '8.9'."""
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+    @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB
 

@@ -199,17 +199,29 @@ def simpletuner_torchao_layer(module: nn.Module) -> bool:
     )
 
 
-def torchao_float8_weight_only_base(run: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The trained model's base as SimpleTuner's fp8wo-torchao stores it: torchao's
-    `Float8WeightOnlyConfig` over the layers `simpletuner_torchao_layer` keeps, each moved to the
-    run's device and quantized there (SimpleTuner quantizes on the accelerator), torchao's own
-    code on fake and real tensors: float8 e4m3 values with an fp32 scale per output row, the
-    weight dequantized to the compute dtype for each matmul. Returns the quantized weights and
-    the tensors they keep (values, scales), and the biases moved with them."""
+def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The trained model's base as SimpleTuner's TorchAO float8 precisions store it, torchao's
+    own code on fake and real tensors over the layers `simpletuner_torchao_layer` keeps, each
+    moved to the run's device and quantized there (SimpleTuner quantizes on the accelerator):
+
+    - `dynamic=False`, its fp8wo-torchao: `Float8WeightOnlyConfig`, float8 e4m3 values with an
+      fp32 scale per output row, the weight dequantized to the compute dtype for each matmul;
+    - `dynamic=True`, its fp8-torchao: `Float8DynamicActivationFloat8WeightConfig`, e4m3 values
+      with one fp32 scale per weight, each input quantized to float8 for a float8 matmul, trained
+      through autofit/torchao_float8.py.
+
+    Returns the quantized weights, with the biases moved beside them, and the tensors they keep."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
     from torchao.quantization import quantize_
-    from torchao.quantization.quant_api import Float8WeightOnlyConfig
+    from torchao.quantization.quant_api import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Float8WeightOnlyConfig,
+    )
 
+    from autofit.torchao_float8 import make_float8_matmuls_trainable, target_has_float8_matmuls
+
+    if dynamic:
+        make_float8_matmuls_trainable()
     weights: list[torch.Tensor] = []
     kept: list[torch.Tensor] = []
     for _name, module in list(run.model.named_modules()):
@@ -217,7 +229,11 @@ def torchao_float8_weight_only_base(run: Any) -> tuple[list[torch.Tensor], list[
             continue
         for param in module.parameters(recurse=False):
             param.data = param.data.to(run.device, copy=True)
-        quantize_(module, Float8WeightOnlyConfig())
+        if dynamic:
+            with target_has_float8_matmuls():
+                quantize_(module, Float8DynamicActivationFloat8WeightConfig())
+        else:
+            quantize_(module, Float8WeightOnlyConfig())
         weight = module.weight
         assert is_traceable_wrapper_subclass(weight), "torchao left a layer unquantized"
         weight.requires_grad_(False)

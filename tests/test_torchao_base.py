@@ -1,5 +1,6 @@
-"""base_precision=fp8wo_torchao: SimpleTuner's fp8wo-torchao base, torchao's own Float8WeightOnly
-code on fake tensors and on real ones on the CPU."""
+"""base_precision=fp8wo_torchao and fp8_torchao: SimpleTuner's fp8wo-torchao and fp8-torchao
+bases, torchao's own code on fake tensors and on real ones on the CPU (whose torch has float8
+matmuls too)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from autofit.quantization import simpletuner_torchao_layer
 from autofit.simulator.tracker import round_allocation
 
 TORCHAO = {"train_mode": "lora", "base_precision": "fp8wo_torchao"}
+DYNAMIC = {"train_mode": "lora", "base_precision": "fp8_torchao", "gpu": "h100_80"}
 
 
+@pytest.mark.parametrize("base", [TORCHAO, DYNAMIC], ids=["fp8wo", "fp8"])
 @pytest.mark.parametrize("knobs", [{}, EVERY], ids=["unchecked", "checkpointed"])
-def test_fake_and_real_hold_the_same_bytes(knobs: dict[str, Any]) -> None:
-    _, fake = simulate.trace(tiny_sd3(**TORCHAO, **knobs))
-    _, real = cpu.trace(tiny_sd3("cpu", **TORCHAO, **knobs))
+def test_fake_and_real_hold_the_same_bytes(base: dict[str, Any], knobs: dict[str, Any]) -> None:
+    _, fake = simulate.trace(tiny_sd3(**base, **knobs))
+    _, real = cpu.trace(tiny_sd3("cpu", **base, **knobs))
     assert fake.peak == real.peak
     assert fake.peak_report().breakdown == real.peak_report().breakdown
 
@@ -47,6 +50,32 @@ def test_dequantized_weights_wait_for_backward_unless_checkpointed() -> None:
     unchecked = simulate.trace(tiny_sd3(**TORCHAO))[1].peak_report().breakdown["activations"]
     same = simulate.trace(tiny_sd3(train_mode="lora"))[1].peak_report().breakdown["activations"]
     assert unchecked > same
+
+
+def test_float8_inputs_keep_their_quantization_for_backward() -> None:
+    """fp8-torchao quantizes every layer's input, and autograd keeps what that quantization saves
+    (the input, its absolute value, fp32 copies divided and clamped) until backward: a frozen
+    16-bit layer keeps none of its input. Checkpointing drops them with the rest."""
+
+    def activations(**knobs: Any) -> int:
+        return simulate.trace(tiny_sd3(**knobs))[1].peak_report().breakdown["activations"]
+
+    assert activations(**DYNAMIC) > 2 * activations(train_mode="lora")
+    assert activations(**DYNAMIC, **EVERY) < activations(**DYNAMIC) / 3
+
+
+def test_float8_matmuls_need_an_ada_or_hopper_gpu() -> None:
+    config = {**defaults(), **DYNAMIC}
+    del config["gpu"]
+    preset = load_preset("sd35_medium")
+    for card in ("h100_80", "l40s", "rtx4090"):
+        assert invalid_reason(config, load_gpu(card), preset, "simulate") is None
+    assert invalid_reason(config, load_gpu("a40"), preset, "simulate") == (
+        "base_precision=fp8_torchao runs float8 matmuls, which need compute capability 8.9 or "
+        f"more; {load_gpu('a40').display} has 8.6; use fp8wo_torchao"
+    )
+    said = REGISTRY["base_precision"].express("simpletuner", "fp8_torchao", Subject(config, preset))
+    assert isinstance(said, Say) and said.settings == {"base_model_precision": "fp8-torchao"}
 
 
 def test_rules_and_words() -> None:

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 
 NOT_FP8 = "base_precision=same"
 SDNQ = ("int8_sdnq", "int8_sdnq_hadamard")  # SDNQ's int8 base, plain and Hadamard-rotated
-TORCHAO = ("fp8wo_torchao",)  # torchao's float8 weight-only base
+# torchao's float8 bases: weight-only, and with float8 activations and matmuls
+TORCHAO = ("fp8wo_torchao", "fp8_torchao")
+FLOAT8_MATMULS = (8, 9)  # the compute capability torchao's float8 matmuls need (Ada, Hopper)
 FROZEN_BASE_MODES = ("lora", "lycoris")  # the train_mode values whose frozen base this stores
 
 
@@ -66,7 +68,7 @@ def _simpletuner(value: Any, s: Subject) -> Say:
         hadamard = {"sdnq_use_hadamard": True} if value == "int8_sdnq_hadamard" else {}
         return say(base_model_precision="int8-sdnq", **hadamard)
     if value in TORCHAO:
-        return say(base_model_precision="fp8wo-torchao")
+        return say(base_model_precision=value.replace("_", "-"))
     return say(base_model_precision="no_change" if value == "same" else "fp8-quanto")
 
 
@@ -89,6 +91,9 @@ class BasePrecision(Knob):
         "fp8wo_torchao": "the frozen base's linear weights quantized by torchao's "
         "Float8WeightOnlyConfig as SimpleTuner's fp8wo-torchao does (float8 e4m3, an fp32 scale "
         "per output row, dequantized for each matmul)",
+        "fp8_torchao": "the frozen base's linear weights and each layer's input in float8 by "
+        "torchao's Float8DynamicActivationFloat8WeightConfig, float8 matmuls, as SimpleTuner's "
+        "fp8-torchao trains (a GPU of compute capability 8.9 or more)",
     }
     per_sample_memory = False
     reads = ("dtypes",)
@@ -117,6 +122,8 @@ class BasePrecision(Knob):
             return f"base_precision={value} stores a LoRA run's frozen base: train_mode={mode} {what}; use train_mode=lora"
         if context.knobs.get("zero_stage"):
             return f"base_precision={value}: DeepSpeed ZeRO keeps the whole model in its 16-bit dtype; use zero_stage=0"
+        if value == "fp8_torchao" and context.gpu.capability < FLOAT8_MATMULS:
+            return f"base_precision=fp8_torchao runs float8 matmuls, which need compute capability 8.9 or more; {context.gpu.display} has {context.gpu.compute_capability}; use fp8wo_torchao"
         if value in TORCHAO and context.knobs.get("swap_blocks"):
             return f"base_precision={value} with swap_blocks: torchao's float8 weights streamed between host and GPU are not modelled"
         return None
@@ -132,12 +139,12 @@ class BasePrecision(Knob):
         from autofit.quantization import (
             float8_layers,
             sdnq_base,
-            torchao_float8_weight_only_base,
+            torchao_float8_base,
         )
         from autofit.run_state import move_to_device
 
         if value in TORCHAO:
-            weights, kept = torchao_float8_weight_only_base(run)
+            weights, kept = torchao_float8_base(run, dynamic=value == "fp8_torchao")
             move_to_device(run, run.model, skip={id(w) for w in weights})
             run.tag(kept, "parameters")
             return
