@@ -1,4 +1,4 @@
-"""A process group of one, for the probes that run a sharding library for real (DeepSpeed ZeRO,
+"""Process groups for the probes that run a sharding library for real (DeepSpeed ZeRO, FSDP1,
 FSDP2) in one process.
 
 The group meets in an in-memory store, not over TCP: a fixed MASTER_PORT would make two probes
@@ -7,6 +7,8 @@ peer to reach anyway.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -20,3 +22,22 @@ def join_group_of_one(device: torch.device) -> None:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def fake_group(world: int) -> Any:
+    """A process group of `world` ranks in this one process whose collectives do nothing (torch's
+    FakeProcessGroup): what a group of one computes, and what each rank of a larger one holds.
+
+    The cpu backend runs FSDP1 in one (world=1) rather than in the gloo group above: gloo runs
+    each collective on a worker thread of its own, which lets go of the tensors it was handed
+    when that thread gets to it, so where FSDP1 replaces a gradient it has just all-reduced the
+    old one was freed a moment early or late depending on the machine's load (the allocation
+    log's order, tests/test_fsdp1.py, differed once in ten runs on two busy cores)."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroup
+
+    group = ProcessGroup(dist.HashStore(), 0, world)
+    kind = ProcessGroup.BackendType.CUSTOM
+    group._set_default_backend(kind)
+    group._register_backend(torch.device("cpu"), kind, FakeProcessGroup._create_internal(0, world))
+    return group

@@ -8,25 +8,12 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 from test_fsdp import _live_at_phase_end, _log, _point, tiny
 
 from autofit.backends import simulate
+from autofit.distributed import fake_group
 from autofit.run_state import RunState
 from autofit.simulator.tracker import round_allocation
-
-
-def _fake_group(world: int):
-    """A process group of `world` ranks in this one process (torch's FakeProcessGroup)."""
-    import torch.distributed as dist
-    from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroup
-
-    group = ProcessGroup(dist.HashStore(), 0, world)
-    kind = ProcessGroup.BackendType.CUSTOM
-    group._set_default_backend(kind)
-    group._register_backend(torch.device("cpu"), kind, FakeProcessGroup._create_internal(0, world))
-    return group
-
 
 REAL_VS_EMULATED = [
     pytest.param(1, {"fsdp": "full_shard"}, id="no_shard-1gpu"),
@@ -37,9 +24,10 @@ REAL_VS_EMULATED = [
 
 @pytest.mark.parametrize("world,knobs", REAL_VS_EMULATED)
 def test_fsdp1_for_real_allocates_what_the_emulation_lays_out(world, knobs, monkeypatch) -> None:
-    """torch's FullyShardedDataParallel on real CPU tensors (a gloo group of one, or a fake group
-    of `world` ranks) against the emulation on fake tensors: every allocation and free of build
-    and steps, in order, with its size and category; peaks per phase; host memory."""
+    """torch's FullyShardedDataParallel on real CPU tensors (in a fake group of `world` ranks, as
+    the cpu backend runs a group of one) against the emulation on fake tensors: every allocation
+    and free of build and steps, in order, with its size and category; peaks per phase; host
+    memory."""
     import peft  # noqa: F401  (it makes tensors when first imported: not the step's)
 
     import autofit.simulator.fsdp1_real as fsdp1
@@ -47,7 +35,7 @@ def test_fsdp1_for_real_allocates_what_the_emulation_lays_out(world, knobs, monk
 
     probe = tiny(True, fsdp_version=1, world_size=world, **knobs)
     if world > 1:  # the cpu backend runs the library itself, in a group of `world`
-        group = _fake_group(world)
+        group = fake_group(world)
         real_shard = fsdp1.shard_fsdp1_for_real
         monkeypatch.setattr(RunState, "sharding_emulated", property(lambda self: self.fake))
         monkeypatch.setattr(

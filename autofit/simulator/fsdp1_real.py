@@ -17,16 +17,19 @@ if TYPE_CHECKING:
 def shard_fsdp1_for_real(run: RunState, reshard_after_forward: bool, group: Any = None) -> None:
     """FullyShardedDataParallel over `run`'s model as accelerate wraps it (the units above,
     BACKWARD_PRE, limit_all_gathers, use_orig_params=False, MixedPrecision from the precision
-    knob), in `group` (default: a group of one, where FSDP1 runs NO_SHARD). `run.model` stays the
+    knob), in `group` (default: a group of one, where FSDP1 runs NO_SHARD: NCCL's on a GPU, on the
+    CPU a fake one, `fake_group`). `run.model` stays the
     model (the run owns the field), its calls go through the root wrapper, and the optimizer
     steps the flat parameters registered on it and on each unit."""
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from autofit.distributed import join_group_of_one
+    from autofit.distributed import fake_group, join_group_of_one
 
-    if group is None:
+    if group is None and run.device.type == "cpu":
+        group = fake_group(1)  # a group of one computes nothing, and needs no gloo threads
+    elif group is None:
         with _disable_current_modes():
             join_group_of_one(run.device)
     model = run.model
