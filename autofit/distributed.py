@@ -29,10 +29,10 @@ def fake_group(world: int) -> Any:
     FakeProcessGroup): what a group of one computes, and what each rank of a larger one holds.
 
     The cpu backend runs FSDP1 in one (world=1) rather than in the gloo group above: gloo runs
-    each collective on a worker thread of its own, which lets go of the tensors it was handed
-    when that thread gets to it, so where FSDP1 replaces a gradient it has just all-reduced the
-    old one was freed a moment early or late depending on the machine's load (the allocation
-    log's order, tests/test_fsdp1.py, differed once in ten runs on two busy cores)."""
+    each collective on a worker thread of its own, and with it the allocation log of the real
+    step (tests/test_fsdp1.py) differed from the emulation's by one free's place in about one
+    run in ten on two busy cores, most likely a tensor that thread held let go early or late;
+    none in forty without it."""
     import torch.distributed as dist
     from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroup
 
