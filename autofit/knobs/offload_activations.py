@@ -28,8 +28,9 @@ emulation keeps saved-tensor hooks of its own, which these cannot wrap).
   back, a new GPU tensor, when backward needs it; no tensor is shared, a tensor saved twice is
   copied twice. Every block, checkpointed or not: inside a checkpointed block the attention's
   hooks are innermost, so its saved tensors go to the host rather than into the checkpoint, and
-  its recomputation copies them out again. Its pinned buffers come from a pool of at most 12
-  shapes (pageable beyond); the host bytes are the same. Prefetch is off, its default.
+  its recomputation copies them out again. SimpleTuner's pinned buffers come from a pool of at
+  most 12 shapes, pageable beyond; autofit counts every copy pinned (the host bytes are the
+  same). Prefetch is off, its default.
 """
 
 from __future__ import annotations
