@@ -604,7 +604,9 @@ def test_simpletuner_flux_gets_its_rate_and_guidance_or_says_none_is_documented(
     parser = _simpletuner_parser(
         json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
     )
-    lora = TARGETS["simpletuner"].run(_flux(None, precision="bf16_autocast"), workdir / "lora")
+    # SimpleTuner adapts the joint attention of both streams of Flux (flux_lora_target=all)
+    flux_lora = _flux(None, precision="bf16_autocast", lora_targets="joint_attention")
+    lora = TARGETS["simpletuner"].run(flux_lora, workdir / "lora")
     config = json.loads(lora.files["config.json"])
     parser.parse_args(_simpletuner_cli(config))
     assert config["learning_rate"] == 1e-4  # SimpleTuner's own default is 4e-7
@@ -622,6 +624,28 @@ def test_simpletuner_flux_gets_its_rate_and_guidance_or_says_none_is_documented(
     readme = (workdir / "full" / "README.txt").read_text()
     assert "  - learning_rate: not documented: SimpleTuner's documentation gives no" in readme
     assert any(n.startswith("choose learning_rate for flux (full): ") for n in full.notes)
+
+
+@pytest.mark.parametrize(
+    ("model", "own", "other"),
+    [
+        ("sd35_medium", "attention", "preset"),  # its DEFAULT_LORA_TARGET: the image stream's
+        ("flux_dev", "joint_attention", "preset"),  # flux_lora_target=all: both streams'
+        ("sana_1600m", "preset", None),
+        ("sdxl", "attention", None),
+    ],
+)
+def test_simpletuner_adapts_its_models_default_modules(
+    model: str, own: str, other: str | None
+) -> None:
+    preset = load_preset(model)
+    knob = REGISTRY["lora_targets"]
+    subject = Subject({**knob_defaults(), "train_mode": "lora"}, preset)
+    assert knob.express("simpletuner", own, subject.with_value("lora_targets", own)).settings == {}
+    if other is not None:
+        refused = knob.express("simpletuner", other, subject.with_value("lora_targets", other))
+        assert isinstance(refused, Refuse) and f"lora_targets={own}" in refused.offers
+        assert refused.why.startswith("SimpleTuner's LoRA adapts to_q, to_k, to_v, to_out.0")
 
 
 def _presets_by_family() -> dict[str, ModelPreset]:

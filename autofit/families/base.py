@@ -46,6 +46,8 @@ UNITS = ("pixels", "tokens")
 CHECKPOINT_GROUPS = ("segments", "blocks")
 # The attention projections of diffusers' transformer blocks (Attention's to_q, to_k, ...).
 DIFFUSION_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
+# Those of both streams of a joint (MMDiT) attention: the image's and the text's.
+JOINT_ATTENTION = DIFFUSION_ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 
 # --- diffusers: the example training scripts (examples/ in the diffusers repository) ------------
@@ -115,6 +117,9 @@ class SimpleTunerModel:
     model_family: str  # its --model_family (a preset's --model_flavour is in the preset's file)
     controlnet: bool = False  # trained as a ControlNet (--controlnet)
     block_swap: bool = False  # its model implements musubi block swap (its field registry's list)
+    # The modules its LoRA adapts by default (its model's DEFAULT_LORA_TARGET, Flux's for its
+    # default flux_lora_target=all), of those the model has; None: the preset's list.
+    lora_targets: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:

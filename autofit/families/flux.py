@@ -8,6 +8,7 @@ from typing import Any
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    JOINT_ATTENTION,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -36,7 +37,7 @@ FLUX = Family(
     loader="diffusers",
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "vae"),
-    lora_sets={"attention": DIFFUSION_ATTENTION},
+    lora_sets={"attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION},
     checkpoint_groups="segments",
     attention_modules=("attn",),
     trainers={
@@ -61,7 +62,7 @@ FLUX = Family(
             files={"clip_l": "clip_l.safetensors", "t5xxl": "t5xxl_fp16.safetensors", "ae": "ae.safetensors"},
             max_blocks_to_swap=kohya_blocks_to_swap,
         ),
-        "simpletuner": SimpleTunerModel("flux", block_swap=True),
+        "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
     },

@@ -28,7 +28,7 @@ SANA = Family(
             lora_layers=True,
         ),
         "kohya": Refuse("sd-scripts has no Sana trainer"),
-        "simpletuner": SimpleTunerModel("sana"),
+        "simpletuner": SimpleTunerModel("sana", lora_targets=DIFFUSION_ATTENTION),
         "sana": SanaScript("train_scripts/train.py"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
     },

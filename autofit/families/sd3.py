@@ -7,6 +7,7 @@ from typing import Any
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    JOINT_ATTENTION,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -29,7 +30,7 @@ SD3 = Family(
     loader="diffusers",
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
-    lora_sets={"attention": DIFFUSION_ATTENTION},
+    lora_sets={"attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION},
     checkpoint_groups="segments",
     attention_modules=("attn", "attn2"),
     trainers={
@@ -45,7 +46,7 @@ SD3 = Family(
             files={"clip_l": "clip_l.safetensors", "clip_g": "clip_g.safetensors", "t5xxl": "t5xxl_fp16.safetensors"},
             max_blocks_to_swap=kohya_blocks_to_swap,
         ),
-        "simpletuner": SimpleTunerModel("sd3"),
+        "simpletuner": SimpleTunerModel("sd3", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
     },

@@ -35,7 +35,7 @@ SDXL = Family(
             "sdxl_train.py", "sdxl_train_network.py", "networks.lora",
             always_fused_attention=False, sampling_moves_vae_first=True,
         ),
-        "simpletuner": SimpleTunerModel("sdxl"),
+        "simpletuner": SimpleTunerModel("sdxl", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
     },

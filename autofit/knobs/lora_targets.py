@@ -3,8 +3,9 @@
 `preset` is the list the preset gives (its trainers' usual default); the others name module sets
 that published recipes use, per model family: `qv` the attention's query and value projections
 (torchtune's and LitGPT's defaults, PEFT's for Llama), `attention` every attention projection (of
-the image stream, for the diffusion transformers), `mlp` the feed-forward projections, `all_linear`
-every linear projection of the blocks. Which modules are adapted decides the activations a step
+the image stream, for the diffusion transformers: SimpleTuner's default for SD3, Sana and SDXL),
+`joint_attention` those of both streams of SD3's and Flux's joint attention (SimpleTuner's Flux
+default), `mlp` the feed-forward projections, `all_linear` every linear projection of the blocks. Which modules are adapted decides the activations a step
 keeps: an adapter's input is saved for its backward, where a frozen layer saves none.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofit.families import REGISTRY, diffusers
+from autofit.families import REGISTRY, diffusers, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -42,14 +43,35 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     return say(**{"--lora_layers": ",".join(target_modules(value, s.preset))})
 
 
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
+    """SimpleTuner adapts its model's own default modules (Flux: flux_lora_target=all): the
+    value that names those says nothing; any other is refused, naming the one that does."""
+    model = simpletuner(s.family)
+    own = model.lora_targets if model is not None else None
+    if own is None:  # the preset lists them
+        own = tuple(s.preset.lora_targets)
+    names = ("preset", *_sets(s.preset))
+    matching = [v for v in names if set(target_modules(v, s.preset)) == set(own)]
+    if value in matching:
+        return Say()
+    return Refuse(
+        f"SimpleTuner's LoRA adapts {', '.join(own)} of {s.model} by default",
+        ", ".join(f"lora_targets={v}" for v in matching),
+    )
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     default = "preset"
-    help = "modules the LoRA adapters adapt: preset | qv | attention | mlp | all_linear"
+    help = (
+        "modules the LoRA adapters adapt: preset | qv | attention | joint_attention | mlp | "
+        "all_linear"
+    )
     values = {
         "preset": "the modules the preset lists",
         "qv": "the attention's query and value projections",
         "attention": "every attention projection",
+        "joint_attention": "every attention projection of both streams, image and text",
         "mlp": "the feed-forward projections",
         "all_linear": "every linear projection of the blocks",
     }
@@ -82,10 +104,10 @@ class LoraTargets(Knob):
             return f"lora_targets={value}: autofit knows no such modules of {context.model.name}; it knows {offered}"
         return None
 
-    # train_mode's apply builds the adapters on target_modules(); SimpleTuner and sd-scripts adapt
-    # their own fixed sets, which the preset lists.
+    # train_mode's apply builds the adapters on target_modules(); sd-scripts adapts its own fixed
+    # set, which the preset lists, and SimpleTuner its model's default (its family's declaration).
     trainers = {
-        "simpletuner": {"preset": Say()},
+        "simpletuner": _simpletuner,
         "kohya": {"preset": Say()},
         "diffusers": _diffusers,
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
