@@ -648,6 +648,25 @@ def test_simpletuner_adapts_its_models_default_modules(
         assert refused.why.startswith("SimpleTuner's LoRA adapts to_q, to_k, to_v, to_out.0")
 
 
+def test_simpletuners_parser_reads_its_checkpointing_schedule_offload_and_torchao_base(
+    workdir: Path,
+) -> None:
+    parser = _simpletuner_parser(
+        json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
+    )
+    point = _flux(
+        None, precision="bf16_autocast", lora_targets="joint_attention", checkpointing=True,
+        checkpoint_interval=2, checkpoint_stride=4, offload_activations="attention",
+        base_precision="fp8wo_torchao",
+    )  # fmt: skip
+    config = json.loads(TARGETS["simpletuner"].run(point, workdir).files["config.json"])
+    parsed = parser.parse_args(_simpletuner_cli(config))
+    assert parsed.gradient_checkpointing_interval == 2
+    assert parsed.gradient_checkpointing_segment_stride == 4
+    assert parsed.gradient_checkpointing_offload_attention is True
+    assert parsed.base_model_precision == "fp8wo-torchao"
+
+
 def _presets_by_family() -> dict[str, ModelPreset]:
     presets: dict[str, ModelPreset] = {}
     for name in group_options("model"):
