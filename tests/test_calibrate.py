@@ -71,6 +71,25 @@ def test_published_rows_rerun_for_real_are_cases_named_by_their_ids(tmp_path: Pa
     assert lines[2] == "2 cases; the CSV would be calibration/h100_80-published.csv"
 
 
+def test_a_dry_run_of_the_published_set_counts_it_and_says_what_the_rest_need(
+    tmp_path: Path,
+) -> None:
+    from autofit.calibration.published import load_published
+
+    rows = load_published()
+    done = in_process("calibrate", "set=published", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    expressible = sum(r.expressible for r in rows)
+    (count,) = [i for i, line in enumerate(lines) if " rows expressible; " in line]
+    assert lines[count].startswith(f"{expressible} of {len(rows)} rows expressible")
+    assert (
+        lines[count + 1] == f"not expressible ({len(rows) - expressible} rows), by what they need:"
+    )
+    grouped = [int(line.split()[0]) for line in lines[count + 2 :]]
+    assert sum(grouped) == len(rows) - expressible and grouped == sorted(grouped, reverse=True)
+
+
 @pytest.mark.parametrize(
     ("words", "named"),
     [

@@ -247,6 +247,7 @@ def run_published(data: dict[str, Any]) -> int:
                 + " ".join(f"{k}={v}" for k, v in row.knobs.items())
             )
         print(f"{len(expressible)} of {len(rows)} rows expressible; the CSV would be {out}")
+        print("\n".join(needs_lines({r.id: r.needs for r in rows if not r.expressible})))
         return 0
     ensure_writable(out)
     print(
@@ -348,10 +349,16 @@ def _describe_published(figures: dict[str, Any], margin: Any) -> str:
     lines += [f"  false fit: {i}" for i in figures["false_fits"]]
     lines += [f"  false oom: {i}" for i in figures["false_ooms"]]
     lines += [f"  crashed: {c}" for c in figures["crashed"]]
+    lines += needs_lines(figures["not_expressible"])
+    return "\n".join(lines)
+
+
+def needs_lines(not_expressible: dict[str, str]) -> list[str]:
+    """The rows autofit cannot express, grouped by what they need, the largest group first."""
     needs: dict[str, list[str]] = {}
-    for row, need in figures["not_expressible"].items():
+    for row, need in not_expressible.items():
         needs.setdefault(need, []).append(row)
-    lines.append(f"not expressible ({len(figures['not_expressible'])} rows), by what they need:")
+    lines = [f"not expressible ({len(not_expressible)} rows), by what they need:"]
     lines += [f"  {len(ids):>3} rows ({', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}): {need}"
               for need, ids in sorted(needs.items(), key=lambda item: -len(item[1]))]  # fmt: skip
-    return "\n".join(lines)
+    return lines
