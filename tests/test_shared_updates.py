@@ -42,6 +42,8 @@ def _values(name: str) -> list[Any]:
     """Two or more values of a knob that changes only the pass."""
     if name == "resolution":
         return [64, 128]
+    if name in ("checkpoint_interval", "checkpoint_stride"):
+        return [1, 2] if name == "checkpoint_interval" else [0, 3]
     choices = registry()[name].choices
     assert choices, f"{name}: say which values to compare"
     return list(choices)
@@ -49,6 +51,8 @@ def _values(name: str) -> list[Any]:
 
 def _probe(name: str, value: Any) -> ProbeSpec:
     knobs = {"batch_size": 2, "optimizer": "adafactor", "ema": "gpu", name: value}
+    if name.startswith("checkpoint_"):  # a schedule of checkpointed blocks: two of them
+        knobs = {"checkpointing": True, "checkpoint_interval": 2, **knobs}
     if name == "loss":  # a language model's
         return with_blocks(make("llama3_2_1b", "h100_80", resolution=64, **knobs), 1)
     return make("tiny_sana", "a40", **{"resolution": 128, **knobs})
@@ -56,7 +60,8 @@ def _probe(name: str, value: Any) -> ProbeSpec:
 
 def test_the_knobs_that_change_only_the_pass_are_declared() -> None:
     assert PASS_ONLY == [
-        "attention", "checkpointing", "loss", "offload_activations", "resolution",
+        "attention", "checkpoint_interval", "checkpoint_stride", "checkpointing", "loss",
+        "offload_activations", "resolution",
     ]  # fmt: skip
 
 
