@@ -14,11 +14,14 @@
   and real tensors; it skips the layers its own skip lists name.
 - `fp8wo_torchao`: SimpleTuner's `fp8wo-torchao` base: torchao's `Float8WeightOnlyConfig` over
   the linear layers SimpleTuner's filter keeps (in and out features multiples of 16), float8 e4m3
-  values with an fp32 scale per output row (autofit/quantization.py,
-  `torchao_float8_weight_only_base`), torchao's own code on fake and real tensors. Each matmul
-  dequantizes its weight to the compute dtype and keeps that copy for the input's gradient, as
-  the `fp8` cast does. (SimpleTuner's `fp8-torchao`, float8 activations and matmuls, needs a
-  CUDA GPU of compute capability 8.9 or more and is not modelled.)
+  values with an fp32 scale per output row (autofit/quantization.py, `torchao_float8_base`),
+  torchao's own code on fake and real tensors. Each matmul dequantizes its weight to the compute
+  dtype and keeps that copy for the input's gradient, as the `fp8` cast does.
+- `fp8_torchao`: SimpleTuner's `fp8-torchao` base: torchao's
+  `Float8DynamicActivationFloat8WeightConfig`, e4m3 weights with one fp32 scale each, each
+  layer's input quantized to float8 by torchao's code (autograd keeps what that saves) for a
+  float8 matmul, which needs compute capability 8.9 or more; trained through a stand-in for
+  SimpleTuner's autograd function around the matmul (autofit/torchao_float8.py).
 
 Like QLoRA's quantizing loader, the base is built in host memory and each weight cast on its way
 to the GPU: the 16-bit model never sits there whole. The companions (text encoders, VAE) keep
@@ -78,7 +81,7 @@ class BasePrecision(Knob):
     help = (
         "the frozen base under LoRA or LyCORIS: same (the run's dtype) | fp8 (float8, upcast per "
         "layer) | int8_sdnq, int8_sdnq_hadamard (SimpleTuner's int8-sdnq, by SDNQ) | "
-        "fp8wo_torchao (SimpleTuner's fp8wo-torchao, by torchao)"
+        "fp8wo_torchao, fp8_torchao (SimpleTuner's fp8wo-torchao and fp8-torchao, by torchao)"
     )
     values = {
         "same": "the frozen base in the run's own dtype",
