@@ -12,6 +12,6 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 # Importing torchao (peft and transformers import it where it is installed) logs a warning per
 # CUDA extension it cannot load on this machine, torch warns about the enums torchao registers
 # with pytree, and diffusers' torchao quantizer that it cannot load serialized torchao tensors:
-# none touch what autofit runs of torchao (base_precision=fp8wo_torchao).
+# none touch what autofit runs of torchao (base_precision=fp8wo_torchao, fp8_torchao).
 for _name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
     logging.getLogger(_name).setLevel(logging.ERROR)

@@ -131,7 +131,7 @@ CHOOSERS = (
 
 
 def ampere_or_newer(gpu: GpuSpec) -> bool:
-    return int(gpu.compute_capability.split(".")[0]) >= 8
+    return gpu.capability >= (8, 0)
 
 
 @contextmanager
