@@ -146,6 +146,12 @@ def _bitsandbytes_layer(
     return layer.to(device)  # quantizes the weight on its way to the device
 
 
+def subclass_parts(weight: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a quantized weight (a tensor subclass: SDNQ's, torchao's) holds."""
+    names, _ = weight.__tensor_flatten__()
+    return [getattr(weight, name) for name in names]
+
+
 # SimpleTuner's int8-sdnq as its quantisation.py sets it (bghira/SimpleTuner, helpers/training/
 # quantisation.py, _sdnq_model): int8 weights with a scale per 32 of them, int8 matmuls (its
 # default wherever SDNQ compiles, which a GPU with Triton does), static quantization with
@@ -186,8 +192,7 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
         if weight is not None and is_traceable_wrapper_subclass(weight):
             weight.requires_grad_(False)
             weights.append(weight)
-            names, _ = weight.__tensor_flatten__()
-            kept += [getattr(weight, name) for name in names]
+            kept += subclass_parts(weight)
     return weights, kept
 
 
@@ -238,8 +243,7 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
         assert is_traceable_wrapper_subclass(weight), "torchao left a layer unquantized"
         weight.requires_grad_(False)
         weights.append(weight)
-        names, _ = weight.__tensor_flatten__()
-        kept += [getattr(weight, name) for name in names]
+        kept += subclass_parts(weight)
         if module.bias is not None:
             weights.append(module.bias)
             kept.append(module.bias)

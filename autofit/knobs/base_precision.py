@@ -65,8 +65,8 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 
 
 def _simpletuner(value: Any, s: Subject) -> Say:
-    # quanto's fp8 weights are upcast for the matmul, as measured; its fp8-torchao and
-    # fp8-native run fp8 matmuls, which need an Ada or Hopper GPU and hold other tensors.
+    # fp8: quanto's fp8 weights, upcast for the matmul, as measured; its TorchAO bases by
+    # torchao's own code (its fp8-native, another float8 matmul, is not modelled).
     if value in SDNQ:
         hadamard = {"sdnq_use_hadamard": True} if value == "int8_sdnq_hadamard" else {}
         return say(base_model_precision="int8-sdnq", **hadamard)
@@ -146,13 +146,12 @@ class BasePrecision(Knob):
         )
         from autofit.run_state import move_to_device
 
-        if value in TORCHAO:
-            weights, kept = torchao_float8_base(run, dynamic=value == "fp8_torchao")
-            move_to_device(run, run.model, skip={id(w) for w in weights})
-            run.tag(kept, "parameters")
-            return
-        if value in SDNQ:
-            weights, kept = sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
+        if value in TORCHAO or value in SDNQ:  # a library's quantizer, on the device
+            weights, kept = (
+                torchao_float8_base(run, dynamic=value == "fp8_torchao")
+                if value in TORCHAO
+                else sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
+            )
             move_to_device(run, run.model, skip={id(w) for w in weights})
             run.tag(kept, "parameters")
             return
