@@ -54,6 +54,12 @@ def family(name: Any, where: str = "model.") -> Family:
     return REGISTRY[name]
 
 
+def declaring(field: str) -> list[str]:
+    """The families whose declaration gives `field` a value (an interval's grouping, the
+    attention modules an offload wraps), in the registry's order."""
+    return [name for name, declared in REGISTRY.items() if getattr(declared, field)]
+
+
 def is_causal_lm(name: str) -> bool:
     """Whether the family `name` is a transformers causal language model (Family.causal_lm)."""
     return name in REGISTRY and REGISTRY[name].causal_lm
@@ -119,6 +125,7 @@ __all__ = [
     "Trainer",
     "TrlModel",
     "check_family",
+    "declaring",
     "diffusers",
     "diffusers_script",
     "family",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import REGISTRY, family
+from autofit.families import declaring, family
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from autofit.run_state import RunState
 
 EVERY_BLOCK = "checkpoint_interval=1"
-
-
-def grouping_families() -> list[str]:
-    return [name for name, declared in REGISTRY.items() if declared.checkpoint_groups]
 
 
 class CheckpointPlan:
@@ -130,7 +126,7 @@ class CheckpointInterval(Knob):
         if not family(context.model.family).checkpoint_groups:
             return (
                 f"checkpoint_interval={value}: the {context.model.family} family checkpoints "
-                f"every block; an interval exists for {', '.join(grouping_families())}"
+                f"every block; an interval exists for {', '.join(declaring('checkpoint_groups'))}"
             )
         if context.knobs.get("swap_blocks"):
             return (

@@ -5,8 +5,9 @@ that published recipes use, per model family: `qv` the attention's query and val
 (torchtune's and LitGPT's defaults, PEFT's for Llama), `attention` every attention projection (of
 the image stream, for the diffusion transformers: SimpleTuner's default for SD3, Sana and SDXL),
 `joint_attention` those of both streams of SD3's and Flux's joint attention (SimpleTuner's Flux
-default), `mlp` the feed-forward projections, `all_linear` every linear projection of the blocks. Which modules are adapted decides the activations a step
-keeps: an adapter's input is saved for its backward, where a frozen layer saves none.
+default), `mlp` the feed-forward projections, `all_linear` every linear projection of the
+blocks. Which modules are adapted decides the activations a step keeps: an adapter's input is
+saved for its backward, where a frozen layer saves none.
 """
 
 from __future__ import annotations

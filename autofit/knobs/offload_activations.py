@@ -40,8 +40,7 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import REGISTRY as FAMILIES
-from autofit.families import family
+from autofit.families import declaring, family
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, say
 
 if TYPE_CHECKING:
@@ -186,10 +185,10 @@ class OffloadActivations(Knob):
             # through saved-tensor hooks of its own, inside which these would not run.
             return f"offload_activations={value} with fsdp={fsdp} is not modelled"
         if value == "attention" and not family(context.model.family).attention_modules:
-            offering = [n for n, f in FAMILIES.items() if f.attention_modules]
             return (
                 f"offload_activations=attention: SimpleTuner offloads attention activations of "
-                f"{', '.join(offering)}, not of the {context.model.family} family"
+                f"{', '.join(declaring('attention_modules'))}, not of the "
+                f"{context.model.family} family"
             )
         return None
 
