@@ -25,6 +25,7 @@ from autofit.knobs.batch_size import BatchSize
 from autofit.knobs.checkpoint_interval import CheckpointInterval
 from autofit.knobs.checkpoint_stride import CheckpointStride
 from autofit.knobs.checkpointing import Checkpointing
+from autofit.knobs.compile import Compile
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
 from autofit.knobs.fsdp import Fsdp
@@ -72,6 +73,7 @@ REGISTRY: dict[str, Knob] = {
         CheckpointInterval(),
         CheckpointStride(),
         Attention(),
+        Compile(),
         Loss(),
         Encoders(),
         SwapBlocks(),

@@ -5,14 +5,16 @@
   x vocabulary in the model's dtype, then upcasts all of them to fp32 for the cross-entropy.
   With Llama 3's 128,256-token vocabulary that fp32 copy is 0.5 MB per token: 2 GiB for one
   sequence of 4096.
-- `chunked`: the output projection and the cross-entropy run over 8 chunks of the sequence, one
-  after the other, so only one chunk's fp32 upcast exists at a time, and in backward only one
-  chunk's fp32 gradients. torchtune's `CEWithChunkedOutputLoss` (num_output_chunks=8, with the
-  model's output projection chunked by `set_num_output_chunks`,
-  torchtune/modules/loss/ce_chunked_output_loss.py) does this (LitGPT chunks too, but keeps every
-  chunk's logits and never upcasts them: `chunked_native`). As there, each chunk's
-  log-probabilities stay saved for backward: what chunking removes is the full fp32 copy of the
-  logits (less one chunk) in forward and the full fp32 gradients in backward.
+- `chunked`: the output projection over 8 chunks of the sequence, every chunk's logits kept
+  until the loss returns, and the fp32 upcast and cross-entropy over one chunk after the other,
+  so only one chunk's fp32 upcast exists at a time, and in backward only one chunk's fp32
+  gradients. torchtune's `CEWithChunkedOutputLoss` (num_output_chunks=8, with the model's output
+  projection chunked by `set_num_output_chunks`, whose `chunked_output` returns the list of every
+  chunk's logits; torchtune/modules/loss/ce_chunked_output_loss.py) does this (LitGPT chunks too,
+  but never upcasts: `chunked_native`). As there, each chunk's log-probabilities stay saved for
+  backward: what chunking removes is the full fp32 copy of the logits (less one chunk) in
+  forward and the full fp32 gradients in backward. With `compile=regional`, each chunk's upcast
+  and cross-entropy is compiled, as torchtune's compile_loss compiles `compute_cross_entropy`.
 - `fused_linear`: Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5,
   `LigerFusedLinearCrossEntropyFunction`), which transformers' Trainer (`use_liger_kernel`, so
   TRL), LLaMA-Factory (`enable_liger_kernel`) and axolotl (`liger_fused_linear_cross_entropy`)
@@ -90,8 +92,10 @@ class Loss(Knob):
     values = {
         "full": "the model's own loss: the output projection over the whole sequence, all logits "
         "upcast to fp32, then cross-entropy (transformers' model(input_ids, labels=...))",
-        "chunked": f"the output projection and the fp32 cross-entropy over {CHUNKS} chunks of the "
-        "sequence, one chunk at a time (torchtune's CEWithChunkedOutputLoss): the loss is the sum over chunks divided by the number of targets",
+        "chunked": f"the output projection over {CHUNKS} chunks of the sequence, every chunk's "
+        "logits kept until the loss returns, and the fp32 cross-entropy one chunk at a time "
+        "(torchtune's CEWithChunkedOutputLoss): the loss is the sum over chunks divided by the "
+        "number of targets",
         "fused_linear": "Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5, "
         "LigerFusedLinearCrossEntropyLoss; for transformers models "
         "apply_liger_kernel_to_<model>(fused_linear_cross_entropy=True), transformers' and TRL's "
@@ -144,8 +148,16 @@ class Loss(Knob):
         # torch only where a forward pass runs: the knobs load without it
         from autofit.workloads import llm
 
+        cross_entropy = None
+        if value == "chunked" and run.knobs.get("compile", "off") != "off":
+            from autofit.regional_compile import compiled
+
+            # torchtune's compile_loss: each chunk's upcast and cross-entropy compiled
+            cross_entropy = compiled(llm.upcast_cross_entropy)
         loss = {
-            "chunked": functools.partial(llm.chunked_cross_entropy, chunks=CHUNKS),
+            "chunked": functools.partial(
+                llm.chunked_cross_entropy, chunks=CHUNKS, cross_entropy=cross_entropy
+            ),
             "fused_linear": llm.fused_linear_cross_entropy,
             "full_native": llm.native_cross_entropy,
             "chunked_native": functools.partial(

@@ -78,6 +78,10 @@ class RealLayoutFakeMode(FakeTensorMode):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._depth = 0  # dispatches in progress: 0 outside, 1 in an op from outside
+        # A higher-order op (a compiled graph's run_and_save_rng_state) finds its fake rule by
+        # the mode's exact type, which a subclass is not: FakeTensorMode's own dispatch runs
+        # the rules it registers (torch/_higher_order_ops/utils.py, register_fake).
+        self.supports_higher_order_operators = True
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # FakeTensorMode.__torch_dispatch__ calls this for every op; overriding it, not

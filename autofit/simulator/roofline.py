@@ -313,10 +313,16 @@ class RooflineCounter(TorchDispatchMode):
         """`keep_kernels`: also keep each kernel's figures (`kernels`) and what `add_traffic`
         was given (`traffic`), so that `price` can price the step again with other figures."""
         super().__init__()
+        self.supports_higher_order_operators = True  # as MemoryTracker; priced as no kernel
         self.gpu = gpu
         self._bandwidth = memory_bandwidth(gpu)
         self._keep_kernels = keep_kernels
         self.reset()
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """The compiled graph's ops are priced, not the compiler's (as MemoryTracker)."""
+        return True
 
     def reset(self) -> None:
         """Forget what was counted: the counter is as new."""

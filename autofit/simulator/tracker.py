@@ -133,6 +133,9 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def __init__(self, device_type: str = "cpu") -> None:
         TorchDispatchMode.__init__(self)
         StepLog.__init__(self)
+        # A compiled graph calls higher-order ops (a recomputed region's saved RNG state): each
+        # runs as one op below this mode, and its outputs are seen here like any op's.
+        self.supports_higher_order_operators = True
         self.device_type = device_type  # storages elsewhere are host memory
         self._host_depth = 0
         self._pinned_depth = 0  # host() contexts open with pinned=True
@@ -150,6 +153,12 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         self.current = 0
         self._uncounted_depth = 0  # inside uncounted(): new storages are not counted at all
         self.stream = 0  # the CUDA stream allocations are made on now (on_stream)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile traces and compiles, on while the compiled graph runs: the
+        compiled run's ops are counted, the compiler's own work is not (regional_compile.py)."""
+        return True
 
     # -- recording -----------------------------------------------------------------------------
 

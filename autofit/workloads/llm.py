@@ -116,11 +116,21 @@ def causal_lm(model: Any) -> Any:
     return base() if base is not None else model
 
 
-def chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunks: int) -> torch.Tensor:
-    """Next-token cross-entropy with the output projection and the fp32 upcast run over `chunks`
-    slices of the tokens in turn (autofit/knobs/loss.py says whose recipe this is). The targets
-    are made as transformers' loss makes them (each position predicts the next token, the last
-    predicts nothing) and the loss is their mean, as there.
+def chunked_cross_entropy(
+    model: Any,
+    input_ids: torch.Tensor,
+    chunks: int,
+    cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Next-token cross-entropy with the output projection run over `chunks` slices of the
+    tokens and the fp32 upcast and cross-entropy over one chunk's logits at a time
+    (autofit/knobs/loss.py says whose recipe this is). As torchtune's chunked output does
+    (TransformerDecoder.chunked_output returns every chunk's logits in a list, which the recipe
+    holds until the loss returns), every chunk's logits are made first and stay until the loss is
+    done: one chunk's fp32 copy exists at a time. The targets are made as transformers' loss
+    makes them (each position predicts the next token, the last predicts nothing) and the loss is
+    their mean, as there. `cross_entropy` is each chunk's upcast and summed loss
+    (`upcast_cross_entropy`, or it compiled, as torchtune's compile_loss compiles it).
 
     The slices are of the batch's tokens in order (batch x sequence flattened), which for one
     sequence is the sequence cut in `chunks`: a contiguous slice is what the output projection
@@ -128,25 +138,20 @@ def chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunks: int) -> t
     lm = causal_lm(model)
     hidden = lm.model(input_ids=input_ids).last_hidden_state
     targets = torch.nn.functional.pad(input_ids, (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
+    logits = [lm.lm_head(states) for states in hidden.flatten(0, 1).tensor_split(chunks)]
     total = None
-    for states, labels in zip(
-        hidden.flatten(0, 1).tensor_split(chunks),
-        targets.flatten().tensor_split(chunks),
-        strict=True,
-    ):
-        part = _summed_cross_entropy(lm.lm_head, states, labels)
+    for logit_chunk, labels in zip(logits, targets.flatten().tensor_split(chunks), strict=True):
+        part = (cross_entropy or upcast_cross_entropy)(logit_chunk, labels)
         total = part if total is None else total + part
     return total / (input_ids.shape[0] * (input_ids.shape[1] - 1))  # type: ignore[operator]
 
 
-def _summed_cross_entropy(
-    head: torch.nn.Module, states: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
-    """One chunk's summed loss; its logits and their fp32 copy are freed on return (what
-    backward needs, the log-probabilities, stays with the autograd graph)."""
-    logits = head(states).float()
+def upcast_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One chunk's summed loss over its logits upcast to fp32 (torchtune's
+    `compute_cross_entropy`); the fp32 copy is freed on return (what backward needs, the
+    log-probabilities, stays with the autograd graph)."""
     return torch.nn.functional.cross_entropy(
-        logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
     )
 
 

@@ -1,0 +1,186 @@
+"""compile=regional: each block compiled by torch's own Dynamo and AOTAutograd with inductor's
+partitioner, its graphs run unfused with inductor's fusion kept in what is counted; run for real
+on the CPU and on fake tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import spec, tiny_llama
+from test_fake_matches_real import canonical
+
+from autofit.backends import cpu, simulate
+from autofit.gpus import load_gpu
+from autofit.knobs import REGISTRY, defaults, invalid_reason
+from autofit.knobs.base import Refuse, Say, Subject
+from autofit.models import load_preset
+from autofit.regional_compile import _partition, fused_nodes
+
+COMPILED = {"compile": "regional"}
+PURE = {"precision": "bf16_pure", "optimizer": "adamw"}
+
+
+def _same_allocations(fake: Any, real: Any) -> None:
+    assert fake.sizes == real.sizes
+    assert canonical(fake.events) == canonical(real.events)
+    assert fake.categories == real.categories
+    assert fake.peak_report() == real.peak_report()
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {**PURE, "checkpointing": False},
+        {**PURE, "checkpointing": False, "loss": "chunked"},
+        {"precision": "bf16", "optimizer": "adamw", "train_mode": "lora", "checkpointing": False},
+    ],
+    ids=["full", "chunked-loss", "lora-autocast"],
+)
+def test_a_compiled_llama_allocates_on_fake_tensors_what_it_allocates_on_real_ones(
+    knobs: dict[str, Any],
+) -> None:
+    _, fake = simulate.trace(tiny_llama(**COMPILED, **knobs))
+    _, real = cpu.trace(tiny_llama("cpu", **COMPILED, **knobs))
+    _same_allocations(fake, real)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    ("precision", "checkpointing"),
+    [("bf16", False), ("bf16_pure", False), ("bf16_pure", True), ("fp32", True)],
+)
+def test_a_compiled_sana_allocates_on_fake_tensors_what_it_allocates_on_real_ones(
+    precision: str, checkpointing: bool
+) -> None:
+    probe = spec(
+        "tiny_sana", batch_size=2, precision=precision, optimizer="adamw",
+        checkpointing=checkpointing, **COMPILED,
+    )  # fmt: skip
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(probe)
+    _same_allocations(fake, real)
+
+
+def _activations(probe: Any) -> int:
+    _, log = simulate.trace(probe)
+    return log.peak_report().breakdown["activations"]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    "knobs",
+    [{**PURE, "checkpointing": False}, {**PURE, "checkpointing": False, "loss": "chunked"}],
+    ids=["blocks", "blocks-and-loss"],
+)
+def test_compiling_keeps_less_for_backward(knobs: dict[str, Any]) -> None:
+    """The partitioner recomputes the blocks' cheap elementwise work (the norms, the SwiGLU
+    product, the casts) in backward instead of saving it; with torchtune's chunked loss, each
+    chunk's fp32 log-probabilities too."""
+    assert _activations(tiny_llama(**COMPILED, **knobs)) < _activations(tiny_llama(**knobs))
+
+
+@pytest.mark.long
+def test_the_chunked_loss_is_compiled_with_the_blocks() -> None:
+    """torchtune's compile_loss: with loss=chunked each chunk's upcast and cross-entropy is
+    compiled too, so compiling saves more there than with transformers' own loss, whose
+    blocks alone are compiled."""
+    eager, compiled = (
+        _activations(tiny_llama(**knobs, **PURE, checkpointing=False)) for knobs in ({}, COMPILED)
+    )
+    eager_chunked, compiled_chunked = (
+        _activations(tiny_llama(**knobs, **PURE, checkpointing=False, loss="chunked"))
+        for knobs in ({}, COMPILED)
+    )
+    assert eager_chunked - compiled_chunked > eager - compiled
+
+
+def test_a_pointwise_chain_stays_inside_its_kernel_and_what_a_matmul_reads_is_written() -> None:
+    """Inductor fuses a chain of pointwise ops and reductions into one kernel: its intermediates
+    are never allocated, but what a matmul reads and what the graph returns are."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def block(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # an RMSNorm
+        y = h.to(torch.bfloat16) @ w
+        return torch.nn.functional.silu(y) * 2.0, y
+
+    x, w = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 8, dtype=torch.bfloat16)
+    graph = make_fx(block)(x, w).graph
+    fused = fused_nodes(graph)
+    aten = torch.ops.aten
+    calls = [node for node in graph.nodes if node.op == "call_function"]
+    mm = next(node for node in calls if node.target.overloadpacket is aten.mm)
+    returned = set(next(node for node in graph.nodes if node.op == "output").all_input_nodes)
+    assert mm not in fused  # a library kernel writes its output
+    assert not set(mm.all_input_nodes) & fused  # and reads what is written
+    assert not returned & fused
+    norm = {aten.pow, aten.mean, aten.add, aten.rsqrt}
+    assert all(node in fused for node in calls if node.target.overloadpacket in norm)
+    silu = next(node for node in calls if node.target.overloadpacket is aten.silu)
+    assert silu in fused  # computed inside the kernel that writes silu(y) * 2
+
+
+def test_attention_is_saved_for_backward_not_recomputed() -> None:
+    """Inductor's partitioner never recomputes a GPU attention kernel; the CPU's flash attention,
+    which the step runs in its place, is held to the same rule."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    seen: dict[str, torch.fx.GraphModule] = {}
+
+    def keep(name: str) -> Any:
+        def compiler(graph: torch.fx.GraphModule, _: Any) -> Any:
+            seen[name] = graph
+            return make_boxed_func(graph)
+
+        return compiler
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+    q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
+    aot_function(attention, keep("forward"), keep("backward"), partition_fn=_partition)(
+        q, k, v
+    ).sum().backward()
+    backward_ops = {str(node.target) for node in seen["backward"].graph.nodes}
+    assert not any("flash_attention_for_cpu.default" in op for op in backward_ops)
+    assert any("flash_attention_for_cpu_backward" in op for op in backward_ops)
+
+
+RULES = [
+    ({**COMPILED}, "sdxl", "compile=regional compiles a model's repeated blocks; sdxl declares none"),
+    ({**COMPILED, "train_mode": "qlora"}, "llama3_8b", "compile=regional with train_mode=qlora is not modelled"),
+    ({**COMPILED, "train_mode": "lora", "base_precision": "fp8"}, "flux_dev", "compile=regional with base_precision=fp8 is not modelled"),
+    ({**COMPILED, "fsdp": "full_shard", "world_size": 2}, "llama3_8b", "compile=regional with fsdp=full_shard is not modelled"),
+    ({**COMPILED, "swap_blocks": 4}, "flux_dev", "compile=regional with swap_blocks=4 is not modelled"),
+    ({**COMPILED, "checkpointing": True, "precision": "bf16"}, "sana_600m", "compile=regional with checkpointing under autocast (precision=bf16) is not modelled"),
+    ({**COMPILED, "checkpointing": True, "precision": "bf16_pure", "offload_activations": "attention"}, "sd35_medium", "compile=regional with offload_activations=attention is not modelled"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("knobs", "model", "reason"), RULES)
+def test_rules_name_the_value_and_what_is_valid(
+    knobs: dict[str, Any], model: str, reason: str
+) -> None:
+    got = invalid_reason({**defaults(), **knobs}, load_gpu("a40"), load_preset(model), "simulate")
+    assert got is not None and got.startswith(reason)
+
+
+def test_what_is_modelled_is_valid() -> None:
+    knobs = {**defaults(), **COMPILED, **PURE, "checkpointing": True, "loss": "chunked"}
+    assert invalid_reason(knobs, load_gpu("a40"), load_preset("llama3_8b"), "simulate") is None
+
+
+def test_simpletuner_says_regional_compilation_and_trl_refuses() -> None:
+    knob = REGISTRY["compile"]
+    subject = Subject({**defaults(), **COMPILED}, load_preset("sd35_medium"))
+    words = knob.express("simpletuner", "regional", subject)
+    assert isinstance(words, Say)
+    assert words.settings == {"dynamo_backend": "inductor", "dynamo_use_regional_compilation": True}
+    llm = Subject({**defaults(), **COMPILED}, load_preset("llama3_8b"))
+    assert isinstance(knob.express("trl", "regional", llm), Refuse)
+    assert isinstance(knob.express("kohya", "regional", subject), Refuse)
