@@ -188,3 +188,25 @@ def compile_module(module: torch.nn.Module) -> None:
 def compiled(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function` compiled as `torch.compile(function)` does."""
     return torch.compile(function, backend=backend(), dynamic=False)
+
+
+def checkpoints_itself(block: torch.nn.Module) -> bool:
+    """Whether `block` runs gradient checkpointing inside its own forward, as transformers'
+    layers do (GradientCheckpointingLayer): compiled whole, Dynamo would stop at torch's
+    checkpoint and run the layer uncompiled, so such a layer is compiled inside it instead."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return isinstance(block, GradientCheckpointingLayer)
+
+
+def compiled_inside_checkpoint(function: Callable[..., Any]) -> Callable[..., Any]:
+    """What a checkpoint runs, compiled unless it is a compiled block already.
+
+    torchtune wraps each layer in its activation-checkpoint wrapper and compiles the layer inside
+    it, so backward recomputes the compiled layer; diffusers' models hand the checkpoint the
+    (compiled) block itself. A layer that checkpoints itself (`checkpoints_itself`) hands it
+    its own forward, which is compiled here (Dynamo reuses one graph for every layer of the
+    same shape)."""
+    if getattr(function, "_compiled_call_impl", None) is not None:
+        return function
+    return compiled(function)

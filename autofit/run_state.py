@@ -42,6 +42,8 @@ KNOB_FIELDS = {
     "added (peft's prepare_model_for_kbit_training), or None",
     "checkpoint_plan": "which blocks gradient checkpointing wraps, and how many in one call "
     "(autofit/knobs/checkpoint_interval.py), or None: every block on its own",
+    "compile_region": "compiles what a checkpoint runs, where the model's own checkpointing sits "
+    "inside the compiled block (autofit/knobs/compile.py), or None: runs it as it is",
 }
 # Bookkeeping the run changes while a hook runs (in_phase), not state a knob decides.
 _RUN_BOOKKEEPING = ("phase",)
@@ -195,6 +197,7 @@ class RunState:
         self.after_step: Callable[[], None] | None = None
         self.base_preparation: Callable[[RunState], None] | None = None
         self.checkpoint_plan: Any = None
+        self.compile_region: Callable[[Any], Any] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         applying = self.__dict__.get("_applying")
@@ -354,6 +357,8 @@ class RunState:
     def checkpoint_call(self, block: Any, *args: Any, **kwargs: Any) -> Any:
         """One non-reentrant checkpoint around `block`. Under a tracker, the block's recomputed
         activations count as activations, not temporaries."""
+        if self.compile_region is not None:
+            block = self.compile_region(block)
         return torch.utils.checkpoint.checkpoint(
             self._recomputable(block), *args, use_reentrant=False, **kwargs
         )

@@ -53,6 +53,7 @@ class Compile(Knob):
         "AOTAutograd's min-cut partitioner saves",
     }
     pass_only = True  # what forward saves and backward recomputes
+    writes = ("compile_region",)
     after = ("train_mode", "checkpointing")
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
@@ -107,12 +108,20 @@ class Compile(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "off":
             return
-        from autofit.regional_compile import compile_module, fresh_compiler
+        from autofit.regional_compile import (
+            checkpoints_itself,
+            compile_module,
+            compiled_inside_checkpoint,
+            fresh_compiler,
+        )
 
         fresh_compiler()
+        checkpointing = bool(run.knobs.get("checkpointing"))
         for path in run.preset.blocks:
             for block in run.model.get_submodule(path):
-                compile_module(block)
+                if not (checkpointing and checkpoints_itself(block)):
+                    compile_module(block)  # else compiled inside its checkpoint, below
+        run.compile_region = compiled_inside_checkpoint
 
     trainers = {
         "simpletuner": _simpletuner,
