@@ -42,14 +42,15 @@ RECOMPILE_LIMIT = 64
 
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 # Ops inductor lowers into fused loops besides those tagged pointwise, reduction or view:
-# casts, copies, constants, gathers and concatenation.
+# casts, copies, constants, ranges, gathers, concatenation, and the untagged prims sum.
 FUSED_PACKETS = frozenset(
     (
         aten._to_copy, aten.copy, aten.full, aten.full_like, aten.scalar_tensor, aten.zeros,
         aten.zeros_like, aten.ones, aten.ones_like, aten.arange, aten.index,
         aten.embedding, aten.gather, aten.cat, aten.constant_pad_nd, aten.slice_scatter,
-        aten.select_scatter, aten.fill,
+        aten.select_scatter, aten.fill, prims.iota, prims.sum,
     )
 )  # fmt: skip
 
