@@ -201,13 +201,15 @@ def checkpoints_itself(block: torch.nn.Module) -> bool:
 
 
 def compiled_inside_checkpoint(function: Callable[..., Any]) -> Callable[..., Any]:
-    """What a checkpoint runs, compiled unless it is a compiled block already.
+    """What a checkpoint runs, compiled where it is the forward of a layer that checkpoints
+    itself (`checkpoints_itself`, which hands the checkpoint `partial(forward, layer, ...)`);
+    anything else as it is (diffusers' models hand the checkpoint the block, compiled already).
 
     torchtune wraps each layer in its activation-checkpoint wrapper and compiles the layer inside
-    it, so backward recomputes the compiled layer; diffusers' models hand the checkpoint the
-    (compiled) block itself. A layer that checkpoints itself (`checkpoints_itself`) hands it
-    its own forward, which is compiled here (Dynamo reuses one graph for every layer of the
-    same shape)."""
-    if getattr(function, "_compiled_call_impl", None) is not None:
-        return function
-    return compiled(function)
+    it, so backward recomputes the compiled layer: the same here (Dynamo reuses one graph for
+    every layer of the same shape)."""
+    if isinstance(function, functools.partial) and function.args:
+        layer = function.args[0]
+        if isinstance(layer, torch.nn.Module) and checkpoints_itself(layer):
+            return compiled(function)
+    return function

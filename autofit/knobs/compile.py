@@ -5,10 +5,10 @@ torchtitan's per-block compile and SimpleTuner's `dynamo_use_regional_compilatio
 What compiling changes in memory is what backward keeps: AOTAutograd's partitioner (inductor's
 min-cut recomputation) saves fewer and smaller tensors than eager autograd, recomputing cheap
 elementwise work in backward. The probe runs torch's own Dynamo, AOTAutograd and partitioner on
-the run's tensors, fake or real (autofit/regional_compile.py); inductor's fused kernels are not
-generated, so the transient memory inside a block is eager's and the speed is the roofline's
-unfused estimate. torchtune compiles its loss as well: with `loss=chunked` each chunk's fp32
-upcast and cross-entropy (its `compute_cross_entropy`) is compiled too.
+the run's tensors, fake or real (autofit/regional_compile.py); inductor's code is not generated,
+and what its fused kernels would keep out of memory is left uncounted; the speed is the
+roofline's unfused estimate. torchtune compiles its loss as well: with `loss=chunked` each
+chunk's fp32 upcast and cross-entropy (its `compute_cross_entropy`) is compiled too.
 
 What is modelled: full fine-tunes, LoRA and frozen-layer runs on a 16-bit base, on one GPU, with
 or without checkpointing every block (under autocast only without), activation offload to the
