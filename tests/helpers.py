@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.gpus import load_gpu
+from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
 from autofit.probe.spec import ProbeSpec
@@ -28,6 +29,17 @@ TINY_LLAMA = {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
 }  # fmt: skip
+
+
+def refusal(knobs: dict[str, Any], model: str, gpu: str = "a40") -> str | None:
+    """Why `knobs` (over every other knob's default) cannot run `model` on `gpu`, or None."""
+    return invalid_reason({**defaults(), **knobs}, load_gpu(gpu), load_preset(model), "simulate")
+
+
+def assert_refused(knobs: dict[str, Any], model: str, reason: str) -> None:
+    """A rule refuses `knobs` for `model`, its one line beginning with `reason`."""
+    got = refusal(knobs, model)
+    assert got is not None and got.startswith(reason), got
 
 
 def tiny_llama(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
