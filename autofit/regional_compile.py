@@ -81,8 +81,9 @@ def fused_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return {node for node in graph.nodes if node.op == "call_function" and node not in written}
 
 
-def _run_fused(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
-    """The partitioned graph run op by op, its inputs and each value released after their last
+def _run_fused(graph: torch.fx.GraphModule, example_inputs: Any) -> Callable[[list[Any]], Any]:
+    """AOTAutograd's compiler for the forward and the backward graph: the partitioned graph run
+    op by op, fused as inductor fuses, its inputs and each value released after their last
     use (as inductor's code releases them), the values that stay inside a fused kernel made
     uncounted. Boxed: the caller's list of inputs is emptied, so an input (a tensor saved for
     backward) dies at its last use, not when the graph returns."""
@@ -127,11 +128,6 @@ def _run_fused(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return run
 
 
-def _keep_graph(graph: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-    """A compiler that runs the partitioned graph as it is, op by op, fused as inductor fuses."""
-    return _run_fused(graph)
-
-
 def _partition(joint: torch.fx.GraphModule, inputs: Any, **options: Any) -> Any:
     """Inductor's partitioner, which never recomputes a compute-intensive kernel in backward
     (matmuls, convolutions, CUDA's flash and memory-efficient attention): the step on the CPU
@@ -163,8 +159,8 @@ def backend() -> Callable[..., Any]:
     from torch._inductor.decomposition import select_decomp_table
 
     return aot_autograd(
-        fw_compiler=_keep_graph,
-        bw_compiler=_keep_graph,
+        fw_compiler=_run_fused,
+        bw_compiler=_run_fused,
         partition_fn=_partition,
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=True,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_refused, refusal, spec, tiny_llama
-from test_fake_matches_real import canonical
+from test_fake_matches_real import assert_same_allocations
 
 from autofit.backends import cpu, simulate
 from autofit.knobs import REGISTRY, defaults
@@ -19,13 +19,6 @@ from autofit.regional_compile import _partition, fused_nodes
 
 COMPILED = {"compile": "regional"}
 PURE = {"precision": "bf16_pure", "optimizer": "adamw"}
-
-
-def _same_allocations(fake: Any, real: Any) -> None:
-    assert fake.sizes == real.sizes
-    assert canonical(fake.events) == canonical(real.events)
-    assert fake.categories == real.categories
-    assert fake.peak_report() == real.peak_report()
 
 
 @pytest.mark.long
@@ -43,7 +36,7 @@ def test_a_compiled_llama_allocates_on_fake_tensors_what_it_allocates_on_real_on
 ) -> None:
     _, fake = simulate.trace(tiny_llama(**COMPILED, **knobs))
     _, real = cpu.trace(tiny_llama("cpu", **COMPILED, **knobs))
-    _same_allocations(fake, real)
+    assert_same_allocations(fake, real)
 
 
 @pytest.mark.long
@@ -60,7 +53,7 @@ def test_a_compiled_sana_allocates_on_fake_tensors_what_it_allocates_on_real_one
     )  # fmt: skip
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(probe)
-    _same_allocations(fake, real)
+    assert_same_allocations(fake, real)
 
 
 @pytest.mark.long

@@ -6,6 +6,7 @@ sizes and categories, for every precision, optimizer and checkpointing setting o
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from helpers import spec, tiny_llama
@@ -29,6 +30,15 @@ def canonical(events: list[int]) -> list[int]:
     return out + sorted(run)
 
 
+def assert_same_allocations(fake: Any, real: Any) -> None:
+    """The two logs hold the same allocations, in the same order, of the same categories, to
+    the same peak."""
+    assert fake.sizes == real.sizes
+    assert canonical(fake.events) == canonical(real.events)
+    assert fake.categories == real.categories
+    assert fake.peak_report() == real.peak_report()
+
+
 CASES = list(
     itertools.product(
         ["tiny_mlp", "tiny_sana"],
@@ -48,10 +58,7 @@ def test_simulated_allocations_equal_real_ones(
     )
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(probe)
-    assert fake.sizes == real.sizes
-    assert canonical(fake.events) == canonical(real.events)
-    assert fake.categories == real.categories
-    assert fake.peak_report() == real.peak_report()
+    assert_same_allocations(fake, real)
 
 
 @pytest.mark.parametrize(
