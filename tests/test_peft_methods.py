@@ -24,8 +24,11 @@ from autofit.knobs.peft_config import NEEDS_VALUES, SPARSE
 from autofit.models import load_preset
 
 QV = ["q_proj", "v_proj"]
-# Small configs of the methods the simulator runs: tuners, shared state (VeRA), virtual tokens.
+# Small configs of the methods the simulator runs: tuners, shared state (VeRA), virtual tokens,
+# and LoHa and LoKr, whose module dropout is a real draw on every forward.
 TRACED = {
+    "LOHA": {"r": 4, "target_modules": QV},
+    "LOKR": {"r": 4, "target_modules": QV},
     "IA3": {},
     "VERA": {"r": 8},
     "OFT": {"r": 0, "oft_block_size": 16, "target_modules": QV},
@@ -37,8 +40,6 @@ TRACED = {
 # Small configs of the methods it refuses, as far as the tiny model lets them be built.
 UNTRACED = {
     "BOFT": {"boft_block_size": 4, "target_modules": QV},
-    "LOHA": {"r": 4, "target_modules": QV},
-    "LOKR": {"r": 4, "target_modules": QV},
     "WAVEFT": {"n_frequency": 16, "target_modules": QV},
     "UNILORA": {"r": 4, "target_modules": QV},
     "VBLORA": {"r": 4, "num_vectors": 16, "vector_length": 16, "target_modules": QV},
@@ -104,11 +105,20 @@ def test_each_bad_peft_config_is_one_line_naming_it(tmp_path: Path) -> None:
     unnamed = tmp_path / "unnamed.json"
     unnamed.write_text('{"r": 8}')
     assert "names its method in a 'peft_type' field" in _reason(peft_config=str(unnamed))
-    loha = _config(tmp_path, "LOHA", {})
-    assert _reason(peft_config=loha) == (
-        f"peft_config={loha}: PEFT's LOHA draws a random number every forward to decide its "
-        "module dropout, which the simulator's fake tensors do not hold; probe it with "
+    boft = _config(tmp_path, "BOFT", {})
+    assert _reason(peft_config=boft) == (
+        f"peft_config={boft}: PEFT's BOFT builds its butterfly permutation matrices by indexing "
+        "with tensor values, which the simulator's fake tensors do not hold; probe it with "
         "backend=cpu or cuda"
+    )
+    assert _reason("cpu", peft_config=boft) is None
+    # LoHa's module dropout makes a step's adapters chance: simulated only without it.
+    assert _reason(peft_config=_config(tmp_path, "LOHA", {})) is None
+    loha = _config(tmp_path, "LOHA", {"module_dropout": 0.1})
+    assert _reason(peft_config=loha) == (
+        f"peft_config={loha}: PEFT's LOHA with module_dropout=0.1 skips each adapter on a draw "
+        "every forward, so which adapters a step runs is chance; the simulator takes "
+        "module_dropout=0 (a full step); probe it with backend=cpu or cuda"
     )
     assert _reason("cpu", peft_config=loha) is None
     shira = _config(tmp_path, "SHIRA", {})
@@ -118,7 +128,7 @@ def test_each_bad_peft_config_is_one_line_naming_it(tmp_path: Path) -> None:
     _config(tmp_path / "saved", "IA3", {})
     (tmp_path / "saved" / "ia3.json").rename(tmp_path / "saved" / "adapter_config.json")
     assert _reason(peft_config=str(tmp_path / "saved")) is None
-    for reason in (_reason(), _reason(peft_config=missing), _reason(peft_config=loha)):
+    for reason in (_reason(), _reason(peft_config=missing), _reason(peft_config=boft)):
         assert "\n" not in reason  # type: ignore[operator]
     # Outside train_mode=peft the file is never read.
     assert _reason(train_mode="lora", peft_config=missing) is None

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
 from autofit.simulator.tracker import MemoryTracker
@@ -77,3 +77,21 @@ def test_the_fix_applies_to_ops_from_outside_only() -> None:
     assert mode._depth == 0
     assert type(loss).__name__ == "FakeTensor"
     assert loss.untyped_storage().nbytes() == 8 * 8 * 4
+
+
+def test_a_draw_of_one_number_is_made_for_real_so_a_branch_on_it_runs() -> None:
+    """PEFT's LoHa branches on `torch.rand(1) > module_dropout`: the fake mode draws that number
+    from the CPU's generator, as the real step does, and carries its value; a larger draw, or one
+    for another device, stays fake, as does anything computed from it with fake tensors."""
+    torch.manual_seed(7)
+    real = torch.rand(1).item()
+    torch.manual_seed(7)
+    with RealLayoutFakeMode():
+        drawn = torch.rand(1)
+        assert drawn.constant is not None and drawn.item() == real
+        assert bool(drawn > 0.0)
+        assert torch.rand(3).constant is None
+        assert torch.rand(1, device="meta").constant is None
+        assert (drawn * torch.empty(2)).constant is None
+    with FakeTensorMode(), pytest.raises(DataDependentOutputException):
+        bool(torch.rand(1) > 0.0)

@@ -14,9 +14,12 @@ adapted layer casts its input to fp32 for them (what a bf16 PEFT run holds that 
 not).
 
 The simulator refuses, in a line naming the reason, the methods whose PEFT code decides something
-from tensor values, which fake tensors do not have (BOFT, LoHa, LoKr, WaveFT, UniLoRA, VB-LoRA,
-AdaMSS): a `backend=cpu` or `cuda` probe runs them. FROD and SHIRA build sparse tensors, which no
-backend's memory tracker counts yet: they are refused everywhere.
+from tensor values, which fake tensors do not have (BOFT, WaveFT, UniLoRA, VB-LoRA, AdaMSS): a
+`backend=cpu` or `cuda` probe runs them. FROD and SHIRA build sparse tensors, which no backend's
+memory tracker counts yet: they are refused everywhere. LoHa and LoKr decide their module dropout
+on a draw of one number every forward, which the simulator makes for real
+(autofit/simulator/kernel_outputs.py); with a module dropout above 0 which adapters a step runs
+is chance, so the simulator takes them only without it (PEFT's default).
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ NEEDS_VALUES = {
     "ADAMSS": "clusters each weight's singular vectors with scikit-learn's KMeans, on their values",
     "BOFT": "builds its butterfly permutation matrices by indexing with tensor values",
     "FROD": "picks the sparse entries of its projections with nonzero() on a mask",
-    "LOHA": "draws a random number every forward to decide its module dropout",
-    "LOKR": "draws a random number every forward to decide its module dropout",
     "SHIRA": "picks its sparse entries with torch.where on a random mask",
     "UNILORA": "counts how often each shared index is used (bincount) to scale them",
     "VBLORA": "checks its logits for infinities every forward (a training resumed from top-k)",
     "WAVEFT": "places its spectrum with a mask whose size depends on the indices' values",
 }
-# Of those, the methods that build sparse tensors, which have no storage for autofit's memory
+# The methods that draw one number every forward to decide their module dropout (peft 0.21:
+# `torch.rand(1) > module_dropout`): the simulator makes the draw, but with a dropout above 0
+# which adapters a step runs is chance, and a step's peak with it.
+MODULE_DROPOUT = ("LOHA", "LOKR")
+# Of those above, the methods that build sparse tensors, which have no storage for autofit's memory
 # tracker (every backend's) to count: no backend measures them yet.
 SPARSE = ("FROD", "SHIRA")
 
@@ -95,18 +100,28 @@ class PeftConfigKnob(AdapterFileKnob):
 
     def file_reason(self, value: str, context: ProbeContext) -> str | None:
         try:
-            method = read_fields(value)["peft_type"]
+            fields = read_fields(value)
         except ConfigError as exc:
             return str(exc)
+        method = fields["peft_type"]
         if method in SPARSE:
             return (
                 f"peft_config={value}: PEFT's {method} builds sparse tensors, which have no "
                 "storage for autofit's memory tracker to count, on any backend"
             )
-        if method in NEEDS_VALUES and simulated(context.backend):
+        if not simulated(context.backend):
+            return None
+        if method in NEEDS_VALUES:
             return (
                 f"peft_config={value}: PEFT's {method} {NEEDS_VALUES[method]}, which the "
                 "simulator's fake tensors do not hold; probe it with backend=cpu or cuda"
+            )
+        dropout = fields.get("module_dropout", 0.0) if method in MODULE_DROPOUT else 0.0
+        if dropout:
+            return (
+                f"peft_config={value}: PEFT's {method} with module_dropout={dropout} skips each "
+                "adapter on a draw every forward, so which adapters a step runs is chance; the "
+                "simulator takes module_dropout=0 (a full step); probe it with backend=cpu or cuda"
             )
         return None
 

@@ -17,6 +17,13 @@ dispatch mode above the fake one: every op of a traced step crosses one Python d
 fewer (about 5 us per op and layer). It also writes the key of FakeTensorMode's dispatch cache
 faster (`_prep_args_for_hash`), with the same facts of each tensor, and makes an output from the
 cache with fewer steps (`_get_output_tensor_from_cache_entry`).
+
+One more thing a real step has that fake tensors lack: a random draw a model decides on. PEFT's
+LoHa and LoKr layers apply their module dropout with `torch.rand(1) > module_dropout` every
+forward, a branch on a tensor's value. A draw of at most one number on the CPU is made for real,
+from the CPU's generator as the real step draws it, and held as a constant fake tensor, whose
+value FakeTensorMode carries through the ops on it (a comparison, `bool()`): the branch goes the
+way the real step's would, and the fake step allocates what the real one does (4 bytes).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import CONSTANT_NUMEL_LIMIT, FakeTensor, FakeTensorMode
 
 aten = torch.ops.aten
 _DEVICE_QUERY = torch.ops.prim.device.default
@@ -58,6 +65,22 @@ def _contiguous_like_input(out: torch.Tensor, args: Any, kwargs: Any) -> torch.T
     return torch.empty(out.shape, dtype=out.dtype, device=out.device)
 
 
+# The draws a model may branch on (torch.rand's overloads that make a new tensor).
+_DRAWS = frozenset({aten.rand.default, aten.rand.generator})
+
+
+def _drawn_for_real(args: Any, kwargs: Any) -> bool:
+    """Whether a draw is one RealLayoutFakeMode makes for real: at most a constant's numel (one),
+    on the CPU, whose generator the real step draws from too."""
+    numel = 1
+    for size in args[0]:
+        if not isinstance(size, int):
+            return False
+        numel *= size
+    device = kwargs.get("device")
+    return numel <= CONSTANT_NUMEL_LIMIT and (device is None or torch.device(device).type == "cpu")
+
+
 _FIXES = {
     aten.mse_loss.default: _reduced_keeps_buffer,
     aten.smooth_l1_loss.default: _reduced_keeps_buffer,
@@ -86,6 +109,10 @@ class RealLayoutFakeMode(FakeTensorMode):
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # FakeTensorMode.__torch_dispatch__ calls this for every op; overriding it, not
         # __torch_dispatch__, adds no second dynamo-disabling wrapper per op.
+        if func in _DRAWS and _drawn_for_real(args, kwargs or {}):
+            # Inside the mode's dispatch no mode is set: the op runs the CPU's kernel.
+            drawn = func(*args, **(kwargs or {}))
+            return self.fake_tensor_converter.from_real_tensor(self, drawn, make_constant=True)
         self._depth += 1
         try:
             out = super().dispatch(func, types, args, kwargs)
