@@ -1,5 +1,6 @@
 """checkpoint_interval and checkpoint_stride: SimpleTuner's checkpointing every N blocks, in
-segments (SD3, Flux) or block by block (Sana), run for real on the CPU and on fake tensors."""
+segments (SD3, Flux) or block by block (Sana), and torchtitan's every N-th layer of a language
+model, run for real on the CPU and on fake tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from helpers import assert_refused, spec
+from helpers import assert_refused, spec, tiny_llama
 
 from autofit.backends import cpu, simulate
 from autofit.knobs import REGISTRY, defaults
@@ -38,6 +39,13 @@ def tiny_sana(backend: str = "simulate", **knobs: Any):
     probe = spec("tiny_sana", backend=backend, batch_size=2, **knobs)
     model = copy.deepcopy(probe.model)
     model["architecture"]["num_layers"] = 4
+    return dataclasses.replace(probe, model=model)
+
+
+def four_layer_llama(backend: str = "simulate", **knobs: Any):
+    probe = tiny_llama(backend, **knobs)
+    model = copy.deepcopy(probe.model)
+    model["architecture"]["config"]["num_hidden_layers"] = 4
     return dataclasses.replace(probe, model=model)
 
 
@@ -77,6 +85,26 @@ def test_the_blocks_simpletuner_checkpoints_are_recomputed_and_no_others(
     assert calls == [4 if t else 2 for t in twice]
 
 
+@pytest.mark.parametrize(("interval", "checked"), [(1, [0, 1, 2, 3]), (2, [1, 3]), (3, [2])])
+def test_a_language_model_checkpoints_every_nth_layer_counted_from_one(
+    interval: int, checked: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchtitan's selective layer checkpointing: layers N-1, 2N-1, ... of a real run on the CPU
+    go through the checkpoint (transformers' layers hand it their forward bound to the layer),
+    the others run as they are."""
+    seen: list[int] = []
+    plain = RunState.checkpoint_call
+
+    def recording(self: RunState, block: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(self.model.model.layers).index(block.args[0]))
+        return plain(self, block, *args, **kwargs)
+
+    monkeypatch.setattr(RunState, "checkpoint_call", recording)
+    cpu.trace(four_layer_llama("cpu", **EVERY, checkpoint_interval=interval))
+    assert sorted(set(seen)) == checked
+    assert len(seen) == 2 * len(checked)  # two steps
+
+
 @pytest.mark.parametrize(
     ("probe", "knobs"),
     [
@@ -85,6 +113,8 @@ def test_the_blocks_simpletuner_checkpoints_are_recomputed_and_no_others(
         (tiny_sd3, {"checkpoint_interval": 2, "checkpoint_stride": 3}),
         (tiny_sd3, {"checkpoint_interval": 6}),
         (tiny_sana, {"checkpoint_interval": 2}),
+        (four_layer_llama, {"checkpoint_interval": 2}),
+        (four_layer_llama, {"checkpoint_interval": 4}),
     ],
 )
 def test_fake_and_real_hold_the_same_bytes(probe, knobs: dict[str, int]) -> None:
@@ -123,7 +153,8 @@ def test_unchecked_blocks_between_segments_keep_what_they_save() -> None:
 
 RULES = [
     ({"checkpoint_interval": 2}, "sd35_medium", "checkpoint_interval=2 needs checkpointing=true"),
-    ({**EVERY, "checkpoint_interval": 2}, "llama3_8b", "checkpoint_interval=2: the llm family checkpoints every block; an interval exists for sana, sd3, flux"),
+    ({**EVERY, "checkpoint_interval": 2}, "sdxl", "checkpoint_interval=2: the sdxl family checkpoints every block; an interval exists for "),
+    ({**EVERY, "checkpoint_interval": 2, "checkpoint_stride": 4}, "llama3_8b", "checkpoint_stride=4: a language model's every-N-th-layer checkpointing (torchtitan's) has no stride; valid: 0"),
     ({**EVERY, "checkpoint_stride": 4}, "sd35_medium", "checkpoint_stride=4 needs checkpoint_interval above 1"),
     ({**EVERY, "checkpoint_interval": 3, "checkpoint_stride": 2}, "sd35_medium", "checkpoint_stride=2 is less than checkpoint_interval=3; valid: 0, or 3 and more"),
     ({**EVERY, "checkpoint_interval": 2, "swap_blocks": 4}, "sd35_medium", "checkpoint_interval=2 with swap_blocks: SimpleTuner falls back"),
@@ -145,9 +176,12 @@ def test_simpletuner_says_interval_and_stride_others_refuse() -> None:
     assert isinstance(said, Say) and said.settings == {"gradient_checkpointing_interval": 2}
     said = stride.express("simpletuner", 4, subject)
     assert isinstance(said, Say) and said.settings == {"gradient_checkpointing_segment_stride": 4}
-    for vocabulary in ("kohya", "diffusers", "trl"):
+    for vocabulary in ("kohya", "diffusers"):
         refused = interval.express(vocabulary, 2, subject)
         assert isinstance(refused, Refuse) and "checkpoint_interval" in refused.why
+    llama = Subject(config, load_preset("llama3_8b"))
+    refused = interval.express("trl", 2, llama)
+    assert isinstance(refused, Refuse) and "checkpoints every layer" in refused.why
     sana = Subject(config, load_preset("sana_1600m"))
     refused = interval.express("sana", 2, sana)
     assert isinstance(refused, Refuse) and refused.offers == "checkpoint_interval=1"

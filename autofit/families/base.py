@@ -15,9 +15,11 @@ declares:
 - its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
 - whether it is a transformers causal language model (`causal_lm`: the loss and k-bit knobs and
   the margins' classes ask);
-- how checkpointing every N blocks groups its blocks (`checkpoint_groups`, SimpleTuner's
-  semantics for the family's transformer: `segments`, N contiguous blocks under one checkpoint
-  call; `blocks`, every N-th block checkpointed on its own; None: every block, no interval);
+- how checkpointing every N blocks groups its blocks (`checkpoint_groups`, the semantics of the
+  trainers that offer it for the family: SimpleTuner's for its transformers, `segments`, N
+  contiguous blocks under one checkpoint call, and `blocks`, blocks 0, N, 2N, ... checkpointed
+  on their own; torchtitan's and torchtune's selective layer checkpointing for language models,
+  `layers`, layers N-1, 2N-1, ... on their own; None: every block, no interval);
 - the attention modules of each block that SimpleTuner's attention activation offload wraps
   (`attention_modules`, empty where it has none for the family);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
@@ -43,7 +45,7 @@ from autofit.words import Refuse
 COMPANION_LIBRARIES = ("transformers", "autofit.workloads.companions")
 LOADERS = ("diffusers", "transformers")
 UNITS = ("pixels", "tokens")
-CHECKPOINT_GROUPS = ("segments", "blocks")
+CHECKPOINT_GROUPS = ("segments", "blocks", "layers")
 # The attention projections of diffusers' transformer blocks (Attention's to_q, to_k, ...).
 DIFFUSION_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 # Those of both streams of a joint (MMDiT) attention: the image's and the text's.

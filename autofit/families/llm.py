@@ -18,6 +18,9 @@ LLM = Family(
     lora_sets={"qv": ("q_proj", "v_proj"), "attention": ATTENTION, "mlp": MLP, "all_linear": ATTENTION + MLP},
     feed_forward=MLP,
     causal_lm=True,
+    # torchtitan's selective layer checkpointing (activation_checkpoint.mode="selective",
+    # selective_ac_option="N"), as torchtune copied it: every N-th layer wrapped, counted from 1.
+    checkpoint_groups="layers",
     trainers={
         "diffusers": Refuse("the diffusers examples train image models only"),
         "kohya": Refuse("sd-scripts trains image models only"),

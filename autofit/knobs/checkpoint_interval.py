@@ -1,9 +1,10 @@
 """checkpoint_interval: gradient checkpointing every N blocks instead of every block, as
 SimpleTuner's `gradient_checkpointing_interval` does (with `checkpoint_stride`, its
-`gradient_checkpointing_segment_stride`).
+`gradient_checkpointing_segment_stride`), and torchtitan's selective layer checkpointing for
+language models.
 
-How the blocks are grouped is the family's (`Family.checkpoint_groups`, SimpleTuner's semantics
-for its transformer, helpers/training/gradient_checkpointing_interval.py):
+How the blocks are grouped is the family's (`Family.checkpoint_groups`; SimpleTuner's semantics
+for its transformers, helpers/training/gradient_checkpointing_interval.py):
 
 - `segments` (SD3, Flux's two lists): N contiguous blocks run under one non-reentrant checkpoint
   call, so forward keeps only each segment's inputs and backward recomputes the whole segment at
@@ -12,6 +13,12 @@ for its transformer, helpers/training/gradient_checkpointing_interval.py):
   save. Recomputation is the same as every block's: each checkpointed block runs twice.
 - `blocks` (Sana): each block on its own, block i checkpointed when i % N == 0, or with a stride
   when i % S < N (`should_checkpoint_block`); the rest run unchecked.
+- `layers` (language models): each layer on its own, layer i checkpointed when (i + 1) % N == 0,
+  as torchtitan's `apply_ac` wraps every N-th layer it is handed, counting from 1
+  (`activation_checkpoint.mode = "selective"`, `selective_ac_option = "N"`; torchtune's
+  `ac_mode: selective`, `ac_option: N` is the same code); the rest run unchecked, no stride.
+  transformers' layers checkpoint themselves, handing the checkpoint function their forward
+  bound to the layer (`partial(forward, layer)`), which the plan places by that layer.
 
 The model's own loop still calls the checkpoint function block by block; for a segment the plan
 runs the segment's blocks itself at its first block, handing each the inputs the loop would
@@ -21,6 +28,7 @@ runs the segment's blocks itself at its first block, handing each the inputs the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import declaring, family
@@ -49,17 +57,21 @@ class CheckpointPlan:
                 members = list(self.run.model.get_submodule(path))
                 for index, member in enumerate(members):
                     self.where[id(member)] = (members, index)
+        if isinstance(block, partial) and block.args:  # a layer's forward bound to the layer
+            block = block.args[0]
         return self.where[id(block)]
 
     def checked(self, index: int) -> bool:
-        """SimpleTuner's should_checkpoint_block."""
+        """SimpleTuner's should_checkpoint_block; torchtitan's count for `layers`."""
+        if self.groups == "layers":
+            return (index + 1) % self.interval == 0
         if self.explicit_stride:
             return index % self.stride < self.interval
         return index % self.interval == 0
 
     def __call__(self, block: Any, *args: Any, **kwargs: Any) -> Any:
         members, index = self._place(block)
-        if self.groups == "blocks":
+        if self.groups in ("blocks", "layers"):
             if self.checked(index):
                 return self.run.checkpoint_call(block, *args, **kwargs)
             return block(*args, **kwargs)
@@ -100,7 +112,8 @@ class CheckpointInterval(Knob):
     default = 1
     help = (
         "with checkpointing: checkpoint every N blocks, N contiguous blocks under one call (SD3, "
-        "Flux) or every N-th block alone (Sana), as SimpleTuner's gradient_checkpointing_interval"
+        "Flux) or every N-th block alone (Sana), as SimpleTuner's gradient_checkpointing_interval; "
+        "every N-th layer alone for language models (torchtitan's selective_ac_option=N)"
     )
     kind = int
     minimum = 1
@@ -113,6 +126,8 @@ class CheckpointInterval(Knob):
             return "gradient checkpointing on every block"
         if groups == "segments":
             return f"each {value} contiguous blocks checkpointed under one call"
+        if groups == "layers":
+            return f"every {value}th layer checkpointed, counted from 1, the others not"
         return f"every {value}th block checkpointed, the others not"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
@@ -145,4 +160,9 @@ class CheckpointInterval(Knob):
     trainers = {
         "simpletuner": lambda v, s: Say() if v == 1 else say(gradient_checkpointing_interval=v),
         "sana": _sana,
+        "trl": lambda v, s: Say() if v == 1 else Refuse(
+            "TRL's gradient_checkpointing checkpoints every layer (transformers' own); "
+            "every N-th layer is torchtitan's and torchtune's",
+            EVERY_BLOCK,
+        ),
     }

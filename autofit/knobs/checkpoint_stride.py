@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autofit.families import family
 from autofit.knobs.base import Knob, ProbeContext, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -36,6 +37,11 @@ class CheckpointStride(Knob):
         interval = context.knobs.get("checkpoint_interval", 1)
         if interval <= 1:
             return f"checkpoint_stride={value} needs checkpoint_interval above 1"
+        if family(context.model.family).checkpoint_groups == "layers":
+            return (
+                f"checkpoint_stride={value}: a language model's every-N-th-layer checkpointing "
+                "(torchtitan's) has no stride; valid: 0"
+            )
         if value < interval:
             return (
                 f"checkpoint_stride={value} is less than checkpoint_interval={interval}; "

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import transformers
 import transformers.integrations.moe as transformers_moe
+import transformers.masking_utils as masking_utils
 from torch._subclasses.fake_tensor import FakeTensor
 from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -249,6 +250,27 @@ def _forward_as(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterato
             module.forward = own  # type: ignore[method-assign]
 
 
+def _unpacked(position_ids: torch.Tensor) -> None:
+    """transformers' packed-sequence check (masking_utils.find_packed_sequence_indices) as it
+    answers a probe's batch, one whole sequence per row: no packed sequences. It runs where the
+    model has no cache (under gradient checkpointing, in TRL's fused head) and reads the
+    positions' values, which fake tensors lack: there it took the batch for packed and built
+    a causal mask of batch x sequence x sequence the real step never holds (and SDPA read it in
+    place of its causal kernel)."""
+    return None
+
+
+@contextmanager
+def one_sequence_per_row() -> Iterator[None]:
+    """transformers' packed-sequence check answered for a probe's batch, on every backend."""
+    finder = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = _unpacked
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = finder
+
+
 class CausalLMWorkload(Workload):
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         kind = self.preset.architecture["kind"]
@@ -273,11 +295,12 @@ class CausalLMWorkload(Workload):
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         loss = _LOSS.get()
-        if loss is not None:
-            return loss(model, batch["input_ids"])
-        # The labels are the inputs: the model shifts them and upcasts the logits for the loss,
-        # as a fine-tuning run does.
-        return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+        with one_sequence_per_row():
+            if loss is not None:
+                return loss(model, batch["input_ids"])
+            # The labels are the inputs: the model shifts them and upcasts the logits for the
+            # loss, as a fine-tuning run does.
+            return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
 
     def enable_checkpointing(self, model: torch.nn.Module, checkpoint: CheckpointFn) -> None:
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpoint)  # type: ignore[operator]

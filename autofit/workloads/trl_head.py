@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import transformers.masking_utils as masking_utils
 import trl.kernels.chunked_logprob as kernels
 from trl.trainer.utils import add_fused_lm_head
 
@@ -65,25 +64,16 @@ def _as_on_the_gpu() -> None:
             setattr(kernels, name, _counted_as_on_the_gpu(function))
 
 
-def _unpacked(position_ids: torch.Tensor) -> None:
-    """A probe's batch holds one whole sequence per row: transformers' packed-sequence check
-    finds none (and the skipped causal mask), which it cannot tell from fake tensors' values."""
-    return None
-
-
 @contextmanager
 def _fused_head(lm: torch.nn.Module) -> Iterator[None]:
-    """`lm` patched by TRL's add_fused_lm_head for one forward pass, then as it was. TRL's head
-    runs the backbone without a cache, where transformers looks for packed sequences in the
-    positions (masking_utils.find_packed_sequence_indices) before it skips the causal mask."""
+    """`lm` patched by TRL's add_fused_lm_head for one forward pass, then as it was. (TRL's head
+    runs the backbone without a cache, where transformers looks for packed sequences: the
+    workload's loss answers that check for every loss, autofit/workloads/llm.py.)"""
     own = lm.__dict__.get("forward")
-    finder = masking_utils.find_packed_sequence_indices
     add_fused_lm_head(lm, outputs=OUTPUTS)
-    masking_utils.find_packed_sequence_indices = _unpacked
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = finder
         if own is None:
             del lm.forward
         else:
