@@ -160,9 +160,13 @@ class CheckpointInterval(Knob):
     trainers = {
         "simpletuner": lambda v, s: Say() if v == 1 else say(gradient_checkpointing_interval=v),
         "sana": _sana,
-        "trl": lambda v, s: Say() if v == 1 else Refuse(
-            "TRL's gradient_checkpointing checkpoints every layer (transformers' own); "
-            "every N-th layer is torchtitan's and torchtune's",
-            EVERY_BLOCK,
+        "trl": lambda v, s: (
+            Say()
+            if v == 1
+            else Refuse(
+                "TRL's gradient_checkpointing checkpoints every layer (transformers' own); "
+                "every N-th layer is torchtitan's and torchtune's",
+                EVERY_BLOCK,
+            )
         ),
     }
