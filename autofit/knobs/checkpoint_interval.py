@@ -133,6 +133,13 @@ class CheckpointInterval(Knob):
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return bool(config.get("checkpointing"))
 
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        # Fewer blocks checkpointed hold more and recompute less: a smaller interval than another
+        # the search tries only saves memory. (SimpleTuner's segments recompute every block of
+        # theirs whatever the interval: a space tries an interval there with a stride.)
+        larger = [v for v in searched if v > value]
+        return min(larger) if larger else None
+
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == 1:
             return None
