@@ -142,6 +142,32 @@ class Assembled:
     ops: int
 
 
+def _assemblable(log: StepLog, first: StepMarks, second: StepMarks, pass_: Pass) -> bool:
+    """Whether `assemble` can put `pass_` in both steps of `log`: the updates were given the
+    pass's gradients, nothing else ran between the steps, and what the second step's own pass
+    allocated is seen nowhere else."""
+    if None in first.grads or None in second.grads:
+        return False  # a gradient of no bytes: nothing to rename
+    events = log.events
+    made = events[first.start.events : first.update.events]
+    if first.end.events != second.start.events or sorted(made) != sorted(first.grads):
+        return False  # something ran between the steps, or more was made than the gradients
+    if first.start.host_events != first.update.host_events:
+        return False  # making the gradients took host memory
+    sizes = [pass_.raw_sizes[g] for g in pass_.grads]
+    for grads in (first.grads, second.grads):
+        if len(grads) != len(sizes) or [log.raw_sizes[g] for g in grads] != sizes:  # type: ignore[index]
+            return False
+    # The second step's pass and tail as traced (the pass itself, or its gradients made
+    # directly) give way to the copies: what they allocated must not be seen elsewhere, on the
+    # GPU (but the gradients, which the update reads) or on the host.
+    gpu = [p.events for p in (second.start, second.update, second.updated, second.end)]
+    host = [p.host_events for p in (second.start, second.update, second.updated, second.end)]
+    return not (
+        _dropped_seen(events, gpu, set(second.grads)) or _dropped_seen(log.host_events, host)
+    )
+
+
 def assemble(
     log: StepLog,
     first: StepMarks,
@@ -153,25 +179,9 @@ def assemble(
     first step traced as its update alone (`first`), then the second (`second`: whole, or its
     update alone too), then whatever came after; `kernels` the second step's. None where the
     gradients the updates were given are not the pass's."""
-    if None in first.grads or None in second.grads:
-        return None  # a gradient of no bytes: nothing to rename
-    events = log.events
-    made = events[first.start.events : first.update.events]
-    if first.end.events != second.start.events or sorted(made) != sorted(first.grads):
-        return None  # something ran between the steps, or more was made than the gradients
-    if first.start.host_events != first.update.host_events:
-        return None  # making the gradients took host memory
-    sizes = [pass_.raw_sizes[g] for g in pass_.grads]
-    for grads in (first.grads, second.grads):
-        if len(grads) != len(sizes) or [log.raw_sizes[g] for g in grads] != sizes:  # type: ignore[index]
-            return None
-    # The second step's pass and tail as traced (the pass itself, or its gradients made
-    # directly) give way to the copies: what they allocated must not be seen elsewhere, on the
-    # GPU (but the gradients, which the update reads) or on the host.
-    gpu = [p.events for p in (second.start, second.update, second.updated, second.end)]
-    host = [p.host_events for p in (second.start, second.update, second.updated, second.end)]
-    if _dropped_seen(events, gpu, set(second.grads)) or _dropped_seen(log.host_events, host):
+    if not _assemblable(log, first, second, pass_):
         return None
+    events = log.events
     raw_sizes, categories = list(log.raw_sizes), list(log.categories)
     streams = list(log.streams)
     spliced: list[int] = []
