@@ -97,6 +97,12 @@ class CheckpointPlan:
         return output
 
 
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st: how `means` counts blocks."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def _sana(value: Any, s: Subject) -> Say | Refuse:
     if value == 1:
         return Say()
@@ -127,8 +133,8 @@ class CheckpointInterval(Knob):
         if groups == "segments":
             return f"each {value} contiguous blocks checkpointed under one call"
         if groups == "layers":
-            return f"every {value}th layer checkpointed, counted from 1, the others not"
-        return f"every {value}th block checkpointed, the others not"
+            return f"every {_ordinal(value)} layer checkpointed, counted from 1, the others not"
+        return f"every {_ordinal(value)} block checkpointed, the others not"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return bool(config.get("checkpointing"))
