@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from helpers import assert_refused, spec, tiny_llama
+from helpers import assert_refused, spec, tiny_llama, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.knobs import REGISTRY, defaults
@@ -43,10 +43,7 @@ def tiny_sana(backend: str = "simulate", **knobs: Any):
 
 
 def four_layer_llama(backend: str = "simulate", **knobs: Any):
-    probe = tiny_llama(backend, **knobs)
-    model = copy.deepcopy(probe.model)
-    model["architecture"]["config"]["num_hidden_layers"] = 4
-    return dataclasses.replace(probe, model=model)
+    return with_blocks(tiny_llama(backend, **knobs), 4)
 
 
 def block_calls(probe, monkeypatch: pytest.MonkeyPatch) -> list[int]:
