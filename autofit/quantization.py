@@ -10,10 +10,15 @@
   storage on every backend (a CPU build casts float8 too); no GPU needs fp8 arithmetic for it.
 - SimpleTuner's int8 SDNQ base (`int8-sdnq`): SD.Next's quantizer (the sdnq library) run as
   SimpleTuner runs it, on fake and real tensors alike (`sdnq_base`).
+- SimpleTuner's quanto bases (`int8-quanto`, `fp8-quanto`): optimum-quanto's own `quantize` and
+  `freeze` over the layers SimpleTuner leaves to it, on fake and real tensors (`quanto_base`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -247,4 +252,80 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
         if module.bias is not None:
             weights.append(module.bias)
             kept.append(module.bias)
+    return weights, kept
+
+
+# The layers SimpleTuner keeps out of quanto's reach, per family (helpers/training/quantisation,
+# `_quanto_model`, bghira/SimpleTuner bc8e6ab): fnmatch patterns over module names, as quanto's
+# `exclude` reads them. For SD3 "*norm*" keeps every AdaLayerNorm's linear in 16 bits (a third of
+# SD3.5 Large's weights); the families it lists no patterns for are quantized whole.
+QUANTO_EXCLUDED = {
+    "flux": ("*.norm", "*.norm1", "*.norm2", "*.norm2_context", "proj_out", "x_embedder",
+             "norm_out", "context_embedder"),
+    "sd3": ("*norm*", "*norm1_context*", "*norm_added_q*", "*norm_added_k*", "proj_out*",
+            "*pos_embed*", "*patch_embedding*", "*ffn*", "*scale_shift_table*", "*norm_out*",
+            "*context_embedder*", "*time_text_embed*", "*time_proj*", "*condition_embedder*"),
+}  # fmt: skip
+
+
+@contextmanager
+def _empty_modules_assigned() -> Iterator[None]:
+    """quanto builds each quantized layer on the meta device and moves it with `to_empty`, whose
+    fake parameters torch swaps in place, which autofit's tracker (it holds a weak reference to
+    every tensor) forbids: the empty tensors are assigned instead, as `to_empty` does for real
+    ones. Only the placeholders quanto overwrites at once take this path."""
+
+    def to_empty(module: nn.Module, *, device: Any, recurse: bool = True) -> nn.Module:
+        for child in module.modules() if recurse else [module]:
+            for key, value in child._parameters.items():
+                if value is not None:
+                    empty = torch.empty_like(value, device=device)
+                    child._parameters[key] = nn.Parameter(empty, value.requires_grad)
+            for key, value in child._buffers.items():
+                if value is not None:
+                    child._buffers[key] = torch.empty_like(value, device=device)
+        return module
+
+    original = nn.Module.to_empty
+    nn.Module.to_empty = to_empty  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.to_empty = original  # type: ignore[method-assign]
+
+
+def quanto_base(run: Any, qtype_name: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The trained model's base quantized by optimum-quanto as SimpleTuner's `<qtype>-quanto`
+    precisions quantize it (`quantize(model, weights=..., exclude=...)`, then `freeze`), layer by
+    layer on the run's device as each loads; returns the quantized weights, with the biases
+    beside them, and the tensors they keep (their 8-bit values and a 16-bit scale per row).
+
+    quanto's linear function keeps every quantized layer's input for backward, whether or not
+    its weight trains (`QuantizedLinearFunction.save_for_backward(input, other)`), which a frozen
+    16-bit layer does not; on a CUDA build with its extension compiled an fp8 weight may be
+    Marlin-packed, the same bytes."""
+    from optimum.quanto import freeze, qtypes, quantize
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    excluded = QUANTO_EXCLUDED.get(run.preset.family, ())
+    weights: list[torch.Tensor] = []
+    kept: list[torch.Tensor] = []
+    for name, module in list(run.model.named_modules()):
+        if type(module) not in (nn.Linear, nn.Conv2d) or any(fnmatch(name, p) for p in excluded):
+            continue
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(run.device, copy=True)
+        parent_name, _, child = name.rpartition(".")
+        parent = run.model.get_submodule(parent_name) if parent_name else run.model
+        with _empty_modules_assigned():
+            quantize(parent, weights=qtypes[qtype_name], include=child)
+        layer = getattr(parent, child)
+        freeze(layer)
+        assert is_traceable_wrapper_subclass(layer.weight), "quanto left a layer unquantized"
+        layer.weight.requires_grad_(False)
+        weights.append(layer.weight)
+        kept += subclass_parts(layer.weight)
+        if layer.bias is not None:
+            weights.append(layer.bias)
+            kept.append(layer.bias)
     return weights, kept

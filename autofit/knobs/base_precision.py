@@ -17,6 +17,12 @@
   values with an fp32 scale per output row (autofit/quantization.py, `torchao_float8_base`),
   torchao's own code on fake and real tensors. Each matmul dequantizes its weight to the compute
   dtype and keeps that copy for the input's gradient, as the `fp8` cast does.
+- `int8_quanto`, `fp8_quanto`: SimpleTuner's `int8-quanto` and `fp8-quanto` bases: optimum-
+  quanto's own code (autofit/quantization.py, `quanto_base`) over the linear and 2-D convolution
+  layers SimpleTuner does not exclude for the family, int8 or float8 e4m3 values with a 16-bit
+  scale per output row, each matmul dequantizing its weight; quanto's linear function keeps every
+  quantized layer's input for backward, which a frozen 16-bit layer does not. ai-toolkit's
+  `quantize: true` is quanto's qfloat8 too, over every layer.
 - `fp8_torchao`: SimpleTuner's `fp8-torchao` base: torchao's
   `Float8DynamicActivationFloat8WeightConfig`, e4m3 weights with one fp32 scale each, each
   layer's input quantized to float8 by torchao's code (autograd keeps what that saves) for a
@@ -42,8 +48,14 @@ NOT_FP8 = "base_precision=same"
 SDNQ = ("int8_sdnq", "int8_sdnq_hadamard")  # SDNQ's int8 base, plain and Hadamard-rotated
 # torchao's float8 bases: weight-only, and with float8 activations and matmuls
 TORCHAO = ("fp8wo_torchao", "fp8_torchao")
+# optimum-quanto's bases, by SimpleTuner's name, with the quanto qtype each is
+QUANTO = {"int8_quanto": "qint8", "fp8_quanto": "qfloat8"}
 FLOAT8_MATMULS = (8, 9)  # the compute capability torchao's float8 matmuls need (Ada, Hopper)
 FROZEN_BASE_MODES = ("lora", "lycoris")  # the train_mode values whose frozen base this stores
+
+
+def _library(value: str) -> str:
+    return "torchao" if value in TORCHAO else "quanto"
 
 
 def _kohya(value: Any, s: Subject) -> Say | Refuse:
@@ -53,10 +65,11 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return Refuse(
             "sd-scripts stores a base in fp8 at most (fp8_base), not in SDNQ's int8", NOT_FP8
         )
-    if value in TORCHAO:
+    if value in TORCHAO or value in QUANTO:
+        kind = "quanto's int8" if value == "int8_quanto" else f"{_library(value)}'s float8"
         return Refuse(
-            "sd-scripts' fp8_base casts each weight to float8 without a scale, not torchao's "
-            "float8 with a scale per row",
+            f"sd-scripts' fp8_base casts each weight to float8 without a scale, not {kind} with "
+            "a scale per row",
             "base_precision=same, fp8",
         )
     # fp8_base_unet keeps the text encoders in 16-bit, as measured; fp8_base alone would cast
@@ -64,15 +77,19 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     return say(fp8_base=True, fp8_base_unet=True)
 
 
-def _simpletuner(value: Any, s: Subject) -> Say:
-    # fp8: quanto's fp8 weights, upcast for the matmul, as measured; its TorchAO bases by
-    # torchao's own code (its fp8-native, another float8 matmul, is not modelled).
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
+    # Its quanto, SDNQ and TorchAO bases by the libraries' own code (its fp8-native, another
+    # float8 matmul, is not modelled); a plain float8 cast is none of them.
     if value in SDNQ:
         hadamard = {"sdnq_use_hadamard": True} if value == "int8_sdnq_hadamard" else {}
         return say(base_model_precision="int8-sdnq", **hadamard)
-    if value in TORCHAO:
-        return say(base_model_precision=value.replace("_", "-"))
-    return say(base_model_precision="no_change" if value == "same" else "fp8-quanto")
+    if value == "fp8":
+        return Refuse(
+            "SimpleTuner's float8 bases keep a scale per row (quanto's fp8-quanto keeps each "
+            "layer's input for backward), not a plain cast",
+            "base_precision=same, fp8_quanto, fp8wo_torchao",
+        )
+    return say(base_model_precision="no_change" if value == "same" else value.replace("_", "-"))
 
 
 class BasePrecision(Knob):
@@ -81,7 +98,8 @@ class BasePrecision(Knob):
     help = (
         "the frozen base under LoRA or LyCORIS: same (the run's dtype) | fp8 (float8, upcast per "
         "layer) | int8_sdnq, int8_sdnq_hadamard (SimpleTuner's int8-sdnq, by SDNQ) | "
-        "fp8wo_torchao, fp8_torchao (SimpleTuner's fp8wo-torchao and fp8-torchao, by torchao)"
+        "fp8wo_torchao, fp8_torchao (SimpleTuner's fp8wo-torchao and fp8-torchao, by torchao) | "
+        "int8_quanto, fp8_quanto (SimpleTuner's int8-quanto and fp8-quanto, by optimum-quanto)"
     )
     values = {
         "same": "the frozen base in the run's own dtype",
@@ -94,6 +112,11 @@ class BasePrecision(Knob):
         "fp8wo_torchao": "the frozen base's linear weights quantized by torchao's "
         "Float8WeightOnlyConfig as SimpleTuner's fp8wo-torchao does (float8 e4m3, an fp32 scale "
         "per output row, dequantized for each matmul)",
+        "int8_quanto": "the frozen base's linear and convolution weights quantized by "
+        "optimum-quanto to int8 with a 16-bit scale per row, as SimpleTuner's int8-quanto does "
+        "(each layer's input kept for backward, the weight dequantized for each matmul)",
+        "fp8_quanto": "as int8_quanto in float8 e4m3 (SimpleTuner's fp8-quanto, ai-toolkit's "
+        "quantize: true)",
         "fp8_torchao": "the frozen base's linear weights and each layer's input in float8 by "
         "torchao's Float8DynamicActivationFloat8WeightConfig, float8 matmuls, as SimpleTuner's "
         "fp8-torchao trains (a GPU of compute capability 8.9 or more)",
@@ -106,6 +129,10 @@ class BasePrecision(Knob):
         # transformers and bitsandbytes at its own import
         if value in SDNQ:
             return ("autofit.sdnq_eager", "transformers", "bitsandbytes")
+        if value in QUANTO:
+            # quanto imports its Marlin kernels' modules at the first quantization, and they
+            # build permutation tables at import: imported first, out of the step's memory
+            return ("optimum.quanto", "optimum.quanto.tensor.weights.marlin")
         return ("torchao",) if value in TORCHAO else ()
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
@@ -127,8 +154,8 @@ class BasePrecision(Knob):
             return f"base_precision={value}: DeepSpeed ZeRO keeps the whole model in its 16-bit dtype; use zero_stage=0"
         if value == "fp8_torchao" and context.gpu.capability < FLOAT8_MATMULS:
             return f"base_precision=fp8_torchao runs float8 matmuls, which need compute capability 8.9 or more; {context.gpu.display} has {context.gpu.compute_capability}; use fp8wo_torchao"
-        if value in TORCHAO and context.knobs.get("swap_blocks"):
-            return f"base_precision={value} with swap_blocks: torchao's float8 weights streamed between host and GPU are not modelled"
+        if (value in TORCHAO or value in QUANTO) and context.knobs.get("swap_blocks"):
+            return f"base_precision={value} with swap_blocks: {_library(value)}'s weights streamed between host and GPU are not modelled"
         return None
 
     def build_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
@@ -141,17 +168,19 @@ class BasePrecision(Knob):
             return
         from autofit.quantization import (
             float8_layers,
+            quanto_base,
             sdnq_base,
             torchao_float8_base,
         )
         from autofit.run_state import move_to_device
 
-        if value in TORCHAO or value in SDNQ:  # a library's quantizer, on the device
-            weights, kept = (
-                torchao_float8_base(run, dynamic=value == "fp8_torchao")
-                if value in TORCHAO
-                else sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
-            )
+        if value in TORCHAO or value in SDNQ or value in QUANTO:  # a library's, on the device
+            if value in TORCHAO:
+                weights, kept = torchao_float8_base(run, dynamic=value == "fp8_torchao")
+            elif value in SDNQ:
+                weights, kept = sdnq_base(run, hadamard=value == "int8_sdnq_hadamard")
+            else:
+                weights, kept = quanto_base(run, QUANTO[value])
             move_to_device(run, run.model, skip={id(w) for w in weights})
             run.tag(kept, "parameters")
             return
