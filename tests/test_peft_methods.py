@@ -174,3 +174,28 @@ def test_peft_builds_the_published_runs_trainable_parameters() -> None:
         assert ranknums == (56 if row.id == "N-PFN1" else 0)
         stated = _trainable(row.settings["lora"])
         assert run.trainable_param_count == stated + ranknums, row.id
+
+
+def test_adapter_dtype_model_keeps_the_adapters_in_the_models_dtype(tmp_path: Path) -> None:
+    """get_peft_model(autocast_adapter_dtype=False): bf16 adapters on a bf16 model, half the
+    bytes of PEFT's default fp32 ones, and no fp32 input casts; fake as real on the CPU."""
+    lora = _config(tmp_path, "LORA", {"r": 8, "target_modules": QV})
+    logs = {}
+    for dtype in ("fp32", "model"):
+        probe = tiny_llama(
+            train_mode="peft", peft_config=lora, precision="bf16_pure", adapter_dtype=dtype
+        )
+        fake_run, fake = simulate.trace(probe)
+        _, real = cpu.trace(probe)
+        assert fake.peak_report() == real.peak_report()
+        trained = [p for p in fake_run.model.parameters() if p.requires_grad]
+        assert {str(p.dtype) for p in trained} == {
+            "torch.float32" if dtype == "fp32" else "torch.bfloat16"
+        }
+        logs[dtype] = fake.peak_report().breakdown
+    assert logs["model"]["optimizer_state"] < logs["fp32"]["optimizer_state"]
+    assert logs["model"]["activations"] < logs["fp32"]["activations"]
+    assert _reason(adapter_dtype="model", train_mode="lora") == (
+        "adapter_dtype=model is get_peft_model's autocast_adapter_dtype, for train_mode=peft; "
+        "train_mode=lora builds its adapters in the dtype precision sets"
+    )

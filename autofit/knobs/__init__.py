@@ -17,6 +17,7 @@ from typing import Any
 
 from autofit.errors import ConfigError, suggest
 from autofit.gpus import GpuSpec
+from autofit.knobs.adapter_dtype import AdapterDtype
 from autofit.knobs.allocator import Allocator
 from autofit.knobs.attention import Attention
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
@@ -68,6 +69,7 @@ REGISTRY: dict[str, Knob] = {
         LoraRank(),
         LoraTargets(),
         PeftConfigKnob(),
+        AdapterDtype(),
         LycorisConfigKnob(),
         Checkpointing(),
         CheckpointInterval(),

@@ -11,7 +11,7 @@ The file is read when a probe runs, from the path as given (relative to the work
 The adapters take the dtype PEFT gives them: `get_peft_model`'s default `autocast_adapter_dtype`
 keeps them in fp32 on a 16-bit model, whatever the precision knob trains the model in, and each
 adapted layer casts its input to fp32 for them (what a bf16 PEFT run holds that bf16 LoRA does
-not).
+not); `adapter_dtype=model` passes `autocast_adapter_dtype=False`.
 
 The simulator refuses, in a line naming the reason, the methods whose PEFT code decides something
 from tensor values, which fake tensors do not have (BOFT, WaveFT, UniLoRA, VB-LoRA, AdaMSS): a
@@ -162,9 +162,10 @@ def add_peft_adapters(run: RunState, value: str) -> None:
         raise ConfigError(f"peft_config={value}: PEFT refuses it: {exc}") from None
     # Created in the model's dtype, where PEFT moves each new layer (to its base layer's dtype)
     # before its default autocast_adapter_dtype=True upcasts a 16-bit model's adapters to fp32;
-    # their inputs are then cast to fp32 in every adapted layer's forward.
+    # their inputs are then cast to fp32 in every adapted layer's forward (adapter_dtype=fp32).
+    upcast = run.knobs.get("adapter_dtype", "fp32") == "fp32"
     with default_dtype(run.dtypes.weights), run.device:
         # PEFT's own entry point, as its users and its benchmark call it: the methods that keep
         # state on the tuner (VeRA's shared projections) or wrap the forward (virtual tokens)
         # exist only through it.
-        run.wrap_model(lambda model: get_peft_model(model, config))
+        run.wrap_model(lambda model: get_peft_model(model, config, autocast_adapter_dtype=upcast))
