@@ -42,6 +42,9 @@ KNOB_FIELDS = {
     "added (peft's prepare_model_for_kbit_training), or None",
     "checkpoint_plan": "which blocks gradient checkpointing wraps, and how many in one call "
     "(autofit/knobs/checkpoint_interval.py), or None: every block on its own",
+    "checkpoint_contexts": "what a checkpointed block keeps besides its input: the context "
+    "function of torch's selective checkpointing (autofit/knobs/checkpoint_policy.py), or None: "
+    "nothing",
     "compile_region": "compiles what a checkpoint runs, where the model's own checkpointing sits "
     "inside the compiled block (autofit/knobs/compile.py), or None: runs it as it is",
 }
@@ -197,6 +200,7 @@ class RunState:
         self.after_step: Callable[[], None] | None = None
         self.base_preparation: Callable[[RunState], None] | None = None
         self.checkpoint_plan: Any = None
+        self.checkpoint_contexts: Callable[[], Any] | None = None
         self.compile_region: Callable[[Any], Any] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -359,6 +363,8 @@ class RunState:
         activations count as activations, not temporaries."""
         if self.compile_region is not None:
             block = self.compile_region(block)
+        if self.checkpoint_contexts is not None:
+            kwargs = {**kwargs, "context_fn": self.checkpoint_contexts}
         return torch.utils.checkpoint.checkpoint(
             self._recomputable(block), *args, use_reentrant=False, **kwargs
         )

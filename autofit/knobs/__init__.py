@@ -24,6 +24,7 @@ from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 from autofit.knobs.base_precision import BasePrecision
 from autofit.knobs.batch_size import BatchSize
 from autofit.knobs.checkpoint_interval import CheckpointInterval
+from autofit.knobs.checkpoint_policy import CheckpointPolicy
 from autofit.knobs.checkpoint_stride import CheckpointStride
 from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.compile import Compile
@@ -74,6 +75,7 @@ REGISTRY: dict[str, Knob] = {
         Checkpointing(),
         CheckpointInterval(),
         CheckpointStride(),
+        CheckpointPolicy(),
         Attention(),
         Compile(),
         Loss(),
