@@ -86,6 +86,8 @@ class Compile(Knob):
             "world_size": 1,
             "swap_blocks": 0,
             "checkpoint_interval": 1,
+            # torchtitan applies its per-op policy before compiling, inside the compiled graph
+            "checkpoint_policy": "full",
         }
         for knob, plain in unmodelled.items():
             if knobs.get(knob, plain) != plain:
