@@ -64,7 +64,7 @@ def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
     family = probe.model["family"]
     if family == "llm":
         arch["config"]["num_hidden_layers"] = blocks
-    elif family == "sdxl":  # transformer blocks per UNet level
+    elif family in ("sdxl", "sdxl_controlnet"):  # transformer blocks per UNet level
         arch["transformer_layers_per_block"] = [
             min(n, blocks) for n in arch["transformer_layers_per_block"]
         ]

@@ -38,6 +38,7 @@ PEFT = {"peft", "transformers"}  # peft imports transformers at its own import
         ("sana_1600m", {"encoders": "online"}, {"transformers"}),
         ("sana_1600m", {"validation": "on"}, {"transformers"}),
         ("sd3_controlnet", {}, {"transformers"}),  # resident text encoders
+        ("sdxl_controlnet", {}, {"transformers"}),
         ("llama3_8b", {"train_mode": "lora"}, PEFT),
         ("flux_dev", {"train_mode": "lora", "optimizer": "adamw8bit"}, PEFT | {"bitsandbytes"}),
     ],
@@ -138,7 +139,7 @@ def _knob_probes() -> list[ProbeSpec]:
     and one per value of every knob with a closed set of values, on a small image model with
     companions and a one-block language model: each alone, or with a LoRA run where it is a LoRA
     run's setting."""
-    families = ("sd35_medium", "sd3_controlnet", "flux_dev", "sdxl", "tiny_mlp")
+    families = ("sd35_medium", "sd3_controlnet", "flux_dev", "sdxl", "sdxl_controlnet", "tiny_mlp")
     probes = [with_blocks(spec(model, batch_size=1), 2) for model in families]
     for model in (spec("tiny_sana", batch_size=1), with_blocks(spec("llama3_2_1b"), 1)):
         preset = ModelPreset.from_dict(model.model)
