@@ -199,3 +199,41 @@ def test_adapter_dtype_model_keeps_the_adapters_in_the_models_dtype(tmp_path: Pa
         "adapter_dtype=model is get_peft_model's autocast_adapter_dtype, for train_mode=peft; "
         "train_mode=lora builds its adapters in the dtype precision sets"
     )
+
+
+def test_lorafa_freezes_the_a_factors_and_keeps_state_for_b_only(tmp_path: Path) -> None:
+    """optimizer=lorafa is PEFT's create_lorafa_optimizer: lora_A frozen (no gradient, no state,
+    no input kept for it), lora_B trained by its LoraFAOptimizer; fake as real on the CPU."""
+    lora = _config(tmp_path, "LORA", {"r": 8, "lora_alpha": 16, "target_modules": QV})
+    logs, runs = {}, {}
+    for optimizer in ("adamw", "lorafa"):
+        probe = tiny_llama(
+            train_mode="peft", peft_config=lora, precision="bf16_pure", optimizer=optimizer
+        )
+        runs[optimizer], fake = simulate.trace(probe)
+        _, real = cpu.trace(probe)
+        assert fake.peak_report() == real.peak_report()
+        logs[optimizer] = fake.peak_report().breakdown
+    trained = [n for n, p in runs["lorafa"].model.named_parameters() if p.requires_grad]
+    assert trained and all(".lora_B." in name for name in trained)
+    assert logs["lorafa"]["optimizer_state"] < logs["adamw"]["optimizer_state"]
+    assert logs["lorafa"]["activations"] < logs["adamw"]["activations"]
+    assert _reason(optimizer="lorafa", train_mode="lora") is not None
+    assert _reason(optimizer="lorafa", peft_config=_config(tmp_path, "IA3", {})) == (
+        "optimizer=lorafa trains the B factors of LoRA adapters: peft_config must be a LoRA "
+        "config (peft_type LORA)"
+    )
+
+
+def test_lorafa_is_a_pass_of_its_own(tmp_path: Path) -> None:
+    """A search assembles runs that differ only in their update rule from one pass; LoRA-FA
+    freezes the A factors, so its pass is its own."""
+    from autofit.probe.scan import same_pass
+
+    lora = _config(tmp_path, "LORA", {"r": 8, "target_modules": QV})
+
+    def probe(optimizer: str) -> Any:
+        return tiny_llama(train_mode="peft", peft_config=lora, optimizer=optimizer)
+
+    assert same_pass(probe("adamw"), probe("adamw8bit"))
+    assert not same_pass(probe("adamw"), probe("lorafa"))

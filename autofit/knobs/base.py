@@ -200,6 +200,11 @@ class Knob:
             return "true | false"
         return self.kind.__name__
 
+    def changes_pass_between(self, one: Any, other: Any) -> bool:
+        """Whether runs that differ only in this knob's values `one` and `other` run different
+        forward and backward passes (`changes_the_pass`, unless a value changes it alone)."""
+        return self.changes_the_pass
+
     def means(self, value: Any, subject: Subject) -> str:
         """What the value asks of one's own training code, in a phrase."""
         assert self.values is not None, f"knob {self.name} must say what its values mean"

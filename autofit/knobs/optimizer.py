@@ -10,6 +10,12 @@
 - `lion`: Lion, one state like the parameter.
 - `adamw_bf16`: bf16 states on bf16 weights, updates rounded stochastically (SimpleTuner's).
 - `sgd`: momentum 0.9, one state like the parameter.
+- `lorafa`: PEFT's LoRA-FA (`peft.optimizers.create_lorafa_optimizer`, as PEFT's MetaMathQA
+  benchmark runs it): it freezes every `lora_A` factor, so an adapter keeps no input for A's
+  gradient and A has no gradient or state, and trains the `lora_B` factors with an AdamW whose
+  gradient it projects through (A Aᵀ)⁻¹ (`LoraFAOptimizer`): two states like each B. It changes
+  what the pass saves, so unlike the other update rules it is a pass of its own. For
+  `train_mode=peft` with a LoRA config (PEFT's function reads the PeftModel's adapters).
 
 Each value is built here as the trainer builds it under that name; on fake tensors the
 bitsandbytes optimizers are their memory layout (autofit/simulator/bnb_layout.py).
@@ -75,6 +81,13 @@ def _adamw_bf16(params: list[Any], run: RunState) -> Any:
     return AdamWBF16(params, lr=LEARNING_RATE)
 
 
+def _lorafa(params: list[Any], run: RunState) -> Any:
+    from peft.optimizers import create_lorafa_optimizer
+
+    config = run.model.peft_config["default"]
+    return create_lorafa_optimizer(run.model, config.r, config.lora_alpha, lr=LEARNING_RATE)
+
+
 def _bnb(name: str, states: int, paged: bool) -> Build:
     def build(params: list[Any], run: RunState) -> Any:
         if run.fake:
@@ -110,7 +123,14 @@ RULES = {
     "paged_lion8bit": UpdateRule(_bnb("PagedLion8bit", states=1, paged=True), "bitsandbytes.optim.PagedLion8bit", ("bitsandbytes",)),
     "adamw_bf16": UpdateRule(_adamw_bf16, "an AdamW keeping bf16 states with stochastic rounding (SimpleTuner's adamw_bf16)"),
     "sgd": UpdateRule(_sgd, "torch.optim.SGD(momentum=0.9)"),
+    "lorafa": UpdateRule(_lorafa, "peft.optimizers.create_lorafa_optimizer(model, r, lora_alpha, lr) (LoRA-FA: lora_A frozen)", ("peft",)),
 }  # fmt: skip
+# The update rules that change what the pass saves (LoRA-FA freezes the A factors).
+PASS_CHANGING = ("lorafa",)
+# Why a trainer's own optimizer settings cannot name it: PEFT builds it from the model, in code.
+LORAFA_IN_CODE = (
+    "LoRA-FA is PEFT's create_lorafa_optimizer(model, ...), built in code from the PEFT model"
+)
 
 
 # The bitsandbytes optimizers whose state lives in CUDA unified memory.
@@ -190,12 +210,16 @@ SANA: dict[str, dict[str, Any]] = {
 }
 
 
-def _simpletuner(value: Any, s: Subject) -> Say:
+def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
+    if value not in SIMPLETUNER:
+        return Refuse(f"SimpleTuner has no {value}: {LORAFA_IN_CODE}")
     name, options = SIMPLETUNER[value]
     return say(optimizer=name, **({"optimizer_config": options} if options else {}))
 
 
-def _kohya(value: Any, s: Subject) -> Say:
+def _kohya(value: Any, s: Subject) -> Say | Refuse:
+    if value not in KOHYA:
+        return Refuse(f"sd-scripts has no {value}: {LORAFA_IN_CODE}")
     name, options = KOHYA[value]
     settings: dict[str, Any] = {"optimizer_type": name}
     if options:
@@ -268,14 +292,34 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
         fused = s.config.get("optimizer_impl", "fused") == "fused"
         return say(optim="adamw_torch_fused" if fused else "adamw_torch")
     if value not in TRL:
-        return Refuse(
-            f"transformers' optimizers have no {value} that holds what the probe's did (its "
-            "lion_32bit keeps fp32 state whatever the weights' dtype)"
-            if value == "lion"
-            else f"transformers' optimizers have no {value}"
-        )
+        why = {
+            "lion": "that holds what the probe's did (its lion_32bit keeps fp32 state whatever "
+            "the weights' dtype)",
+            "lorafa": f"({LORAFA_IN_CODE}, passed to the trainer as its optimizers)",
+        }
+        return Refuse(f"transformers' optimizers have no {value} {why.get(value, '')}".strip())
     name, arguments = TRL[value]
     return say(optim=name, **({"optim_args": arguments} if arguments else {}))
+
+
+def _lorafa_reason(context: ProbeContext) -> str | None:
+    from autofit.knobs.peft_config import PEFT_MODE, read_fields
+
+    knobs = context.knobs
+    mode = knobs.get("train_mode", "full")
+    if mode != PEFT_MODE or not knobs.get("peft_config"):
+        return f"optimizer=lorafa is PEFT's LoRA-FA over a PeftModel's LoRA adapters: it needs train_mode=peft with a LoRA peft_config; train_mode={mode}"
+    if read_fields(knobs["peft_config"]).get("peft_type") != "LORA":
+        return "optimizer=lorafa trains the B factors of LoRA adapters: peft_config must be a LoRA config (peft_type LORA)"
+    for knob, plain in (
+        ("fused_backward", "off"),
+        ("zero_stage", 0),
+        ("fsdp", "off"),
+        ("offload_optimizer", "none"),
+    ):
+        if knobs.get(knob, plain) != plain:
+            return f"optimizer=lorafa with {knob}={knobs[knob]}: its update pairs each adapter's A and B across the model, which autofit has not modelled there"
+    return None
 
 
 class Optimizer(Knob):
@@ -298,7 +342,12 @@ class Optimizer(Knob):
             return f"torch.optim.AdamW({adamw_arguments(subject.config.get('optimizer_impl', 'fused'))})"
         return super().means(value, subject)
 
+    def changes_pass_between(self, one: Any, other: Any) -> bool:
+        return one in PASS_CHANGING or other in PASS_CHANGING
+
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
+        if value == "lorafa":
+            return _lorafa_reason(context)
         if value in PAGED and context.backend == "cpu":
             return f"optimizer={value} pages its state through CUDA unified memory: it needs the cuda or simulate backend"
         if value == "adamw_bf16" and context.knobs.get("precision") not in BF16_WEIGHTS:

@@ -115,14 +115,16 @@ class TracedPoint:
 
 def same_pass(one: ProbeSpec, other: ProbeSpec) -> bool:
     """Whether two structures run the same forward and backward pass: they differ only in knobs
-    that change what the update does or what runs after training (Knob.changes_the_pass)."""
+    that change what the update does or what runs after training (Knob.changes_pass_between)."""
     from autofit.knobs import registry
 
     knobs = registry()
     differ = {k for k in {*one.knobs, *other.knobs} if one.knobs.get(k) != other.knobs.get(k)}
     differ.discard("batch_size")
     same_run = one.model == other.model and one.gpu == other.gpu
-    return same_run and all(not knobs[k].changes_the_pass for k in differ)
+    return same_run and not any(
+        knobs[k].changes_pass_between(one.knobs.get(k), other.knobs.get(k)) for k in differ
+    )
 
 
 def replayed_point(
