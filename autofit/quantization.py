@@ -304,19 +304,32 @@ def quanto_base(run: Any, qtype_name: str) -> tuple[list[torch.Tensor], list[tor
     its weight trains (`QuantizedLinearFunction.save_for_backward(input, other)`), which a frozen
     16-bit layer does not; on a CUDA build with its extension compiled an fp8 weight may be
     Marlin-packed, the same bytes."""
+    excluded = QUANTO_EXCLUDED.get(run.preset.family, ())
+    return quanto_quantize(run.model, qtype_name, run.device, excluded)
+
+
+def quanto_quantize(
+    model: nn.Module,
+    qtype_name: str,
+    device: torch.device | None,
+    excluded: tuple[str, ...] = (),
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every linear and 2-D convolution of `model` (but those `excluded` names) quantized by
+    optimum-quanto's `quantize` and `freeze`, one layer at a time: each layer's weights first
+    copied to `device` from the host-built model (None: quantized where they are, on the GPU
+    already); returns the quantized weights and biases, and the tensors they keep."""
     from optimum.quanto import freeze, qtypes, quantize
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    excluded = QUANTO_EXCLUDED.get(run.preset.family, ())
     weights: list[torch.Tensor] = []
     kept: list[torch.Tensor] = []
-    for name, module in list(run.model.named_modules()):
+    for name, module in list(model.named_modules()):
         if type(module) not in (nn.Linear, nn.Conv2d) or any(fnmatch(name, p) for p in excluded):
             continue
-        for param in module.parameters(recurse=False):
-            param.data = param.data.to(run.device, copy=True)
+        for param in module.parameters(recurse=False) if device is not None else ():
+            param.data = param.data.to(device, copy=True)
         parent_name, _, child = name.rpartition(".")
-        parent = run.model.get_submodule(parent_name) if parent_name else run.model
+        parent = model.get_submodule(parent_name) if parent_name else model
         with _empty_modules_assigned():
             quantize(parent, weights=qtypes[qtype_name], include=child)
         layer = getattr(parent, child)

@@ -48,6 +48,7 @@ from autofit.knobs.peft_config import PeftConfigKnob
 from autofit.knobs.precision import Precision
 from autofit.knobs.resolution import Resolution
 from autofit.knobs.swap_blocks import SwapBlocks
+from autofit.knobs.t5_precision import T5Precision
 from autofit.knobs.train_mode import TrainMode
 from autofit.knobs.trainable_layers import TrainableLayers
 from autofit.knobs.validation import Validation
@@ -80,6 +81,7 @@ REGISTRY: dict[str, Knob] = {
         Compile(),
         Loss(),
         Encoders(),
+        T5Precision(),
         SwapBlocks(),
         Optimizer(),
         OptimizerImpl(),

@@ -5,6 +5,10 @@
   (`Workload.resident_when_cached`).
 - `online`: the companions of the preset (its text encoders and VAE) sit on the GPU in their own
   dtype and encode every batch without gradients, as a trainer that does not cache runs them.
+- `text`: the latents were computed beforehand, the text encoders sit on the GPU in their own
+  dtype and encode every batch's prompts (sd-scripts' cache_latents without
+  cache_text_encoder_outputs, SimpleTuner's text_cache_ondemand, ai-toolkit's latent cache with
+  its text encoders loaded): no VAE on the GPU.
 """
 
 from __future__ import annotations
@@ -45,20 +49,34 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
                 **{"--dataset_name": DATA_DIR, "--caption_column": "text"},
             )
         return Say()
+    if value == "text":
+        return Refuse(
+            f"autofit has not matched {script.file}'s latent cache with prompts encoded every "
+            "step (encoders=text)"
+        )
     if value == "online":
         # The script frees (some) encoders the measured run kept: less memory, same training.
         return Say(warning=f"{script.file} precomputes text embeddings and frees the text encoders")
     return Refuse(f"{script.file} {script.not_cached}")
 
 
+def _text_encoders(preset: ModelPreset) -> list[str]:
+    """The companions that encode the prompt (the family's workload names them)."""
+    return [name for name in preset.companions if name.startswith("text_encoder")]
+
+
 class Encoders(Knob):
     name = "encoders"
     decided_by_trainer = True
     default = "cached"
-    help = "frozen text encoders and VAE: cached (precomputed) | online (on the GPU)"
+    help = (
+        "frozen text encoders and VAE: cached (precomputed) | online (on the GPU) | text (latents "
+        "cached, the text encoders on the GPU)"
+    )
     values = {
         "cached": "latents and text embeddings computed beforehand; only the trained model on the GPU",
         "online": "the text encoders and VAE on the GPU, encoding every batch",
+        "text": "latents computed beforehand; the text encoders on the GPU, encoding every batch's prompts",
     }
     # Caching is work the user's data pipeline does: said even at the default.
     default_asks_nothing = False
@@ -70,16 +88,24 @@ class Encoders(Knob):
 
     def libraries(self, value: Any) -> tuple[str, ...]:
         # (a family whose trainer keeps some resident when cached imports them itself)
-        return COMPANION_LIBRARIES if value == "online" else ()
+        return COMPANION_LIBRARIES if value in ("online", "text") else ()
+
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        return None  # caching saves both: what a run's data pipeline does, not a search's trade
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "online" and "vae" not in context.model.companions:
             return f"encoders=online needs the model's text encoders and VAE, which {context.model.name} does not list"
+        if value == "text" and not _text_encoders(context.model):
+            return f"encoders=text runs the model's text encoders, which {context.model.name} does not list"
         return None
 
     def apply(self, run: RunState, value: Any) -> None:
-        online = value == "online"
-        names = list(run.preset.companions) if online else run.workload.resident_when_cached
+        online = value in ("online", "text")
+        if value == "text":
+            names = [n for n in run.workload.text_encoders if n in run.preset.companions]
+        else:
+            names = list(run.preset.companions) if online else run.workload.resident_when_cached
         if not names:
             return
         from autofit.workloads.companions import build_companion
@@ -97,7 +123,21 @@ class Encoders(Knob):
             raw = workload.make_raw_batch(knobs["batch_size"], knobs["resolution"], run.device)
             return workload.encode(raw, run.companions, run.dtypes.weights)
 
-        run.batch_source = encoded_batch
+        def prompts_encoded() -> dict[str, Any]:
+            # the prompts encoded first, then the cached latents (and any cached condition the
+            # prompts do not give) loaded beside them
+            import torch
+
+            size, resolution, dtype = knobs["batch_size"], knobs["resolution"], run.dtypes.weights
+            with torch.no_grad():
+                encoded = workload.encode_text(workload.tokens(size, run.device), run.companions)
+            batch = workload.make_batch(size, resolution, run.device, dtype)
+            batch.update(
+                {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
+            )
+            return batch
+
+        run.batch_source = encoded_batch if value == "online" else prompts_encoded
 
     trainers = {
         # SimpleTuner caches latents and text embeddings before training unless told to encode
@@ -105,16 +145,17 @@ class Encoders(Knob):
         "simpletuner": {
             "cached": say(vae_cache_ondemand=False, text_cache_ondemand=False),
             "online": say(vae_cache_ondemand=True, text_cache_ondemand=True),
+            "text": say(vae_cache_ondemand=False, text_cache_ondemand=True),
         },
         # Cached: latents and text-encoder outputs computed before training and kept on disk.
         "kohya": {
             value: say(
-                cache_latents=value == "cached",
-                cache_latents_to_disk=value == "cached",
+                cache_latents=value != "online",
+                cache_latents_to_disk=value != "online",
                 cache_text_encoder_outputs=value == "cached",
                 cache_text_encoder_outputs_to_disk=value == "cached",
             )
-            for value in ("cached", "online")
+            for value in ("cached", "online", "text")
         },
         # Precomputed DC-AE latents and Gemma features: no VAE or text encoder on the GPU.
         "sana": {
@@ -124,6 +165,7 @@ class Encoders(Knob):
                 **{"data.load_vae_feat": True, "data.load_text_feat": True},
             ),
             "online": say(**{"data.load_vae_feat": False, "data.load_text_feat": False}),
+            "text": say(**{"data.load_vae_feat": True, "data.load_text_feat": False}),
         },
         "diffusers": _diffusers,
     }

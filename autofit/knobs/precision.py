@@ -177,7 +177,7 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     words = KOHYA[value]
     if value != "fp16" or s.family != "sdxl" or not isinstance(words, Say):
         return words
-    if s.config.get("encoders", "cached") == "cached":
+    if s.config.get("encoders", "cached") in ("cached", "text"):  # latents cached
         return Say(settings={**words.settings, "no_half_vae": True})
     return Say(
         settings=words.settings,
