@@ -50,6 +50,12 @@ CHECKPOINT_GROUPS = ("segments", "blocks", "layers")
 DIFFUSION_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 # Those of both streams of a joint (MMDiT) attention: the image's and the text's.
 JOINT_ATTENTION = DIFFUSION_ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+# Every linear projection of a joint (MMDiT) block: both streams' attention and feed-forward and
+# their adaptive norms' modulation (SD3's; ai-toolkit's LoRA on every linear of the blocks).
+JOINT_BLOCK_LINEAR = JOINT_ATTENTION + (
+    "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+    "norm1.linear", "norm1_context.linear",
+)  # fmt: skip
 
 
 # --- diffusers: the example training scripts (examples/ in the diffusers repository) ------------

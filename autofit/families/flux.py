@@ -9,6 +9,7 @@ from typing import Any
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
+    JOINT_BLOCK_LINEAR,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -37,7 +38,12 @@ FLUX = Family(
     loader="diffusers",
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "vae"),
-    lora_sets={"attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION},
+    # all_linear adds the single-stream blocks' own (their modulation, MLP input and output; the
+    # suffix proj_out also takes the model's final projection, one small layer)
+    lora_sets={
+        "attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION,
+        "all_linear": JOINT_BLOCK_LINEAR + ("norm.linear", "proj_mlp", "proj_out"),
+    },  # fmt: skip
     checkpoint_groups="segments",
     attention_modules=("attn",),
     trainers={

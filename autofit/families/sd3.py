@@ -8,6 +8,7 @@ from typing import Any
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
+    JOINT_BLOCK_LINEAR,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -30,7 +31,10 @@ SD3 = Family(
     loader="diffusers",
     unit="pixels",
     companions=("text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
-    lora_sets={"attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION},
+    lora_sets={
+        "attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION,
+        "all_linear": JOINT_BLOCK_LINEAR,
+    },  # fmt: skip
     checkpoint_groups="segments",
     attention_modules=("attn", "attn2"),
     trainers={
