@@ -183,7 +183,9 @@ class Family:
     loader: str
     unit: str | None  # None: the preset says (a user's own model)
     companions: tuple[str, ...] | None = ()  # None: the preset says (a user's own model)
-    lora_sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # LoRA target sets by name: module names (PEFT matches them as suffixes), or a regular
+    # expression over full module names where a set takes one block list only
+    lora_sets: Mapping[str, tuple[str, ...] | str] = field(default_factory=dict)
     # The dense feed-forward projections among them (a mixture of experts has none: peft cannot
     # adapt its fused 3-D experts).
     feed_forward: tuple[str, ...] = ()

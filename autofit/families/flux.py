@@ -43,6 +43,9 @@ FLUX = Family(
     lora_sets={
         "attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION,
         "all_linear": JOINT_BLOCK_LINEAR + ("norm.linear", "proj_mlp", "proj_out"),
+        # sd-scripts' train_blocks=single: its single blocks' linear1 (q, k, v and the MLP's
+        # input fused), linear2 and modulation, as diffusers' modules
+        "single_blocks": r"single_transformer_blocks\.\d+\.(attn\.to_[qkv]|proj_mlp|proj_out|norm\.linear)",
     },  # fmt: skip
     checkpoint_groups="segments",
     attention_modules=("attn",),

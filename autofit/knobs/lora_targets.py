@@ -27,9 +27,13 @@ def _sets(preset: ModelPreset) -> Mapping[str, tuple[str, ...]]:
     return REGISTRY[preset.family].lora_sets if preset.family in REGISTRY else {}
 
 
-def target_modules(value: str, preset: ModelPreset) -> list[str]:
-    """The module names LoRA adapts for this value on this model."""
-    return list(preset.lora_targets) if value == "preset" else list(_sets(preset)[value])
+def target_modules(value: str, preset: ModelPreset) -> list[str] | str:
+    """The module names LoRA adapts for this value on this model, or a regular expression over
+    their full names (PEFT's target_modules as a string) where a set names one block list."""
+    if value == "preset":
+        return list(preset.lora_targets)
+    names = _sets(preset)[value]
+    return names if isinstance(names, str) else list(names)
 
 
 def _diffusers(value: Any, s: Subject) -> Say | Refuse:
@@ -41,7 +45,14 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
             f"the diffusers {s.family} LoRA script adapts a fixed set of modules",
             "lora_targets=preset",
         )
-    return say(**{"--lora_layers": ",".join(target_modules(value, s.preset))})
+    modules = target_modules(value, s.preset)
+    if isinstance(modules, str):
+        return Refuse(
+            f"the diffusers {s.family} LoRA script's --lora_layers names modules in every block, "
+            "not one list of blocks",
+            "lora_targets=preset, attention, joint_attention, all_linear",
+        )
+    return say(**{"--lora_layers": ",".join(modules)})
 
 
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
@@ -52,7 +63,12 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     if own is None:  # the preset lists them
         own = tuple(s.preset.lora_targets)
     names = ("preset", *_sets(s.preset))
-    matching = [v for v in names if set(target_modules(v, s.preset)) == set(own)]
+    matching = [
+        v
+        for v in names
+        if not isinstance(target_modules(v, s.preset), str)
+        and set(target_modules(v, s.preset)) == set(own)
+    ]
     if value in matching:
         return Say()
     return Refuse(
@@ -66,7 +82,7 @@ class LoraTargets(Knob):
     default = "preset"
     help = (
         "modules the LoRA adapters adapt: preset | qv | attention | joint_attention | mlp | "
-        "all_linear"
+        "all_linear | single_blocks (Flux's single-stream blocks only)"
     )
     values = {
         "preset": "the modules the preset lists",
@@ -75,6 +91,8 @@ class LoraTargets(Knob):
         "joint_attention": "every attention projection of both streams, image and text",
         "mlp": "the feed-forward projections",
         "all_linear": "every linear projection of the blocks",
+        "single_blocks": "every linear projection of Flux's single-stream blocks, none of its "
+        "double-stream ones (sd-scripts' train_blocks=single)",
     }
     per_sample_memory = True  # adapted layers keep their inputs for backward
 
@@ -82,7 +100,10 @@ class LoraTargets(Knob):
         what = f"LoRA adapters on {self.values[value]}"  # type: ignore[index]
         if value != "preset" and value not in _sets(subject.preset):
             return what
-        return f"{what} ({', '.join(target_modules(value, subject.preset))})"
+        modules = target_modules(value, subject.preset)
+        if isinstance(modules, str):
+            return f"{what} (the modules whose full names match {modules})"
+        return f"{what} ({', '.join(modules)})"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return config.get("train_mode", "full") in ADAPTER_MODES
@@ -109,7 +130,7 @@ class LoraTargets(Knob):
     # set, which the preset lists, and SimpleTuner its model's default (its family's declaration).
     trainers = {
         "simpletuner": _simpletuner,
-        "kohya": {"preset": Say()},
+        "kohya": {"preset": Say(), "single_blocks": say(network_args=["train_blocks=single"])},
         "diffusers": _diffusers,
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
     }
