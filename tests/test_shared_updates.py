@@ -60,8 +60,8 @@ def _probe(name: str, value: Any) -> ProbeSpec:
 
 def test_the_knobs_that_change_only_the_pass_are_declared() -> None:
     assert PASS_ONLY == [
-        "attention", "checkpoint_interval", "checkpoint_stride", "checkpointing", "compile",
-        "loss", "offload_activations", "resolution",
+        "attention", "checkpoint_interval", "checkpoint_policy", "checkpoint_stride",
+        "checkpointing", "compile", "loss", "offload_activations", "resolution",
     ]  # fmt: skip
 
 
