@@ -35,6 +35,7 @@ def test_a_run_s_class_follows_its_family_mode_and_sharding() -> None:
     assert run_class("sdxl", {"train_mode": "full"}) == "diffusion_full"
     assert run_class("llm", {"train_mode": "qlora"}) == "llm_kbit"
     assert run_class("llm", {"train_mode": "dora"}) == "llm_adapter"
+    assert run_class("llm", {"train_mode": "peft"}) == "llm_peft"
     assert run_class("llm", {}) == "llm_full"  # train_mode's default is full
     assert run_class("llm", {"train_mode": "lora", "zero_stage": 2, "world_size": 8}) == "zero"
     assert run_class("sana", {"fsdp": "full_shard", "world_size": 2}) == "fsdp"

@@ -40,7 +40,11 @@ AUTO = "auto"
 RUN_CLASSES = {
     "diffusion_adapter": "diffusion models trained with adapters (LoRA, DoRA) on one GPU",
     "diffusion_full": "diffusion models fine-tuned in full on one GPU",
-    "llm_adapter": "language models with adapters on a 16-bit base on one GPU",
+    "llm_adapter": "language models with LoRA or DoRA adapters on a 16-bit base on one GPU",
+    # Any method PEFT has, run by PEFT's own code from its config file: each method's code holds
+    # what it holds (its own buffers, initialisations, reconstructions), which autofit's LoRA
+    # runs never show, so their errors are a class of their own.
+    "llm_peft": "language models with any PEFT method from its config (train_mode=peft) on one GPU",
     "llm_kbit": "language models with adapters on a 4-bit base (QLoRA, QDoRA) on one GPU",
     "llm_full": "language models fine-tuned in full (or freeze-tuned) on one GPU",
     "zero": "runs sharded by DeepSpeed ZeRO (over one GPU or several)",
@@ -70,6 +74,8 @@ def run_class(family: str, knobs: Mapping[str, Any]) -> str:
         return "diffusion_full" if mode in ("full", "freeze") else "diffusion_adapter"
     if mode in ("qlora", "qdora"):
         return "llm_kbit"
+    if mode == "peft":
+        return "llm_peft"
     return "llm_full" if mode in ("full", "freeze") else "llm_adapter"
 
 
