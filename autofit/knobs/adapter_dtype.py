@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.knobs.base import Knob, ProbeContext, Say, Subject
-from autofit.knobs.peft_config import PEFT_MODE, unread_by
+from autofit.knobs.peft_config import OWN_NETWORKS, PEFT_MODE, unread_by
 from autofit.models import ModelPreset
 
 
@@ -63,13 +63,4 @@ class AdapterDtype(Knob):
             )
         return None
 
-    trainers = {
-        vocabulary: _peft_file_only(who)
-        for vocabulary, who in (
-            ("simpletuner", "SimpleTuner"),
-            ("kohya", "sd-scripts"),
-            ("sana", "Sana's train.py"),
-            ("diffusers", "the diffusers example scripts"),
-            ("trl", "autofit's TRL export"),
-        )
-    }
+    trainers = {vocabulary: _peft_file_only(who) for vocabulary, who in OWN_NETWORKS}

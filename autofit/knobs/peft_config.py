@@ -58,6 +58,16 @@ MODULE_DROPOUT = ("LOHA", "LOKR")
 SPARSE = ("FROD", "SHIRA")
 
 
+# The export targets, each by the name its refusals give it: all build adapter networks of their own.
+OWN_NETWORKS = (
+    ("simpletuner", "SimpleTuner"),
+    ("kohya", "sd-scripts"),
+    ("sana", "Sana's train.py"),
+    ("diffusers", "the diffusers example scripts"),
+    ("trl", "autofit's TRL export"),
+)
+
+
 def unread_by(trainer: str) -> Refuse:
     """The refusal of a trainer that builds its own networks: a PEFT file is nothing it reads."""
     return Refuse(f"a PEFT config file is not something {trainer} reads")
@@ -129,13 +139,7 @@ class PeftConfigKnob(AdapterFileKnob):
         # The trainers autofit exports to build LoRA (and LyCORIS) networks of their own; a PEFT
         # config of another method is not something they read.
         vocabulary: (lambda v, s, _who=who: unread_by(_who))
-        for vocabulary, who in (
-            ("simpletuner", "SimpleTuner"),
-            ("kohya", "sd-scripts"),
-            ("sana", "Sana's train.py"),
-            ("diffusers", "the diffusers example scripts"),
-            ("trl", "autofit's TRL export"),
-        )
+        for vocabulary, who in OWN_NETWORKS
     }
 
 

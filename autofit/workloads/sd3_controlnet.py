@@ -23,7 +23,7 @@ host memory, each moved to the GPU only while it runs (enable_model_cpu_offload)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers import SD3ControlNetModel, SD3Transformer2DModel
@@ -48,12 +48,33 @@ class ControlNetTraining(nn.Module):
         self.transformer = transformer
 
 
+def pipeline_text_encoders(
+    workload: Any, pipeline: Pipeline, dtype: torch.dtype
+) -> dict[str, nn.Module]:
+    """The text encoders a validation pipeline loads itself, in `dtype` (a ControlNet example's
+    pipeline, from_pretrained in the weight dtype, whatever training holds)."""
+    companions = workload.preset.companions
+    return {
+        name: pipeline.load(lambda name=name: build_companion(companions[name], dtype))
+        for name in workload.text_encoders
+    }
+
+
 # The pipeline's defaults in the example's validation call.
 PIPELINE_T5_TOKENS = 256  # max_sequence_length
 GUIDANCE_SCALE = 7.0
 
 
-class SD3ControlNetWorkload(SD3Workload):
+class ControlImages:
+    """A ControlNet workload's raw batch: a conditioning image beside each training image."""
+
+    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
+        raw = super().make_raw_batch(batch_size, resolution, device)  # type: ignore[misc]
+        raw["control_images"] = torch.randn_like(raw["images"])
+        return raw
+
+
+class SD3ControlNetWorkload(ControlImages, SD3Workload):
     grads_set_to_none = False  # the example's --set_grads_to_none is off by default
     resident_when_cached = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
@@ -73,11 +94,6 @@ class SD3ControlNetWorkload(SD3Workload):
     ) -> Conditions:
         control = torch.randn(self.latent_shape(batch_size, resolution), device=device, dtype=dtype)
         return {**super().conditions(batch_size, resolution, device, dtype), "control": control}
-
-    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
-        raw = super().make_raw_batch(batch_size, resolution, device)
-        raw["control_images"] = torch.randn_like(raw["images"])
-        return raw
 
     @torch.no_grad()
     def encode(self, raw: Batch, companions: dict[str, nn.Module], dtype: torch.dtype) -> Batch:
@@ -117,10 +133,7 @@ class SD3ControlNetWorkload(SD3Workload):
             transformer = run.model.transformer
         else:
             transformer = pipeline.load(lambda: self._transformer(dtype))
-        encoders = {
-            name: pipeline.load(lambda name=name: build_companion(companions[name], dtype))
-            for name in self.text_encoders
-        }
+        encoders = pipeline_text_encoders(self, pipeline, dtype)
         pipeline_vae = pipeline.load(lambda: build_companion(companions["vae"], dtype))
         steered = ControlNetTraining(run.model.controlnet, transformer)
         height, width = self.preset.shape(resolution)

@@ -24,6 +24,10 @@ class SDXLWorkload(LatentDiffusion):
     text_encoders = ("text_encoder", "text_encoder_2")
 
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
+        return self.unet()
+
+    def unet(self) -> torch.nn.Module:
+        """The preset's UNet (diffusers takes its per-level lists as tuples)."""
         architecture = {
             k: tuple(v) if isinstance(v, list) else v for k, v in self.preset.architecture.items()
         }

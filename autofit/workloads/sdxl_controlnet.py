@@ -23,13 +23,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from diffusers import ControlNetModel, UNet2DConditionModel
+from diffusers import ControlNetModel
 from torch import nn
 
 from autofit.workloads.base import Batch, CheckpointFn
-from autofit.workloads.companions import build_companion  # now: before any fake mode
 from autofit.workloads.latent import Conditions, vae_decode
-from autofit.workloads.sd3_controlnet import ControlNetTraining
+from autofit.workloads.sd3_controlnet import (
+    ControlImages,
+    ControlNetTraining,
+    pipeline_text_encoders,
+)
 from autofit.workloads.sdxl import STEPS, SDXLWorkload
 
 if TYPE_CHECKING:
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 GUIDANCE_SCALE = 5.0  # StableDiffusionXLControlNetPipeline's default
 
 
-class SDXLControlNetWorkload(SDXLWorkload):
+class SDXLControlNetWorkload(ControlImages, SDXLWorkload):
     grads_set_to_none = False  # the example's --set_grads_to_none is off by default
     # the encoders it keeps referenced; the VAE is there to encode latents, which a cached run
     # has (and in fp32, not the weight dtype these are kept in)
@@ -49,16 +52,10 @@ class SDXLControlNetWorkload(SDXLWorkload):
         from autofit.run_state import default_dtype
 
         with default_dtype(frozen_dtype):  # the frozen UNet in the 16-bit weight dtype
-            unet = self._unet().requires_grad_(False)
+            unet = self.unet().requires_grad_(False)
         # The example's ControlNetModel.from_unet: the UNet's configuration and encoder weights,
         # in the default (fp32) dtype it is trained in.
         return ControlNetTraining(ControlNetModel.from_unet(unet), unet)
-
-    def _unet(self) -> nn.Module:
-        architecture = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in self.preset.architecture.items()
-        }
-        return UNet2DConditionModel(**architecture)
 
     def conditions(
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
@@ -66,11 +63,6 @@ class SDXLControlNetWorkload(SDXLWorkload):
         height, width = self.preset.shape(resolution)
         control = torch.randn(batch_size, 3, height, width, device=device, dtype=dtype)
         return {**super().conditions(batch_size, resolution, device, dtype), "control": control}
-
-    def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
-        raw = super().make_raw_batch(batch_size, resolution, device)
-        raw["control_images"] = torch.randn_like(raw["images"])
-        return raw
 
     @torch.no_grad()
     def encode(self, raw: Batch, companions: dict[str, nn.Module], dtype: torch.dtype) -> Batch:
@@ -114,11 +106,7 @@ class SDXLControlNetWorkload(SDXLWorkload):
 
         dtype, device = run.dtypes.frozen, run.device
         resolution = validation_pixels(run.knobs, run.preset.resolution)
-        companions = self.preset.companions
-        encoders = {
-            name: pipeline.load(lambda name=name: build_companion(companions[name], dtype))
-            for name in self.text_encoders
-        }
+        encoders = pipeline_text_encoders(self, pipeline, dtype)
         height, width = self.preset.shape(resolution)
         with torch.autocast(device.type, dtype=torch.float16):  # the example's autocast_ctx
             conditions = self.encode_text(self.tokens(2, device), encoders)
