@@ -2,7 +2,7 @@
 
 - QLoRA's 4-bit base: bitsandbytes' NF4 `Linear4bit` on real tensors, its memory layout
   (autofit/simulator/nf4_layout.py) on fake ones.
-- An fp8 base (kohya's `fp8_base`, SimpleTuner's fp8 base precisions): each frozen linear and
+- An fp8 base (kohya's `fp8_base`): each frozen linear and
   convolution weight stored in float8 e4m3 and upcast to the compute dtype for its own matmul, as
   torch autocast upcasts kohya's fp8 weights. The upcast copy is an ordinary tensor: the matmul
   saves it for the input's gradient, so without gradient checkpointing every layer's 16-bit copy

@@ -2,8 +2,8 @@
 
 - `same`: the run's frozen dtype (its 16-bit dtype under mixed precision).
 - `fp8`: every linear and 2-D convolution weight of the trained model's base in float8 e4m3,
-  upcast to the compute dtype layer by layer for its own matmul (kohya's `fp8_base`, SimpleTuner's
-  fp8 base precisions, diffusers' layerwise casting): half the base's bytes, at the price of one
+  upcast to the compute dtype layer by layer for its own matmul (kohya's `fp8_base`, OneTrainer's
+  FLOAT_8 weights, diffusers' layerwise casting): half the base's bytes, at the price of one
   cast per layer per pass. The math stays 16-bit, so no GPU generation is ruled out; what the
   upcast copies cost is in autofit/quantization.py.
 
