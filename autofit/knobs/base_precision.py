@@ -50,6 +50,10 @@ SDNQ = ("int8_sdnq", "int8_sdnq_hadamard")  # SDNQ's int8 base, plain and Hadama
 TORCHAO = ("fp8wo_torchao", "fp8_torchao")
 # optimum-quanto's bases, by SimpleTuner's name, with the quanto qtype each is
 QUANTO = {"int8_quanto": "qint8", "fp8_quanto": "qfloat8"}
+# What quanto's quantization imports: its Marlin kernels' modules are imported at the first
+# quantization and build permutation tables at import, so they are imported first, out of the
+# step's memory.
+QUANTO_LIBRARIES = ("optimum.quanto", "optimum.quanto.tensor.weights.marlin")
 FLOAT8_MATMULS = (8, 9)  # the compute capability torchao's float8 matmuls need (Ada, Hopper)
 FROZEN_BASE_MODES = ("lora", "lycoris")  # the train_mode values whose frozen base this stores
 
@@ -130,9 +134,7 @@ class BasePrecision(Knob):
         if value in SDNQ:
             return ("autofit.sdnq_eager", "transformers", "bitsandbytes")
         if value in QUANTO:
-            # quanto imports its Marlin kernels' modules at the first quantization, and they
-            # build permutation tables at import: imported first, out of the step's memory
-            return ("optimum.quanto", "optimum.quanto.tensor.weights.marlin")
+            return QUANTO_LIBRARIES
         return ("torchao",) if value in TORCHAO else ()
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:

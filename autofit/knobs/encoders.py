@@ -90,9 +90,6 @@ class Encoders(Knob):
         # (a family whose trainer keeps some resident when cached imports them itself)
         return COMPANION_LIBRARIES if value in ("online", "text") else ()
 
-    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
-        return None  # caching saves both: what a run's data pipeline does, not a search's trade
-
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "online" and "vae" not in context.model.companions:
             return f"encoders=online needs the model's text encoders and VAE, which {context.model.name} does not list"

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.base_precision import QUANTO, QUANTO_LIBRARIES
 from autofit.models import ModelPreset
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
 
-QTYPES = {"fp8_quanto": "qfloat8", "int8_quanto": "qint8"}
 ON_GPU = ("online", "text")  # the encoders values that hold the text encoders on the GPU
 
 
@@ -59,7 +59,7 @@ class T5Precision(Knob):
     after = ("encoders",)
 
     def libraries(self, value: Any) -> tuple[str, ...]:
-        return () if value == "same" else ("optimum.quanto", "optimum.quanto.tensor.weights.marlin")
+        return () if value == "same" else QUANTO_LIBRARIES
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return config.get("encoders", "cached") in ON_GPU and t5_encoder(preset) is not None
@@ -83,7 +83,7 @@ class T5Precision(Knob):
         from autofit.quantization import quanto_quantize
 
         encoder = run.companions[t5_encoder(run.preset)]  # type: ignore[index]
-        _, kept = quanto_quantize(encoder, QTYPES[value], None)  # built on the GPU
+        _, kept = quanto_quantize(encoder, QUANTO[value], None)  # built on the GPU
         # its quantized weights, and the one-number scales each quanto layer registers
         run.tag([*kept, *encoder.buffers()], "parameters")
 
