@@ -60,6 +60,11 @@ def test_rules_and_words() -> None:
     assert refusal({"checkpoint_policy": "op"}, "llama3_8b") == (
         "checkpoint_policy=op needs checkpointing=true"
     )
+    segments = {"checkpoint_policy": "op", "checkpointing": True, "checkpoint_interval": 2}
+    assert refusal(segments, "sd35_medium").startswith(  # type: ignore[union-attr]
+        "checkpoint_policy=op with checkpoint_interval=2: torchtitan's policy counts each block's"
+    )
+    assert refusal(segments, "llama3_8b") is None  # layers, each under a call of its own
     config = {**defaults(), **FULL_FT, "checkpoint_policy": "op"}
     subject = Subject(config, load_preset("llama3_8b"))
     knob = REGISTRY["checkpoint_policy"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import family
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
 from autofit.models import ModelPreset
 
@@ -62,8 +63,17 @@ class CheckpointPolicy(Knob):
         return "op" if value == "full" and "op" in searched else None
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if value != "full" and not context.knobs.get("checkpointing"):
+        if value == "full":
+            return None
+        if not context.knobs.get("checkpointing"):
             return f"checkpoint_policy={value} needs checkpointing=true"
+        interval = context.knobs.get("checkpoint_interval", 1)
+        if interval > 1 and family(context.model.family).checkpoint_groups == "segments":
+            return (
+                f"checkpoint_policy={value} with checkpoint_interval={interval}: torchtitan's "
+                "policy counts each block's matmuls, and a segment of blocks under one call is "
+                "SimpleTuner's; use checkpoint_interval=1"
+            )
         return None
 
     def apply(self, run: RunState, value: Any) -> None:
