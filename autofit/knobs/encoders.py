@@ -100,7 +100,7 @@ class Encoders(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         online = value in ("online", "text")
         if value == "text":
-            names = [n for n in run.workload.text_encoders if n in run.preset.companions]
+            names = _text_encoders(run.preset)
         else:
             names = list(run.preset.companions) if online else run.workload.resident_when_cached
         if not names:

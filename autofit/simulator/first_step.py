@@ -17,7 +17,7 @@ full steps keeps, to the byte (tests/test_first_step.py holds them side by side)
 pass takes and gives back (offloaded activations) is copied the same way, on the host's log.
 
 A structure that differs from another only in what its update does (the optimizer, an EMA copy:
-knobs whose `changes_the_pass` is False) runs the same pass, so its log is assembled from its own
+knobs whose values do not change the pass, `Knob.changes_pass_between`) runs the same pass, so its log is assembled from its own
 setup and updates, both traced from gradients made directly (autofit/backends/simulate.py
 `traced_updates`), and the other's pass: a search traces one pass for all the optimizers of a
 structure (autofit/probe/scan.py), and their setups and updates once for all its structures
