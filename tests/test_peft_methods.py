@@ -92,6 +92,25 @@ def _reason(backend: str = "simulate", **knobs: Any) -> str | None:
     return invalid_reason(config, GPU, load_preset("llama3_2_3b"), backend)
 
 
+def test_a_config_without_targets_is_refused_for_a_model_peft_has_no_defaults_for(
+    tmp_path: Path,
+) -> None:
+    """PEFT takes a method's default target modules from a transformers model's type: a config
+    that names none runs a language model, and is refused, naming the fix, for any other."""
+    untargeted = _config(tmp_path, "LORA", {"r": 8})
+    config = {**defaults(), "train_mode": "peft", "peft_config": untargeted}
+    assert invalid_reason(config, GPU, load_preset("llama3_2_3b"), "simulate") is None
+    assert invalid_reason(config, GPU, load_preset("flux_dev"), "simulate") == (
+        f"peft_config={untargeted} names no target_modules, so PEFT takes its defaults for a "
+        "transformers language model's type; flux_dev is a flux model: name its target_modules "
+        "in the file"
+    )
+    (tmp_path / "targeted").mkdir()
+    targeted = _config(tmp_path / "targeted", "LORA", {"r": 8, "target_modules": ["to_q", "to_v"]})
+    config["peft_config"] = targeted
+    assert invalid_reason(config, GPU, load_preset("flux_dev"), "simulate") is None
+
+
 def test_each_bad_peft_config_is_one_line_naming_it(tmp_path: Path) -> None:
     assert _reason() == (
         "train_mode=peft trains the adapters a PEFT config declares: give it as "

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import ConfigError
+from autofit.families import is_causal_lm
 from autofit.knobs.adapter_file import AdapterFileKnob, read_json, simulated
 from autofit.knobs.base import ProbeContext, Refuse, Subject
 
@@ -96,6 +97,7 @@ def read_fields(value: str) -> dict[str, Any]:
 
 class PeftConfigKnob(AdapterFileKnob):
     name = "peft_config"
+    depends_on = ("adapter_dtype", "train_mode")
     help = (
         "the PEFT adapter config (adapter_config.json or its folder) that train_mode=peft "
         "trains: any PEFT method, built by PEFT's own classes"
@@ -114,6 +116,14 @@ class PeftConfigKnob(AdapterFileKnob):
         except ConfigError as exc:
             return str(exc)
         method = fields["peft_type"]
+        targeted = fields.get("target_modules") or fields.get("target_parameters")
+        if not targeted and not is_causal_lm(context.model.family):
+            # PEFT looks a method's default targets up by a transformers model's model_type
+            return (
+                f"peft_config={value} names no target_modules, so PEFT takes its defaults for a "
+                f"transformers language model's type; {context.model.name} is a "
+                f"{context.model.family} model: name its target_modules in the file"
+            )
         if method in SPARSE:
             return (
                 f"peft_config={value}: PEFT's {method} builds sparse tensors, which have no "
