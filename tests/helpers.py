@@ -18,6 +18,7 @@ from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
 from autofit.probe.spec import ProbeSpec
+from autofit.simulator.batch_curve import canonical_frees
 
 
 def spec(model: str, gpu: str = "a40", backend: str = "simulate", **knobs: Any) -> ProbeSpec:
@@ -199,3 +200,12 @@ def probe_counts(storage: str, study: str) -> Counter[str]:
         for t in study_trials(storage, study)
         if t.user_attrs.get("kind") == "probe" and t.state in (TrialState.COMPLETE, TrialState.FAIL)
     )
+
+
+def assert_same_allocations(fake: Any, real: Any) -> None:
+    """The two logs hold the same allocations, in the same order, of the same categories, to
+    the same peak."""
+    assert fake.sizes == real.sizes
+    assert canonical_frees(fake.events) == canonical_frees(real.events)  # frees run in hash order
+    assert fake.categories == real.categories
+    assert fake.peak_report() == real.peak_report()

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_refused, refusal, spec, tiny_llama
-from test_fake_matches_real import assert_same_allocations
+from helpers import assert_refused, assert_same_allocations, refusal, spec, tiny_llama
 
 from autofit.backends import cpu, simulate
 from autofit.knobs import REGISTRY, defaults

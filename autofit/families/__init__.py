@@ -5,7 +5,7 @@ one. Nothing here imports torch: a family's workload module is imported only whe
 
 Adding a family: its workload module in autofit/workloads/, its `Family` in a module here with
 its line in `REGISTRY`, its presets in conf/model/, and its tests (docs/contributing.md counts
-the files). The contract tests (tests/test_family_contract.py) hold it to declare every fact,
+the files). The contract tests (tests/contracts/test_family_contract.py) hold it to declare every fact,
 and a trainer or a refusal for every export target that trains named families.
 """
 

@@ -6,7 +6,7 @@ field before the knobs that read it, and each knob after the ones it names in `a
 constraint orders keep the registry's order. Nothing here imports torch.
 
 Adding a knob: a module here with its `Knob` subclass, and its line in `REGISTRY`. Its tests come
-with it: the contract tests (tests/test_knob_contract.py) run every value of every knob through
+with it: the contract tests (tests/contracts/test_knob_contract.py) run every value of every knob through
 the rules, every export target and stored studies.
 """
 
@@ -58,9 +58,19 @@ from autofit.knobs.zero3_params import ZERO3_SETTINGS
 from autofit.knobs.zero_stage import ZeroStage
 from autofit.models import ModelPreset
 
-REGISTRY: dict[str, Knob] = {
-    knob.name: knob
-    for knob in (
+
+def by_name(knobs: Sequence[Knob]) -> dict[str, Knob]:
+    """The knobs keyed by name, in their order. Two knobs of one name is a bug: the second would
+    silently replace the first."""
+    table: dict[str, Knob] = {}
+    for knob in knobs:
+        assert knob.name not in table, f"two knobs are named {knob.name}"
+        table[knob.name] = knob
+    return table
+
+
+REGISTRY: dict[str, Knob] = by_name(
+    (
         BatchSize(),
         Resolution(),
         Precision(),
@@ -100,7 +110,7 @@ REGISTRY: dict[str, Knob] = {
         ValidationResolution(),
         Allocator(),
     )
-}
+)
 WORKLOAD_KNOBS = ("batch_size", "resolution")  # what is trained on; the others are techniques
 
 

@@ -34,6 +34,7 @@ def _peft_file_only(who: str) -> Any:
 
 class AdapterDtype(Knob):
     name = "adapter_dtype"
+    depends_on = ("train_mode",)
     default = "fp32"
     help = (
         "train_mode=peft's adapters on a 16-bit model: fp32 (PEFT's autocast_adapter_dtype=True) "

@@ -14,6 +14,9 @@ exporters, reports) reads the declaration and keeps no table of its own. A knob 
   `forward_context` (around every forward pass) and `after_training`, with the run fields it
   `writes` (it owns them: no other knob may write them) and `reads`, and the knobs it must come
   `after` for reasons the fields do not show (autofit/run_state.py);
+- the other knobs whose values it reads (`depends_on`): in its rules, its trainers' words and its
+  hooks, wherever it looks at `context.knobs`, `subject.config` or `run.knobs`. The contract
+  tests hold every read to it, in the source and as the rules and words run;
 - how each trainer says each value: `trainers` maps an export target's vocabulary to the knob's
   words there, a table `value -> Say | Refuse` or a function `(value, subject) -> Say | Refuse |
   None`. A value missing from a table is refused, never a KeyError.
@@ -127,6 +130,8 @@ class Knob:
     # configuration's setup and updates once for every value of such a knob
     # (autofit/probe/shared_updates.py); `only_in_the_pass` says it for one configuration.
     pass_only: ClassVar[bool] = False
+    # The other knobs whose values its rules, words and hooks read (the module docstring).
+    depends_on: ClassVar[tuple[str, ...]] = ()
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
     after: ClassVar[tuple[str, ...]] = ()

@@ -98,6 +98,7 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
 
 class BasePrecision(Knob):
     name = "base_precision"
+    depends_on = ("swap_blocks", "train_mode", "zero_stage")
     default = "same"
     help = (
         "the frozen base under LoRA or LyCORIS: same (the run's dtype) | fp8 (float8, upcast per "

@@ -21,6 +21,7 @@ def _deepspeed(value: Any, s: Subject) -> Any:
 
 class BatchSize(Knob):
     name = "batch_size"
+    depends_on = ("world_size",)
     default = 1
     help = "samples per optimizer step on one GPU"
     kind = int

@@ -115,6 +115,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class CheckpointInterval(Knob):
     name = "checkpoint_interval"
+    depends_on = ("checkpoint_stride", "checkpointing", "swap_blocks")
     default = 1
     help = (
         "with checkpointing: checkpoint every N blocks, N contiguous blocks under one call (SD3, "

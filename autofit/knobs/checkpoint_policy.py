@@ -39,6 +39,7 @@ def _whole_blocks(who: str) -> Any:
 
 class CheckpointPolicy(Knob):
     name = "checkpoint_policy"
+    depends_on = ("checkpoint_interval", "checkpointing")
     default = "full"
     help = (
         "with checkpointing, what a checkpointed block keeps: full (its input only) | op "

@@ -15,6 +15,7 @@ from autofit.models import ModelPreset
 
 class CheckpointStride(Knob):
     name = "checkpoint_stride"
+    depends_on = ("checkpoint_interval", "checkpointing")
     default = 0
     help = (
         "with checkpoint_interval N: checkpoint N blocks of every S and run the rest unchecked "

@@ -34,6 +34,7 @@ def _trl(value: Any, s: Subject) -> Say:
 
 class Checkpointing(Knob):
     name = "checkpointing"
+    depends_on = ("train_mode", "zero_stage")
     default = False
     help = "recompute each block's activations in backward instead of keeping them"
     kind = bool

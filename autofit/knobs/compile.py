@@ -41,6 +41,19 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
 
 class Compile(Knob):
     name = "compile"
+    depends_on = (
+        "base_precision",
+        "checkpoint_interval",
+        "checkpoint_policy",
+        "checkpointing",
+        "fsdp",
+        "offload_activations",
+        "precision",
+        "swap_blocks",
+        "train_mode",
+        "world_size",
+        "zero_stage",
+    )
     default = "off"
     help = (
         "torch.compile of each block (regional, as torchtune's compile: True): off | regional; "

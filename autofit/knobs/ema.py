@@ -36,6 +36,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
 
 class Ema(Knob):
     name = "ema"
+    depends_on = ("train_mode",)
     default = "off"
     help = "an EMA copy of the trainable weights: off | gpu | cpu"
     values = {

@@ -67,6 +67,7 @@ def _text_encoders(preset: ModelPreset) -> list[str]:
 
 class Encoders(Knob):
     name = "encoders"
+    depends_on = ("batch_size", "resolution", "train_mode")
     decided_by_trainer = True
     default = "cached"
     help = (

@@ -241,6 +241,20 @@ ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 class Fsdp(Knob):
     name = "fsdp"
+    depends_on = (
+        "base_precision",
+        "ema",
+        "fsdp_offload",
+        "fsdp_version",
+        "fused_backward",
+        "optimizer",
+        "precision",
+        "swap_blocks",
+        "train_mode",
+        "validation",
+        "world_size",
+        "zero_stage",
+    )
     default = "off"
     help = "PyTorch FSDP2 (fully_shard) across the run's GPUs: off | full_shard | shard_grad_op"
     values = {

@@ -14,6 +14,16 @@ from autofit.knobs.fsdp import FSDP1_ONLY, NO_FSDP, ZERO_NOT_FSDP, checked
 
 class FsdpOffload(Knob):
     name = "fsdp_offload"
+    depends_on = (
+        "base_precision",
+        "ema",
+        "fsdp",
+        "fused_backward",
+        "optimizer",
+        "swap_blocks",
+        "validation",
+        "zero_stage",
+    )
     default = "none"
     help = "FSDP2 CPU offload of parameter shards, gradients and optimizer step: none | cpu"
     values = {

@@ -45,6 +45,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class FsdpVersion(Knob):
     name = "fsdp_version"
+    depends_on = ("fsdp", "train_mode")
     decided_by_trainer = True
     default = 2
     kind = int

@@ -85,6 +85,7 @@ def _own_code(value: Any, s: Subject) -> Say | Refuse | None:
 
 class FusedBackward(Knob):
     name = "fused_backward"
+    depends_on = ("optimizer", "precision", "train_mode", "zero_stage")
     default = "off"
     help = (
         "the optimizer step inside backward: off | parameter (each gradient freed at once) | block"

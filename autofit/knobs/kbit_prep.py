@@ -76,6 +76,7 @@ NO_LANGUAGE_MODELS = Refuse(
 
 class KbitPrep(Knob):
     name = "kbit_prep"
+    depends_on = ("checkpointing", "fsdp", "swap_blocks", "train_mode", "zero_stage")
     decided_by_trainer = True
     default = "none"
     help = "a 4-bit base before its adapters: none | peft (prepare_model_for_kbit_training: fp32 embeddings, head, norms)"

@@ -13,6 +13,7 @@ from autofit.models import ModelPreset
 
 class LoraRank(Knob):
     name = "lora_rank"
+    depends_on = ("train_mode",)
     default = 16
     help = "rank of the LoRA or DoRA adapters (train_mode=lora, qlora, dora or qdora)"
     kind = int

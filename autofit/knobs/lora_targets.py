@@ -79,6 +79,7 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
 
 class LoraTargets(Knob):
     name = "lora_targets"
+    depends_on = ("train_mode",)
     default = "preset"
     help = (
         "modules the LoRA adapters adapt: preset | qv | attention | joint_attention | mlp | "

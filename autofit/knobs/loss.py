@@ -81,6 +81,7 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
 
 class Loss(Knob):
     name = "loss"
+    depends_on = ("compile",)
     decided_by_trainer = True
     default = "full"
     help = (

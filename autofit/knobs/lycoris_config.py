@@ -64,6 +64,7 @@ def read_config(value: str) -> dict[str, Any]:
 
 class LycorisConfigKnob(AdapterFileKnob):
     name = "lycoris_config"
+    depends_on = ("train_mode",)
     help = (
         "the LyCORIS network config (SimpleTuner's lycoris_config JSON) that train_mode=lycoris "
         "trains: LoKr, LoHa, LoCon, ..., built by the lycoris-lora library"

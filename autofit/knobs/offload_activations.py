@@ -160,6 +160,7 @@ class AttentionOffload:
 
 class OffloadActivations(Knob):
     name = "offload_activations"
+    depends_on = ("fsdp",)
     default = "off"
     help = (
         "saved activations copied to pinned host memory in forward, back in backward: off | cpu "

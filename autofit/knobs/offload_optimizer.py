@@ -18,6 +18,7 @@ SWAPS_THE_OPTIMIZER = (
 
 class OffloadOptimizer(Knob):
     name = "offload_optimizer"
+    depends_on = ("offload_params", "precision", "zero_stage")
     default = "none"
     help = "ZeRO-Offload: optimizer state and update in host memory or on NVMe: none | cpu | nvme"
     values = {

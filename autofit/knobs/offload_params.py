@@ -13,6 +13,7 @@ from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
 
 class OffloadParams(Knob):
     name = "offload_params"
+    depends_on = ("offload_optimizer", "precision", "zero_stage")
     default = "none"
     help = "ZeRO-3 weight shares in host memory or on NVMe: none | cpu | nvme"
     values = {

@@ -324,6 +324,16 @@ def _lorafa_reason(context: ProbeContext) -> str | None:
 
 class Optimizer(Knob):
     name = "optimizer"
+    depends_on = (
+        "fsdp",
+        "fused_backward",
+        "offload_optimizer",
+        "optimizer_impl",
+        "peft_config",
+        "precision",
+        "train_mode",
+        "zero_stage",
+    )
     default = "adamw"
     help = "the update rule, which sets the optimizer state per parameter"
     values = {name: rule.code for name, rule in RULES.items()}

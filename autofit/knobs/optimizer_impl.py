@@ -59,6 +59,7 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
 
 class OptimizerImpl(Knob):
     name = "optimizer_impl"
+    depends_on = ("optimizer", "train_mode", "zero_stage")
     decided_by_trainer = True
     default = "fused"
     help = (

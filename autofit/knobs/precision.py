@@ -236,6 +236,7 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
 
 class Precision(Knob):
     name = "precision"
+    depends_on = ("encoders", "train_mode", "zero_stage")
     default = "bf16"
     help = (
         "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights) | "

@@ -19,6 +19,7 @@ def _diffusers(value: Any, s: Subject) -> Any:
 
 class Resolution(Knob):
     name = "resolution"
+    depends_on = ("train_mode", "validation", "validation_resolution")
     default = None
     default_means = "the model's native size"
     help = (

@@ -85,6 +85,7 @@ def _none(why: str) -> Any:
 
 class SwapBlocks(Knob):
     name = "swap_blocks"
+    depends_on = ("base_precision", "fused_backward", "train_mode")
     default = 0
     help = "transformer blocks kept in host memory and streamed in (kohya's blocks_to_swap)"
     kind = int

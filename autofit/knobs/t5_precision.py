@@ -44,6 +44,7 @@ def _simpletuner(value: Any, s: Subject) -> Say:
 
 class T5Precision(Knob):
     name = "t5_precision"
+    depends_on = ("encoders",)
     default = "same"
     help = (
         "the T5-XXL text encoder on the GPU: same (its bf16) | fp8_quanto, int8_quanto "

@@ -154,6 +154,16 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
 
 class TrainMode(Knob):
     name = "train_mode"
+    depends_on = (
+        "fsdp",
+        "lora_rank",
+        "lora_targets",
+        "lycoris_config",
+        "peft_config",
+        "swap_blocks",
+        "trainable_layers",
+        "zero_stage",
+    )
     default = "full"
     help = (
         "which weights train: full | lora | qlora (4-bit base) | dora | qdora (DoRA, on a 16-bit "

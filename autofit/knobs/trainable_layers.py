@@ -65,6 +65,7 @@ def last_blocks(model: nn.Module, preset: ModelPreset, count: int) -> list[nn.Mo
 
 class TrainableLayers(Knob):
     name = "trainable_layers"
+    depends_on = ("train_mode",)
     default = LLAMA_FACTORY_DEFAULT
     help = "blocks that train under train_mode=freeze, counted from the output (LLaMA-Factory's 2)"
     kind = int

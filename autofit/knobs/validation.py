@@ -162,6 +162,7 @@ def _sana(value: Any, s: Subject) -> Say:
 
 class Validation(Knob):
     name = "validation"
+    depends_on = ("encoders", "resolution", "train_mode", "validation_resolution")
     default = "off"
     help = (
         "a validation pass after training: off | on | reload (with a second pair of text "

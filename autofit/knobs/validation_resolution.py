@@ -47,6 +47,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class ValidationResolution(Knob):
     name = "validation_resolution"
+    depends_on = ("resolution", "train_mode", "validation")
     default = "training"
     help = "the size validation renders at: training | native (the model's, the pipelines' default)"
     values = {

@@ -20,6 +20,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class WorldSize(Knob):
     name = "world_size"
+    depends_on = ("fsdp", "zero_stage")
     default = 1
     help = "GPUs per run (ZeRO or FSDP partitions across them)"
     kind = int

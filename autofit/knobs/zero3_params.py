@@ -6,7 +6,7 @@ gathered throughout (`stage3_param_persistence_threshold`).
 
 The `cpu` and `cuda` backends hand them to DeepSpeed; the emulation follows its parameter
 coordinator (autofit/simulator/zero_gather.py). zero_stage's DeepSpeed block writes them
-(`live_parameters`), for the probe and for every export that carries a DeepSpeed config.
+(its `live_parameters`), for the probe and for every export that carries a DeepSpeed config.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Zero3Setting(Knob):
     """One of ZeRO-3's `stage3_*` settings (`key`), in elements; meaningful with zero_stage=3 only."""
 
     key: str
+    depends_on = ("zero_stage",)
     kind = int
     minimum = 0
     per_sample_memory = False  # weights, whatever the batch
@@ -78,9 +79,3 @@ ZERO3_SETTINGS = (
     Zero3MaxReuseDistance(),
     Zero3PersistenceThreshold(),
 )
-
-
-def live_parameters(config: Mapping[str, Any]) -> dict[str, int]:
-    """The `stage3_*` entries of DeepSpeed's `zero_optimization` block (a configuration stored
-    before these knobs ran with DeepSpeed's defaults)."""
-    return {knob.key: config.get(knob.name, knob.default) for knob in ZERO3_SETTINGS}

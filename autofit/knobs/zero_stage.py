@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
-from autofit.knobs.zero3_params import live_parameters
+from autofit.knobs.zero3_params import ZERO3_SETTINGS
 from autofit.trainers import SIMPLETUNER_ENV
 
 if TYPE_CHECKING:
@@ -60,6 +60,12 @@ def sixteen_bit_block(precision: str) -> dict[str, Any]:
 # Where ZeRO-Infinity's exported config puts its swap files: a directory on a local NVMe drive,
 # which the user must name (DeepSpeed's own tutorial writes /local_nvme).
 NVME_PATH = "/local_nvme"
+
+
+def live_parameters(config: Mapping[str, Any]) -> dict[str, int]:
+    """The `stage3_*` entries of DeepSpeed's `zero_optimization` block (a configuration stored
+    before these knobs ran with DeepSpeed's defaults)."""
+    return {knob.key: config.get(knob.name, knob.default) for knob in ZERO3_SETTINGS}
 
 
 def zero_optimization(config: Mapping[str, Any], pin_memory: bool) -> dict[str, Any]:
@@ -220,6 +226,22 @@ NO_DEEPSPEED = Refuse(
 
 class ZeroStage(Knob):
     name = "zero_stage"
+    depends_on = (
+        "batch_size",
+        "ema",
+        "offload_optimizer",
+        "offload_params",
+        "optimizer",
+        "precision",
+        "swap_blocks",
+        "train_mode",
+        "validation",
+        "world_size",
+        "zero3_max_live_params",
+        "zero3_max_reuse_distance",
+        "zero3_persistence_threshold",
+        "zero3_prefetch_bucket",
+    )
     default = 0
     help = "DeepSpeed ZeRO stage: 0 (off) | 1 | 2 | 3"
     kind = int

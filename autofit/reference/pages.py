@@ -158,6 +158,9 @@ def _knob(facts: Facts, knob: Knob, first_of_module: str) -> list[str]:
             "",
         ]
     lines += [f"Declared in `{module.replace('.', '/')}.py`; {_hooks(knob)}.", ""]
+    if knob.depends_on:
+        named = ", ".join(f"[`{k}`](#{k})" for k in knob.depends_on)
+        lines += [f"Its rules, words and hooks read the values of {named}.", ""]
     if knob.values is not None:
         lines += ["| value | what it asks of one's own training code |", "| --- | --- |"]
         lines += [f"| `{text(v)}` | {_cell(means)} |" for v, means in knob.values.items()]

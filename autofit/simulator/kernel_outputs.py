@@ -3,7 +3,7 @@
 A fake op's output comes from the op's meta function, which gets shapes and dtypes right but not
 always the storage a real kernel allocates or the strides it returns. The differences below were
 found by comparing every allocation of a real CPU step with the same step on fake tensors
-(tests/test_fake_matches_real.py keeps them equal); the kernels involved are device-generic
+(tests/contracts/test_fake_matches_real.py keeps them equal); the kernels involved are device-generic
 ATen code (aten/src/ATen/native/Loss.cpp), so a GPU allocates as the CPU does:
 
 - `mse_loss` and `smooth_l1_loss` with a reduction compute the unreduced loss into their output

@@ -2,11 +2,14 @@
 every value of every knob meets every export target (the trainer's words, or a one-line refusal
 naming the target, the knob, the value and what the trainer offers; never a KeyError), every run
 field has one owner and hooks run after the owners of what they read, and autofit's modules import
-each other without a cycle."""
+each other without a cycle. Every knob a module declares is registered, once.
+Every read of another knob's value is declared: test_knob_reads.py."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import itertools
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from autofit.knobs import (
     Subject,
     application_order,
     asked,
+    by_name,
     defaults,
     invalid_reason,
     owners,
@@ -165,6 +169,22 @@ def test_each_knob_declares_what_it_is(name: str) -> None:
         knob.parse("no such value" if knob.kind is not str else 12345)
 
 
+def test_every_knob_a_module_declares_is_registered_once() -> None:
+    """A knob class with a name in any module of autofit/knobs is in the registry (a module
+    added without its line there would be silently unused), and a second knob of a name already
+    taken is refused rather than replacing the first."""
+    package = Path(inspect.getfile(Knob)).parent
+    for path in sorted(package.glob("*.py")):
+        module = importlib.import_module(f"autofit.knobs.{path.stem}")
+        for _, declared in inspect.getmembers(module, inspect.isclass):
+            if issubclass(declared, Knob) and declared.__module__ == module.__name__:
+                if "name" in vars(declared):  # a base class (AdapterFileKnob) names none
+                    registered = REGISTRY.get(declared.name)
+                    assert type(registered) is declared, f"{declared.__name__} is not registered"
+    with pytest.raises(AssertionError, match="two knobs are named batch_size"):
+        by_name([REGISTRY["batch_size"], REGISTRY["resolution"], REGISTRY["batch_size"]])
+
+
 def test_every_run_field_has_one_owner_and_every_read_field_is_written() -> None:
     found = owners()
     assert set(found) == set(KNOB_FIELDS)
@@ -255,7 +275,7 @@ def _imports(root: Path) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_among_autofits_modules() -> None:
-    edges = _imports(Path(__file__).resolve().parents[1])
+    edges = _imports(Path(__file__).resolve().parents[2])
     cycles = []
     for start in edges:  # a module that reaches itself is in a cycle
         seen, stack = set(), list(edges[start])

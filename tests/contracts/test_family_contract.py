@@ -32,7 +32,7 @@ from autofit.probe.libraries import OPTIONAL
 from autofit.words import Refuse
 from autofit.yaml_files import read_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = list(REGISTRY.values())
 PRESETS = [load_preset(name) for name in group_options("model")]
 # What each target reads of a preset's own `trainers` names (the rest is the family's).
