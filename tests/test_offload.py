@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import spec, with_blocks
+from helpers import autofit, spec, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.gpus import NVME_GBS, load_gpu
@@ -133,6 +134,20 @@ def test_zero3_lora_collectives_carry_every_weight_and_the_adapters_gradients() 
     weights = sum(share(logical_numel(p), 4) * 4 * p.element_size() for p in run.model.parameters())
     gradients = sum(logical_numel(p) * p.element_size() for p in run.trainable_parameters())
     assert run.traffic.peer_bytes == 2 * ((2 * weights + gradients) * 3 // 4)  # two steps
+
+
+@pytest.mark.long
+def test_a_real_zero3_probe_runs_in_a_fresh_process(tmp_path: Path) -> None:
+    """zero.Init replaces the tensor constructors; torch imports torch._dynamo lazily, at the
+    first module built inside it, and its polyfill then refused DeepSpeed's constructor: a
+    cpu (or cuda) probe of zero_stage=3 crashed in a fresh process, where a test process that
+    had imported torch._dynamo before passed."""
+    done = autofit(
+        "probe", "model=tiny_mlp", "backend=cpu", "zero_stage=3", "batch_size=2", cwd=tmp_path
+    )
+    assert done.returncode == 0 and done.stdout.startswith("tiny_mlp on a40 [cpu]: ok"), (
+        done.stdout + done.stderr
+    )
 
 
 @pytest.mark.long

@@ -295,7 +295,11 @@ class ZeroStage(Knob):
         if run.sharding_emulated:
             return run.host()
         import deepspeed
+        import torch._dynamo  # noqa: F401
 
+        # torch._dynamo must be imported before zero.Init replaces the tensor constructors:
+        # torch imports it lazily, at the first module built inside, and its polyfill of
+        # Tensor.__new__ then refuses DeepSpeed's replacement (a TypeError in a fresh process).
         _single_process_group(run.device)
         return deepspeed.zero.Init(config_dict_or_path=probe_config(run.knobs))
 
