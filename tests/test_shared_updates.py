@@ -20,7 +20,7 @@ from autofit.probe.shared_updates import SharedUpdates, updates_key
 from autofit.probe.spec import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
 
-PASS_ONLY = sorted(name for name, knob in registry().items() if knob.pass_only)
+PASS_ONLY = sorted(name for name, knob in registry().items() if knob.reach == "pass")
 
 
 def _parts(updates: Updates) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def traced_updates(spec: ProbeSpec) -> Updates | None:
 
 def composed_steps(updates: Updates, pass_: Pass, roofline: RooflineCounter) -> StepLog | None:
     """The log of two full steps with `pass_` as their pass (that of a structure with the same
-    forward and backward: one that differs only in knobs whose `changes_the_pass` is False) and
+    forward and backward: one that differs only in knobs whose `reach` is "outside_pass") and
     `updates`' setup and updates (simulator/first_step.py); `roofline`, which must keep its
     kernels, then holds the step's price, from the pass's kernels and the update's. None where
     the gradients the updates were given are not the pass's."""

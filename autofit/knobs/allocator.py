@@ -83,7 +83,7 @@ class Allocator(Knob):
         "environment, before torch initialises CUDA",
     }
     per_sample_memory = False  # it changes what is reserved on top, not what a sample adds
-    changes_the_pass = False  # no tensor changes
+    reach = "outside_pass"  # no tensor changes
 
     def prepare(self, run: RunState, value: Any) -> None:
         """A real GPU run must run the allocator it is measured as: the worker's environment

@@ -39,7 +39,7 @@ class Attention(Knob):
         "sdpa": "torch's fused scaled_dot_product_attention",
         "math": "the unfused attention path (the full attention matrix)",
     }
-    pass_only = True  # which kernel the forward runs
+    reach = "pass"  # which kernel the forward runs
 
     def forward_context(self, run: RunState, value: Any) -> AbstractContextManager[Any] | None:
         if value != "math":

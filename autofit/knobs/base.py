@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from autofit.errors import ConfigError, shown
 from autofit.units import value as text
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from autofit.gpus import GpuSpec
     from autofit.models import ModelPreset
     from autofit.run_state import RunState
+
+Reach = Literal["pass", "outside_pass", "step"]  # Knob.reach
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,19 @@ class Knob:
     # Whether the knob changes the memory each extra sample adds (the search shares its estimate
     # of that slope between configurations that differ only in knobs that do not).
     per_sample_memory: ClassVar[bool] = True
-    # Whether the knob changes the step's forward and backward pass; not one that changes only
-    # what the update does or what runs after training: the simulator assembles a configuration
-    # that differs from another only in such knobs from the other's pass and its own updates
-    # (autofit/simulator/first_step.py).
-    changes_the_pass: ClassVar[bool] = True
-    # Whether the knob changes the step's forward and backward pass and nothing else: not the
-    # model as built, the optimizer, its update or what runs after training. A search traces a
-    # configuration's setup and updates once for every value of such a knob
-    # (autofit/probe/shared_updates.py); `only_in_the_pass` says it for one configuration.
-    pass_only: ClassVar[bool] = False
+    # How far the knob's values reach into the step, which says what the simulator may share
+    # between configurations that differ in it:
+    # - "pass": the forward and backward pass and nothing else (not the model as built, the
+    #   optimizer, its update or what runs after training): a search traces a configuration's
+    #   setup and updates once for every value (autofit/probe/shared_updates.py);
+    # - "outside_pass": not the forward and backward pass (what the update does, what runs after
+    #   training, or no tensor at all): a configuration that differs from another only in such
+    #   knobs is assembled from the other's pass and its own updates
+    #   (autofit/simulator/first_step.py);
+    # - "step": both (the model as built and its pass).
+    # `changes_pass_between` and `only_in_the_pass` refine it where a value or the other knobs
+    # decide.
+    reach: ClassVar[Reach] = "step"
     # The other knobs whose values its rules, words and hooks read (the module docstring).
     depends_on: ClassVar[tuple[str, ...]] = ()
     reads: ClassVar[tuple[str, ...]] = ()
@@ -207,8 +212,8 @@ class Knob:
 
     def changes_pass_between(self, one: Any, other: Any) -> bool:
         """Whether runs that differ only in this knob's values `one` and `other` run different
-        forward and backward passes (`changes_the_pass`, unless a value changes it alone)."""
-        return self.changes_the_pass
+        forward and backward passes (its `reach`, unless a value changes it alone)."""
+        return self.reach != "outside_pass"
 
     def means(self, value: Any, subject: Subject) -> str:
         """What the value asks of one's own training code, in a phrase."""
@@ -217,7 +222,7 @@ class Knob:
 
     def only_in_the_pass(self, knobs: Mapping[str, Any]) -> bool:
         """Whether, in the configuration `knobs`, this knob changes nothing but the pass."""
-        return self.pass_only
+        return self.reach == "pass"
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         """Whether the value matters in this configuration (a LoRA rank without LoRA does not)."""

@@ -124,7 +124,7 @@ class CheckpointInterval(Knob):
     )
     kind = int
     minimum = 1
-    pass_only = True  # what forward saves and backward recomputes
+    reach = "pass"  # what forward saves and backward recomputes
     writes = ("checkpoint_plan",)
 
     def means(self, value: Any, subject: Subject) -> str:

@@ -52,7 +52,7 @@ class CheckpointPolicy(Knob):
         "checkpointed block also keeps the outputs of every other matmul, of attention, of "
         "reduce-scatters and of max",
     }
-    pass_only = True  # what forward saves and backward recomputes
+    reach = "pass"  # what forward saves and backward recomputes
     writes = ("checkpoint_contexts",)
     after = ("checkpointing",)
 

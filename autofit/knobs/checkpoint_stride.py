@@ -23,7 +23,7 @@ class CheckpointStride(Knob):
     )
     kind = int
     minimum = 0
-    pass_only = True
+    reach = "pass"
 
     def means(self, value: Any, subject: Subject) -> str:
         interval = subject.config.get("checkpoint_interval", 1)

@@ -44,7 +44,7 @@ class Checkpointing(Knob):
     }
     # Said even when off: training code that checkpoints by default would differ from the probe.
     default_asks_nothing = False
-    pass_only = True  # blocks recompute in backward; weights and update are the same
+    reach = "pass"  # blocks recompute in backward; weights and update are the same
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         return False if value else None

@@ -65,7 +65,7 @@ class Compile(Knob):
         "torchtune's chunked loss, each chunk's cross-entropy too): what backward keeps is what "
         "AOTAutograd's min-cut partitioner saves",
     }
-    pass_only = True  # what forward saves and backward recomputes
+    reach = "pass"  # what forward saves and backward recomputes
     writes = ("compile_region",)
     after = ("train_mode", "checkpointing")
 

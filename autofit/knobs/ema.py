@@ -45,7 +45,7 @@ class Ema(Knob):
         "cpu": "an EMA copy of the trained weights in host memory, updated there",
     }
     per_sample_memory = False
-    changes_the_pass = False  # the copy is made and updated after the update
+    reach = "outside_pass"  # the copy is made and updated after the update
     writes = ("after_step",)
     after = ("train_mode", "swap_blocks")  # it copies the weights that train, where they live
 

@@ -115,7 +115,7 @@ class Loss(Knob):
         "into per-token log-probabilities, never the whole logits, the gradients summed in fp32",
     }
     per_sample_memory = True  # the logits grow with every sequence in the batch
-    pass_only = True  # how the forward computes the loss
+    reach = "pass"  # how the forward computes the loss
 
     trainers = {"trl": _trl}
 

@@ -174,7 +174,7 @@ class OffloadActivations(Knob):
         "attention": "what each block's attention saves copied to host memory and brought back "
         "in backward (SimpleTuner's gradient_checkpointing_offload_attention)",
     }
-    pass_only = True  # what forward saves, and where
+    reach = "pass"  # what forward saves, and where
 
     def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
         return "off" if value in ("cpu", "attention") else None

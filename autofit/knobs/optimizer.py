@@ -339,7 +339,7 @@ class Optimizer(Knob):
     values = {name: rule.code for name, rule in RULES.items()}
     default_asks_nothing = False  # trainers' default optimizers differ
     per_sample_memory = False  # optimizer state is per parameter, not per sample
-    changes_the_pass = False  # the update reads the gradients the pass leaves
+    reach = "outside_pass"  # the update reads the gradients the pass leaves
     reads = ("host_parameters", "host_gradients")
     writes = ("optimizer",)
     after = ("train_mode",)  # it updates the parameters that train

@@ -71,7 +71,7 @@ class OptimizerImpl(Knob):
         "for_loop": "torch.optim.AdamW(foreach=False)",
     }
     per_sample_memory = False
-    changes_the_pass = False  # how the update steps
+    reach = "outside_pass"  # how the update steps
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return config.get("optimizer") == "adamw"

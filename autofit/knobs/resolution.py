@@ -29,7 +29,7 @@ class Resolution(Knob):
     kind = int
     minimum = 1
     default_asks_nothing = False
-    pass_only = True  # the batch's size; but a validation pass may render at it (below)
+    reach = "pass"  # the batch's size; but a validation pass may render at it (below)
 
     def only_in_the_pass(self, knobs: Mapping[str, Any]) -> bool:
         # A validation pass at the training resolution renders at it after training.

@@ -177,7 +177,7 @@ class Validation(Knob):
         "and moves each text encoder and VAE it loads to the GPU only while that one runs",
     }
     per_sample_memory = False
-    changes_the_pass = False  # it runs after training
+    reach = "outside_pass"  # it runs after training
     reads = ("companions",)  # the pipeline reuses resident encoders and VAE
 
     def libraries(self, value: Any) -> tuple[str, ...]:

@@ -55,7 +55,7 @@ class ValidationResolution(Knob):
         "native": "validation images at the model's native resolution",
     }
     per_sample_memory = False
-    changes_the_pass = False  # it runs after training
+    reach = "outside_pass"  # it runs after training
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value != self.default and context.knobs.get("validation", "off") == "off":

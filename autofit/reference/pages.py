@@ -126,6 +126,7 @@ def _trainer_words(facts: Facts, knob: Knob) -> list[str]:
 def _hooks(knob: Knob) -> str:
     own = [h for h in HOOKS if getattr(type(knob), h) is not getattr(Knob, h)]
     parts = [f"hooks {', '.join(f'`{h}`' for h in own)}" if own else "no hooks"]
+    parts.append(f"reach `{knob.reach}`")
     if knob.writes:
         parts.append("writes " + ", ".join(f"`run.{f}`" for f in knob.writes))
     if knob.reads:

@@ -12,7 +12,7 @@ import importlib
 import inspect
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from helpers import spec
@@ -35,6 +35,7 @@ from autofit.knobs import (
     invalid_reason,
     owners,
 )
+from autofit.knobs.base import Reach
 from autofit.models import load_preset
 from autofit.paths import group_options
 from autofit.run_state import KNOB_FIELDS, RunState
@@ -155,6 +156,7 @@ def test_every_value_of_every_knob_meets_every_target(
 def test_each_knob_declares_what_it_is(name: str) -> None:
     knob = REGISTRY[name]
     assert knob.name == name and knob.help
+    assert knob.reach in get_args(Reach)
     assert knob.parse(knob.default) == knob.default
     subject = Subject(defaults(), PRESETS[0])
     for value in knob.sample_values():
