@@ -3,6 +3,7 @@ counts a DTensor's local shard, never its wrapper: real tensors and fake ones al
 
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import ExitStack
 
@@ -125,3 +126,20 @@ def test_a_dtensor_counts_its_local_shard_and_never_its_wrapper() -> None:
         del doubled, local
         assert tracker.current == 16384
     assert tracker.live_bytes("parameters") == 16384
+
+
+def test_a_storage_in_a_reference_cycle_stays_live_to_the_end_of_the_trace() -> None:
+    """Python's collector runs when the objects made since it last ran pass a threshold, which
+    depends on the process's whole history: a storage caught in a cycle was freed mid-step in one
+    trace and not in another (the compiled Llama's fake and real logs differed after a few runs in
+    one process). No collection runs under a tracker, and the collector is back on after it."""
+    assert gc.isenabled()
+    with MemoryTracker() as tracker:
+        holder: dict[str, object] = {"tensor": torch.empty(128)}
+        holder["self"] = holder  # a cycle: only the collector frees it
+        del holder
+        kept = [[] for _ in range(100_000)]  # objects enough to set the collector off, if on
+        del kept
+        assert not gc.isenabled()
+        assert all(event >= 0 for event in tracker.events)  # allocated, never freed
+    assert gc.isenabled()

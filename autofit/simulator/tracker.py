@@ -58,6 +58,7 @@ its libraries are not: the `cuda` backend reads the real process for those):
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -153,6 +154,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         self.current = 0
         self._uncounted_depth = 0  # inside uncounted(): new storages are not counted at all
         self.stream = 0  # the CUDA stream allocations are made on now (on_stream)
+        self._collecting = False  # whether Python's collector ran before this tracker stopped it
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -165,6 +167,13 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def __enter__(self) -> Any:
         if not _RESIZE_WATCHERS:
             torch.UntypedStorage.resize_ = _resize_and_tell  # type: ignore[method-assign]
+            # A storage caught in a reference cycle dies when Python's collector next runs,
+            # which depends on every object the process made before: the same step then frees
+            # it at one point in one trace and not at all in another. No collection runs under
+            # a tracker, so a log does not hang on that history: what a cycle made under it
+            # holds stays live to the end of the steps (on a GPU, until the next collection).
+            self._collecting = gc.isenabled()
+            gc.disable()
         _RESIZE_WATCHERS.append(self)
         return super().__enter__()
 
@@ -174,6 +183,8 @@ class MemoryTracker(TorchDispatchMode, StepLog):
         _RESIZE_WATCHERS.remove(self)
         if not _RESIZE_WATCHERS:
             torch.UntypedStorage.resize_ = _STORAGE_RESIZE  # type: ignore[method-assign]
+            if self._collecting:
+                gc.enable()
         self._refs.clear()
         # Phase changes in one form however the steps were traced (two whole, or one assembled
         # from the other's pass: simulator/first_step.py), so that traces compare.
