@@ -23,7 +23,7 @@ from autofit.host_init import tiled_random_init
 from autofit.models import ModelPreset
 
 if TYPE_CHECKING:
-    from autofit.probe.spec import ProbeSpec
+    from autofit.records.probe import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
 
 # The fields knobs own (each by exactly one knob) and what each holds.

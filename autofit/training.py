@@ -24,7 +24,7 @@ from autofit.simulator.step_log import Position, StepMarks
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
-    from autofit.probe.spec import ProbeSpec
+    from autofit.records.probe import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
 
 

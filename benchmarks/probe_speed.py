@@ -169,7 +169,7 @@ def lap():
 import autofit.probe.worker, autofit.backends.simulate
 times = {"worker and backend (torch)": lap()}
 from autofit.probe.libraries import leave_out_unused
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.families import REGISTRY
 spec = ProbeSpec.from_json(sys.stdin.read())
 left_out = leave_out_unused([spec])

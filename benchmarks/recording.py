@@ -25,7 +25,7 @@ def child(scans: int, points: int, folder: str) -> dict[str, float]:
     import optuna
 
     from autofit.knobs import completed
-    from autofit.probe.spec import Outcome, ProbeResult, ScanResult
+    from autofit.records.probe import Outcome, ProbeResult, ScanResult
     from autofit.search.prober import Prober
     from autofit.search.recorder import StudyRecorder
 

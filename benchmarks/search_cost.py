@@ -39,7 +39,7 @@ from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.launcher import launcher_for
 from autofit.probe.libraries import libraries_of
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.engine import Search, SearchResult
 from autofit.search.prober import Prober
 from autofit.search.recorder import StudyRecorder

@@ -17,7 +17,7 @@ from autofit.gpus import load_gpu
 from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
 
 

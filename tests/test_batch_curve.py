@@ -20,8 +20,8 @@ from autofit.probe.scan import (
     scan,
     scan_group,
 )
-from autofit.probe.spec import Outcome, ProbeSpec
 from autofit.probe.worker import execute
+from autofit.records.probe import Outcome, ProbeSpec
 from autofit.simulator.batch_curve import BatchCurve, NotAffine, canonical_frees
 
 TESTS = Path(__file__).parent
@@ -173,7 +173,7 @@ def test_the_scan_reports_every_batch_the_best_rule_weighs(floor: float) -> None
     """With a window asked for (ScanWindow), the scan also reports each batch that fits within
     the tolerance of the structure's fastest and at least as fast as the floor, as a direct probe
     of it says; the others a grid finds fitting are slower than that."""
-    from autofit.probe.spec import ScanWindow
+    from autofit.records.probe import ScanWindow
 
     probe = make("tiny_sana", "a40", resolution=512)  # about 28 MiB more per sample
     edge = {b: execute(at_batch(probe, b)) for b in (10, 11)}
@@ -199,7 +199,7 @@ def test_a_window_too_wide_to_report_is_left_to_the_search() -> None:
     over WINDOW_LIMIT batches are within 3% of its fastest. The scan reports its answer alone and
     no window floor, so the search looks for the rule's run itself (Search._weigh)."""
     from autofit.probe.scan import WINDOW_LIMIT
-    from autofit.probe.spec import ScanWindow
+    from autofit.records.probe import ScanWindow
 
     probe = make("tiny_mlp", "l4", precision="bf16_pure")
     (answer,) = scan_group([(probe, 1)], 2000, ScanWindow(1, 0.03, 0.0))

@@ -29,7 +29,7 @@ from helpers import probe_counts, study_trials
 from optuna.trial import TrialState
 from postgres import running_server
 
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search import storage
 from autofit.search.closing import close_claim
 from autofit.search.keys import probe_key

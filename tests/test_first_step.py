@@ -14,7 +14,7 @@ from helpers import spec as make
 from autofit.backends import simulate
 from autofit.gpus import load_gpu
 from autofit.probe.build import make_spec
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
 from autofit.simulator.first_step import Pass
 from autofit.simulator.roofline import RooflineCounter

@@ -20,7 +20,7 @@ from autofit.fingerprint import fingerprint
 from autofit.gpus import MIB, GpuSpec, load_gpu
 from autofit.paths import conf_dir
 from autofit.probe.build import spec_from_config
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 
 # The entries issue 14 asked for: each states where its figures come from.
 ISSUE_14 = [

@@ -21,9 +21,9 @@ from test_search_engine import space as synthetic_space
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_host_memory
 from autofit.host import GIB, NOT_STATED, check_host_memory, loader_shard_bytes
-from autofit.probe.spec import Outcome, ProbeResult
 from autofit.probe.summary import summarize
 from autofit.probe.worker import execute
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.run_state import logical_numel
 from autofit.search.engine import Search
 from autofit.search.keys import probe_key

@@ -13,7 +13,7 @@ from autofit.backends import cpu, simulate
 from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, defaults, invalid_reason
 from autofit.models import load_preset
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 
 
 def qlora_llama(**knobs: Any) -> ProbeSpec:

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from autofit.backends import cpu, simulate
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import group_options
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.workloads import workload_for
 
 LLMS = [n for n in group_options("model") if n != "custom" and load_preset(n).family == "llm"]

@@ -20,7 +20,7 @@ from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, invalid_reason, parse_all
 from autofit.knobs.loss import CHUNKS
 from autofit.models import ModelPreset, load_preset
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 
 # Sizes chosen so that no two kinds of tensor share a size: batch x sequence x vocabulary
 # dwarfs the rest, and the 192 tokens split into 8 equal chunks.

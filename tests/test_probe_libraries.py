@@ -19,8 +19,8 @@ from autofit.probe.build import make_spec
 from autofit.probe.launcher import launcher_for
 from autofit.probe.libraries import OPTIONAL, libraries_of, used_libraries
 from autofit.probe.runner import run_probe
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
 from autofit.probe.worker import execute
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
 from autofit.search.space import load_space
 from tests.helpers import custom_preset, spec, with_blocks
 
@@ -107,7 +107,7 @@ def test_a_library_left_out_and_imported_anyway_is_a_crash_that_says_so(tmp_path
 import json, pathlib
 from autofit.probe.build import make_spec
 from autofit.probe.libraries import crash_message, leave_out_unused
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 left = leave_out_unused([ProbeSpec.from_json(pathlib.Path({str(probe)!r}).read_text())])
 try:
     import peft
@@ -125,7 +125,7 @@ except ImportError as exc:
 SWEEP = r"""
 import dataclasses, json, sys
 from autofit.probe.libraries import leave_out_unused
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.probe.worker import execute
 specs = [ProbeSpec.from_json(text) for text in json.load(sys.stdin)]
 left = leave_out_unused(specs)

@@ -65,7 +65,7 @@ def test_a_reserved_figure_is_bounded_by_the_card_it_was_taken_on() -> None:
     not fit keeps its own figure; an allocated figure is never bounded."""
     from autofit.calibration.published import PublishedRow, simulated_figure
     from autofit.gpus import load_gpu
-    from autofit.probe.spec import Outcome, ProbeResult
+    from autofit.records.probe import Outcome, ProbeResult
 
     card = load_gpu("h100_80").memory_bytes
     context = 500 << 20

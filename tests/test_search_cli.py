@@ -295,8 +295,8 @@ def test_progress_shows_combinations_left_time_left_and_the_best_against_the_bud
     each probe's log line."""
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
-    from autofit.probe.spec import Outcome, ProbeResult
-    from autofit.results import Status
+    from autofit.records.probe import Outcome, ProbeResult
+    from autofit.records.status import Status
     from autofit.search.combination import Combination
     from autofit.search.display import config_words
     from autofit.search.progress import Progress
@@ -466,7 +466,7 @@ def test_nothing_fits_names_the_run_the_search_measured_at_another_resolution() 
     from autofit.commands.search import _nothing_fits
     from autofit.gpus import load_gpu
     from autofit.models import load_preset
-    from autofit.probe.spec import Outcome, ProbeResult
+    from autofit.records.probe import Outcome, ProbeResult
     from autofit.search.space import load_space
     from autofit.units import size
 

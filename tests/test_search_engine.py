@@ -11,7 +11,7 @@ import pytest
 from autofit.errors import ConfigError
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.display import best_block, losers
 from autofit.search.engine import Search
 from autofit.search.pareto import BestRule, best_config, fastest_and_best, pareto_front

@@ -17,7 +17,7 @@ from autofit.backends.simulate import Updates
 from autofit.knobs import registry
 from autofit.probe.scan import TracedPoint, scan_group
 from autofit.probe.shared_updates import SharedUpdates, updates_key
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
 
 PASS_ONLY = sorted(name for name, knob in registry().items() if knob.reach == "pass")

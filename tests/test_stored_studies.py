@@ -15,7 +15,7 @@ from autofit.cli import main
 from autofit.export import load_point
 from autofit.knobs import REGISTRY
 from autofit.knobs.optimizer import Optimizer
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.keys import probe_key
 from autofit.search.recorder import StudyRecorder
 

@@ -22,7 +22,7 @@ from helpers import in_process, probe_counts, study_trials
 from optuna.trial import TrialState
 from postgres import PostgresServer, postgres_server  # noqa: F401  (the session fixture)
 
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.claims import CLAIM_ATTR, Busy
 from autofit.search.keys import probe_key
 from autofit.search.recorder import StudyRecorder

@@ -9,9 +9,9 @@ from autofit.errors import ConfigError
 from autofit.units import size
 
 if TYPE_CHECKING:
-    from autofit.backends.base import Measurement
     from autofit.gpus import GpuSpec
-    from autofit.probe.spec import ProbeSpec
+    from autofit.records.measurement import Measurement
+    from autofit.records.probe import ProbeSpec
 
 BACKENDS = ("simulate", "cpu", "cuda")
 

@@ -22,12 +22,12 @@ import torch
 
 from autofit.backends.base import (
     TRACKED_STEPS,
-    Measurement,
     host_fields,
     model_gpu_memory,
     model_host_memory,
 )
-from autofit.probe.spec import ProbeSpec
+from autofit.records.measurement import Measurement
+from autofit.records.probe import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.tracker import MemoryTracker

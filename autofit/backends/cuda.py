@@ -27,13 +27,13 @@ import torch
 
 from autofit.backends.base import (
     TRACKED_STEPS,
-    Measurement,
     OutOfMemory,
     host_fields,
     model_host_memory,
 )
 from autofit.host import host_ranks
-from autofit.probe.spec import ProbeSpec
+from autofit.records.measurement import Measurement
+from autofit.records.probe import ProbeSpec
 from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.tracker import HostReport, MemoryTracker
 from autofit.training import TrainingRun

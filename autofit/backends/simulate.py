@@ -32,12 +32,12 @@ import torch
 
 from autofit.backends.base import (
     TRACKED_STEPS,
-    Measurement,
     host_fields,
     model_gpu_memory,
     model_host_memory,
 )
-from autofit.probe.spec import ProbeSpec
+from autofit.records.measurement import Measurement
+from autofit.records.probe import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
 from autofit.simulator.first_step import Pass, assemble, cut

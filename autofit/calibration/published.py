@@ -197,7 +197,7 @@ def compared(row: PublishedRow, result: Any, spec: Any) -> dict[str, Any]:
     """The row's simulated figure and its error (a dict for the CSV); `judged` adds the fit
     verdicts at a margin."""
     from autofit.calibration.margins import run_class
-    from autofit.probe.spec import DOES_NOT_FIT, Outcome
+    from autofit.records.probe import DOES_NOT_FIT, Outcome
 
     simulated = simulated_figure(row, result)
     # the published speed is one GPU's; the simulated one is the whole run's

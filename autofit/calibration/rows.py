@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.knobs import registry
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 
 FIXED_COLUMNS = ["case", "model", "target", "local_gpu", "emulated", "measure"]
 RESULT_COLUMNS = [

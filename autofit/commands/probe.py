@@ -22,8 +22,8 @@ from autofit.paths import ensure_writable
 from autofit.probe.build import probe_margin, spec_from_config
 from autofit.probe.launcher import ForkServer
 from autofit.probe.runner import WORKER, run_probe
-from autofit.probe.spec import Outcome, ProbeSpec
 from autofit.probe.summary import summarize
+from autofit.records.probe import Outcome, ProbeSpec
 
 # Not fitting (oom, oom_host) and not being able to run here at all (invalid) are answers; a
 # probe that crashed or timed out is a failure of the run, and scripts should hear about it.

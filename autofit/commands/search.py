@@ -15,7 +15,7 @@ from autofit.errors import AutofitError, ConfigError, Interrupted, NothingToSear
 from autofit.host import budget_words, check_host_memory
 from autofit.host import host_budget as host_budget_of
 from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
-from autofit.probe.spec import Outcome
+from autofit.records.probe import Outcome
 from autofit.search.progress import Progress
 from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
 from autofit.search.space import SearchSpace

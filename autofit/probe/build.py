@@ -11,7 +11,7 @@ from autofit.families import check_family
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
-from autofit.probe.spec import DEFAULT_MARGIN, ProbeSpec
+from autofit.records.probe import DEFAULT_MARGIN, ProbeSpec
 
 
 def preset_from_config(data: dict[str, Any]) -> ModelPreset:

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autofit.probe.spec import ProbeSpec
+from autofit.records.probe import ProbeSpec
 
 log = logging.getLogger("autofit.probe.libraries")
 

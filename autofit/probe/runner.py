@@ -25,7 +25,7 @@ from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
 from autofit.probe.scan import at_batch
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 
 log = logging.getLogger(__name__)
 

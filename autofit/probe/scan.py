@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from autofit.paths import write_atomically
 from autofit.probe.libraries import crash_message, leave_out_unused
 from autofit.probe.shared_updates import SharedUpdates
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 
 if TYPE_CHECKING:
     from autofit.simulator.batch_curve import BatchCurve

@@ -27,7 +27,7 @@ from autofit.paths import write_atomically
 
 if TYPE_CHECKING:
     from autofit.backends.simulate import Updates
-    from autofit.probe.spec import ProbeSpec
+    from autofit.records.probe import ProbeSpec
 
 
 def update_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:

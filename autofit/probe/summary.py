@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autofit.host import NOT_STATED
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.units import count, flops, seconds, size, value
 
 LOG_LINES = 8

@@ -18,9 +18,10 @@ from typing import Any
 
 import autofit
 from autofit.backends import measure, resolve
-from autofit.backends.base import Measurement, OutOfMemory
+from autofit.backends.base import OutOfMemory
 from autofit.probe.libraries import crash_message, leave_out_unused
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec
+from autofit.records.measurement import Measurement
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
 
 log = logging.getLogger("autofit.probe.worker")
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.host import budget_words
-from autofit.probe.spec import DOES_NOT_FIT, Outcome
-from autofit.results import Probe, Status, Study, knobs_key
+from autofit.records.probe import DOES_NOT_FIT, Outcome
+from autofit.records.status import Status
+from autofit.results import Probe, Study, knobs_key
 from autofit.units import size
 from autofit.units import value as show
 

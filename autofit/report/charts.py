@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.probe.spec import DOES_NOT_FIT, Outcome
+from autofit.records.probe import DOES_NOT_FIT, Outcome
 from autofit.report.answer import gpu_memory_bytes
 from autofit.report.tables import PARTS, margin_words
 from autofit.results import Study

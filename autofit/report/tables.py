@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.host import budget_words
-from autofit.probe.spec import Outcome
+from autofit.records.probe import Outcome
+from autofit.records.status import Status
 from autofit.report.changes import Comparison, over_budget, relative
-from autofit.results import Probe, Status, Study
+from autofit.results import Probe, Study
 from autofit.units import many, size
 from autofit.units import value as show
 

@@ -32,7 +32,6 @@ from autofit.results.layout import (
     RESULTS,
     SUMMARY,
     TRIALS,
-    Status,
     check_study_name,
     study_folder,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "TRIALS",
     "Damaged",
     "Probe",
-    "Status",
     "Study",
     "check_folder",
     "check_study_name",

@@ -4,7 +4,6 @@ called (a folder under results/, never a path)."""
 from __future__ import annotations
 
 import os
-from enum import Enum
 from pathlib import Path
 
 from autofit.errors import ConfigError, shown
@@ -14,17 +13,6 @@ SUMMARY, TRIALS, PARETO, BEST = "summary.json", "trials.csv", "pareto.csv", "bes
 GIB = 1 << 30
 # trials.csv's host memory columns, after budget_bytes (a study written before them has none).
 HOST_COLUMNS = ("host_peak_gib", "host_peak_bytes", "host_pinned_bytes", "host_budget_bytes")
-
-
-class Status(str, Enum):
-    """What the search made of one combination at one resolution. A closed set."""
-
-    PENDING = "pending"  # not searched yet
-    EXACT = "exact"  # its largest fitting batch was found (`best_batch`)
-    NONE_FIT = "none_fit"  # not even the space's smallest batch fits
-    PRUNED = "pruned"  # a faster combination already fits all it could fit
-    INVALID = "invalid"  # it cannot run (on this GPU, for this model, in the asked trainer)
-    FAILED = "failed"  # a probe crashed or timed out, so its largest batch is not known
 
 
 # -- naming a study ---------------------------------------------------------------------------

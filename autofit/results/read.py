@@ -16,8 +16,9 @@ from typing import Any
 from autofit.command_line import override
 from autofit.errors import AutofitError, ConfigError, shown, suggest
 from autofit.knobs import registry
-from autofit.probe.spec import Outcome
-from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS, Status
+from autofit.records.probe import Outcome
+from autofit.records.status import Status
+from autofit.results.layout import BEST, PARETO, RESULTS, SUMMARY, TRIALS
 from autofit.results.schema import Written, migrated, stated_version, written_version
 from autofit.results.write import rerun_command
 from autofit.units import parsed_value

@@ -15,8 +15,9 @@ from autofit.host import budget_words
 from autofit.knobs import that_matter
 from autofit.models import ModelPreset
 from autofit.paths import search_spaces_dir, write_together
-from autofit.probe.spec import ProbeResult
 from autofit.probe.summary import headroom, provenance
+from autofit.records.probe import ProbeResult
+from autofit.records.status import Status
 from autofit.results.layout import (
     BEST,
     GIB,
@@ -25,7 +26,6 @@ from autofit.results.layout import (
     RESULTS,
     SUMMARY,
     TRIALS,
-    Status,
     study_folder,
 )
 from autofit.results.schema import SCHEMA_VERSION

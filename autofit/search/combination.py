@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.knobs import REGISTRY
-from autofit.results import Status
+from autofit.records.status import Status
 from autofit.search.space import SearchSpace
 from autofit.units import resolution_words
 from autofit.units import value as show

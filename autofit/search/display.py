@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autofit.probe.spec import ProbeResult
 from autofit.probe.summary import headroom, host_line, provenance
-from autofit.results import Status
+from autofit.records.probe import ProbeResult
+from autofit.records.status import Status
 from autofit.search.combination import Combination
 from autofit.search.pareto import BestRule
 from autofit.units import size, value

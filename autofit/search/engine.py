@@ -32,8 +32,8 @@ from typing import Any
 
 from autofit.errors import NothingToSearch
 from autofit.knobs import invalid_reason
-from autofit.probe.spec import Outcome, ProbeResult, ScanResult
-from autofit.results import Status
+from autofit.records.probe import Outcome, ProbeResult, ScanResult
+from autofit.records.status import Status
 from autofit.search.combination import (
     Combination,
     frozen,

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from autofit.knobs import REGISTRY
-from autofit.probe.spec import ScanWindow
+from autofit.records.probe import ScanWindow
 
 
 def significant(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def scan_key(
     """What makes two scans (every batch from `lo` to `hi` of one structure) the same scan: the
     probe key of the structure (`fingerprints` as `probe_key` takes them), its batch size
     replaced by the range, and the least batch and the tolerance of its window
-    (autofit/probe/spec.py ScanWindow; none: the key a scan had before it reported one). Not the
+    (autofit/records/probe.py ScanWindow; none: the key a scan had before it reported one). Not the
     window's floor, which depends on what the search knew when it asked: the study keeps it with
     the scan (WINDOW_FLOOR_ATTR), and the search looks for itself below it."""
     structure = {k: v for k, v in knobs.items() if k != "batch_size"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 
 Slopes = dict[str, float]  # curve name -> bytes per extra sample
 

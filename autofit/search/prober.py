@@ -12,7 +12,7 @@ from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
 from autofit.probe.runner import SCAN_TRACES, run_probe, run_scans
 from autofit.probe.shared_updates import search_directory
-from autofit.probe.spec import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 from autofit.search.claims import Busy
 from autofit.search.keys import probe_key, scan_key
 from autofit.search.recorder import Claim, StudyRecorder

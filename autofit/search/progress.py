@@ -8,8 +8,8 @@ import threading
 import time
 from typing import TextIO
 
-from autofit.probe.spec import Outcome, ProbeResult
-from autofit.results import Status
+from autofit.records.probe import Outcome, ProbeResult
+from autofit.records.status import Status
 from autofit.search.combination import Combination
 from autofit.search.display import config_words
 from autofit.search.engine import SearchListener

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ProbeNotFinished
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.claims import (
     HEARTBEAT_ATTR,
     Busy,
@@ -52,7 +52,7 @@ from autofit.units import many
 log = logging.getLogger(__name__)
 
 REPORTED_ATTR = "reported"  # a scan's trial: the batches of its other reported points
-# a scan's trial: the floor of the window whose batches it reported (autofit/probe/spec.py
+# a scan's trial: the floor of the window whose batches it reported (autofit/records/probe.py
 # ScanWindow); none, where it reported none
 WINDOW_FLOOR_ATTR = "window_floor"
 # Outcomes that say nothing of the configuration when autofit itself stopped, its probe server

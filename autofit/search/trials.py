@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from autofit.knobs import REGISTRY, completed
-from autofit.probe.spec import Outcome, ProbeResult
+from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.claims import HEARTBEAT_ATTR, TIMEOUT_ATTR, WORKER_ATTR, this_worker
 
 DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)

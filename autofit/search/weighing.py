@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autofit.probe.spec import ProbeResult, ScanWindow
-from autofit.results import Status
+from autofit.records.probe import ProbeResult, ScanWindow
+from autofit.records.status import Status
 from autofit.search.combination import Combination, frozen, parents
 from autofit.search.planner import Observation
 from autofit.search.space import SearchSpace

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
-_TEMPORARIES = CATEGORIES.index("temporaries")
+from autofit.records.categories import CATEGORIES, Category
+
+_TEMPORARIES = CATEGORIES.index(Category.TEMPORARIES)
 ALLOCATION_GRANULARITY = 512  # CUDA caching allocator: every block is a multiple of 512 bytes
 
 
