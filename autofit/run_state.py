@@ -21,9 +21,9 @@ import torch
 
 from autofit.host_init import tiled_random_init
 from autofit.models import ModelPreset
+from autofit.records.probe import ProbeSpec
 
 if TYPE_CHECKING:
-    from autofit.records.probe import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
 
 # The fields knobs own (each by exactly one knob) and what each holds.

@@ -19,12 +19,12 @@ import torch
 from autofit.knobs import application_order, defaults, owners
 from autofit.models import ModelPreset
 from autofit.optimizers.in_backward import InBackwardOptimizer
+from autofit.records.probe import ProbeSpec
 from autofit.run_state import PlainStep, RunState, default_dtype
 from autofit.simulator.step_log import Position, StepMarks
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
-    from autofit.records.probe import ProbeSpec
     from autofit.simulator.tracker import MemoryTracker
 
 

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 from autofit.devices import nvidia_device_visible
 from autofit.errors import ConfigError
+from autofit.records.measurement import Measurement
+from autofit.records.probe import ProbeSpec
 from autofit.units import size
 
 if TYPE_CHECKING:
     from autofit.gpus import GpuSpec
-    from autofit.records.measurement import Measurement
-    from autofit.records.probe import ProbeSpec
 
 BACKENDS = ("simulate", "cpu", "cuda")
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autofit.gpus import GpuSpec
 from autofit.host import host_ranks, loader
+from autofit.records.probe import ProbeSpec
 from autofit.simulator.allocator_replay import required_memory
 from autofit.simulator.step_log import HostReport, StepLog
-
-if TYPE_CHECKING:
-    from autofit.records.probe import ProbeSpec
 
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
 # to show the steady-state peak (state, then activations and gradients on top of it). The

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.paths import write_atomically
+from autofit.records.probe import ProbeSpec
 
 if TYPE_CHECKING:
     from autofit.backends.simulate import Updates
-    from autofit.records.probe import ProbeSpec
 
 
 def update_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
