@@ -1,6 +1,9 @@
 """The simulator allocates what a real step allocates: the `simulate` backend (fake tensors) and
 the `cpu` backend (real tensors) record the same allocations, in the same order, with the same
-sizes and categories, for every precision, optimizer and checkpointing setting on the tiny models.
+sizes and categories, for every precision, optimizer and checkpointing setting on the tiny models,
+and for every value of every knob on the first tiny model the rules let the CPU run it on (where
+a library's own code runs for real and is emulated on fake tensors, within what LOOSER says; where
+no tiny model can run it on the CPU, NOT_ON_CPU says why).
 """
 
 from __future__ import annotations
