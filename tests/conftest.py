@@ -30,3 +30,20 @@ def _undo_deepspeeds_linear_override() -> Iterator[None]:
     linear = torch.nn.functional.linear
     yield
     torch.nn.functional.linear = linear
+
+
+@pytest.fixture(autouse=True)
+def _undo_the_process_groups_environment() -> Iterator[None]:
+    """A real DeepSpeed or FSDP probe joins a process group of one, setting RANK, LOCAL_RANK and
+    WORLD_SIZE for its engine (autofit/knobs/zero_stage.py). A probe owns its process; a test
+    does not, and a trainer a later test launches (TRL's train.py) inherits them and waits for
+    a rendezvous that never comes."""
+    import os
+
+    saved = {key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
