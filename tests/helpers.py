@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from autofit.gpus import load_gpu
 from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
+from autofit.paths import group_options
 from autofit.probe.build import make_spec
 from autofit.records.probe import ProbeSpec
 from autofit.simulator.batch_curve import canonical_frees
@@ -30,6 +33,30 @@ TINY_LLAMA = {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
 }  # fmt: skip
+
+
+def presets_by_family() -> dict[str, Any]:
+    """The first shipped preset of each model family, by family."""
+    presets: dict[str, Any] = {}
+    for name in group_options("model"):
+        preset = load_preset(name)
+        presets.setdefault(preset.family, preset)
+    return presets
+
+
+def changes_around(knob: str, alternatives: Callable[[str], list[Any]]) -> Iterator[dict[str, Any]]:
+    """What to change besides `knob` to find a configuration that runs it, fewest changes first:
+    nothing, then each other technique knob at one of its `alternatives` other than its default,
+    then two such changes at once."""
+    from autofit.knobs import REGISTRY, WORKLOAD_KNOBS
+
+    others = [k for k in REGISTRY if k != knob and k not in WORKLOAD_KNOBS]
+    singles = [{k: v} for k in others for v in alternatives(k) if v != REGISTRY[k].default]
+    yield {}
+    yield from singles
+    for a, b in itertools.combinations(singles, 2):
+        if set(a).isdisjoint(b):
+            yield {**a, **b}
 
 
 def refusal(knobs: dict[str, Any], model: str, gpu: str = "a40") -> str | None:

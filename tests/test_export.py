@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import presets_by_family
 
 from autofit.cli import main
 from autofit.errors import AutofitError, ConfigError
@@ -538,7 +539,6 @@ def test_trl_train_py_trains_two_steps_on_cpu(workdir: Path) -> None:
 def test_hydra_overrides_compose_for_autofit_probe(workdir: Path) -> None:
     from autofit.config import compose_config
     from autofit.knobs import parse_all, registry
-    from autofit.paths import group_options
 
     checked = 0
     for out, point in _all(workdir, "hydra"):
@@ -667,18 +667,10 @@ def test_simpletuners_parser_reads_its_checkpointing_schedule_offload_and_torcha
     assert parsed.base_model_precision == "fp8wo-torchao"
 
 
-def _presets_by_family() -> dict[str, ModelPreset]:
-    presets: dict[str, ModelPreset] = {}
-    for name in group_options("model"):
-        preset = load_preset(name)
-        presets.setdefault(preset.family, preset)
-    return presets
-
-
 def test_every_family_and_mode_a_target_trains_has_a_learning_rate_or_says_none_is_documented() -> (
     None
 ):
-    presets = _presets_by_family()
+    presets = presets_by_family()
     train_mode = REGISTRY["train_mode"]
     assert set(table()) == set(TARGETS), "every target declares its trainer defaults, or none"
     checked = 0

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import assert_same_allocations, spec, tiny_llama
+from helpers import assert_same_allocations, changes_around, spec, tiny_llama
 
 from autofit.backends import cpu, simulate
 from autofit.errors import ConfigError
 from autofit.gpus import load_gpu
-from autofit.knobs import REGISTRY, WORKLOAD_KNOBS, defaults, invalid_reason
+from autofit.knobs import REGISTRY, defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.paths import calibration_dir
 from autofit.units import value as text
@@ -97,10 +97,7 @@ def candidates(knob: str, value: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """Tiny models and knobs (`knob=value`, the others at their defaults but for one or two
     changed to make it valid) that the rules let the cpu backend run, fewest changes first."""
     models = [*TINY.items(), ("tiny_llama", TINY_LLAMA_PRESET)]
-    others = [k for k in REGISTRY if k != knob and k not in WORKLOAD_KNOBS]
-    singles = [{k: v} for k in others for v in _alternatives(k) if v != REGISTRY[k].default]
-    pairs = ({**a, **b} for a, b in itertools.combinations(singles, 2) if set(a).isdisjoint(b))
-    for change in itertools.chain([{}], singles, pairs):
+    for change in changes_around(knob, _alternatives):
         for model, preset in models:
             resolution = 32 if model == "tiny_llama" else preset.resolution
             config = {**defaults(), "batch_size": 2, "resolution": resolution, knob: value}

@@ -10,12 +10,11 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import itertools
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from helpers import spec
+from helpers import changes_around, spec
 
 from autofit.errors import ConfigError
 from autofit.export import TARGETS, write_export
@@ -24,7 +23,6 @@ from autofit.export.point import StudyPoint
 from autofit.gpus import load_gpu
 from autofit.knobs import (
     REGISTRY,
-    WORKLOAD_KNOBS,
     Knob,
     Say,
     Subject,
@@ -92,12 +90,7 @@ def configuration(target: str, knob: str, value: Any, out: Path) -> tuple[Any, A
         base = {**defaults(), "resolution": preset.resolution, knob: value}
         if base["resolution"] is None:
             base["resolution"] = preset.resolution
-        others = [k for k in REGISTRY if k != knob and k not in WORKLOAD_KNOBS]
-        changes = [{}] + [{k: v} for k in others for v in _alternatives(k) if v != base[k]]
-        pairs = [
-            {**a, **b} for a, b in itertools.combinations(changes[1:], 2) if set(a).isdisjoint(b)
-        ]
-        for change in [*changes, *pairs]:
+        for change in changes_around(knob, _alternatives):
             config = {**base, **change}
             if not _valid(config, preset):
                 continue

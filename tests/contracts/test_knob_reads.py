@@ -15,25 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import presets_by_family
 
 from autofit.export import TARGETS
 from autofit.families import REGISTRY as FAMILIES
 from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, Knob, ProbeContext, Subject, defaults
-from autofit.models import load_preset
-from autofit.paths import group_options
 from autofit.units import value as text
 
 KNOBS_DIR = Path(inspect.getfile(Knob)).parent
 GPU = load_gpu("a40")
 # One preset of each family: what a rule reads can depend on the family.
-PRESETS = list(
-    {
-        p.family: p
-        for p in (load_preset(n) for n in group_options("model"))
-        if p.family in FAMILIES
-    }.values()
-)
+PRESETS = [p for family, p in presets_by_family().items() if family in FAMILIES]
 SOURCES = ("knobs", "config")  # context.knobs, run.knobs, subject.config, a config argument
 
 

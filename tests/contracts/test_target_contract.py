@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import presets_by_family
 
 from autofit.export import TARGETS, trainer_stack, trainer_values, write_export
 from autofit.export.base import Target
@@ -18,13 +19,8 @@ from autofit.export.defaults import table
 from autofit.export.point import StudyPoint
 from autofit.families import REGISTRY as FAMILIES
 from autofit.knobs import defaults
-from autofit.models import load_preset
-from autofit.paths import group_options
 
-PRESETS = {}
-for _name in group_options("model"):
-    _preset = load_preset(_name)
-    PRESETS.setdefault(_preset.family, _preset)
+PRESETS = presets_by_family()
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
