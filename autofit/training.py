@@ -18,10 +18,10 @@ import torch
 
 from autofit.knobs import application_order, defaults, owners
 from autofit.models import ModelPreset
-from autofit.optimizers.in_backward import InBackwardOptimizer
 from autofit.records.probe import ProbeSpec
 from autofit.run_state import PlainStep, RunState, default_dtype
 from autofit.simulator.step_log import Position, StepMarks
+from autofit.techniques.optimizers.in_backward import InBackwardOptimizer
 from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class TrainingRun(RunState):
     def update_without_a_pass(self) -> StepMarks:
         """The first step's update, from gradients made directly, one per trainable parameter as
         backward leaves them, instead of from a forward and backward pass. A tracker's log then
-        lacks that pass: autofit/simulator/first_step.py puts the next step's in its place."""
+        lacks that pass: autofit/fastpath/first_step.py puts the next step's in its place."""
         start = self.position()
         with self.in_phase("backward"):
             for param in self.trainable_parameters() if self._reads_gradients() else ():

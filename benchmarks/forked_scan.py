@@ -25,7 +25,7 @@ import autofit.probe.worker, autofit.backends.simulate, autofit.workloads.sana
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
-from autofit.probe.scan import scan_group
+from autofit.fastpath.scan import scan_group
 
 def spec(**knobs):
     knobs = {"resolution": 1024, "precision": "bf16", "optimizer": "adamw", "batch_size": 1, **knobs}

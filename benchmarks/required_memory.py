@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autofit.fastpath.scan import TracedPoint
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
-from autofit.probe.scan import TracedPoint
 from autofit.probe.worker import versions
 from autofit.simulator import allocator_replay
 from autofit.simulator.allocator import MODELS

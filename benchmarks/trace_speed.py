@@ -4,12 +4,12 @@
         [--repeat 5]
 
 In one process, after one untimed trace (imports, the cache filled): a scan's trace of the
-model's two steps (autofit/probe/scan.py TracedPoint: model built, setup, updates, the pass,
+model's two steps (autofit/fastpath/scan.py TracedPoint: model built, setup, updates, the pass,
 priced) at the batch given, alternately with RealLayoutFakeMode's key and outputs from the
 cache (autofit/simulator/kernel_outputs.py) and with FakeTensorMode's, which the mode then
 inherits.
 Prints the median of each and checks that both traces record the same step: the same record a
-batch curve reads (autofit/simulator/batch_curve.py `record`: every allocation event, each run
+batch curve reads (autofit/fastpath/batch_curve.py `record`: every allocation event, each run
 of frees in one order, every size, kernel and figure of the price). Writes results/benchmarks/trace_speed-<model>.json.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from autofit.fastpath.scan import TracedPoint
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.build import make_spec
-from autofit.probe.scan import TracedPoint
 from autofit.probe.worker import versions
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
 

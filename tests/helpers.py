@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from autofit.fastpath.batch_curve import canonical_frees
 from autofit.gpus import load_gpu
 from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
 from autofit.paths import group_options
 from autofit.probe.build import make_spec
 from autofit.records.probe import ProbeSpec
-from autofit.simulator.batch_curve import canonical_frees
 
 
 def spec(model: str, gpu: str = "a40", backend: str = "simulate", **knobs: Any) -> ProbeSpec:

@@ -12,9 +12,9 @@ import pytest
 from helpers import custom_preset, with_blocks
 from helpers import spec as make
 
-from autofit.probe.scan import (
+from autofit.fastpath.batch_curve import BatchCurve, NotAffine, canonical_frees
+from autofit.fastpath.scan import (
     TracedPoint,
-    at_batch,
     curve_batches,
     replayed_point,
     scan,
@@ -22,7 +22,6 @@ from autofit.probe.scan import (
 )
 from autofit.probe.worker import execute
 from autofit.records.probe import Outcome, ProbeSpec
-from autofit.simulator.batch_curve import BatchCurve, NotAffine, canonical_frees
 
 TESTS = Path(__file__).parent
 TIMING = {"versions", "wall_s", "source"}  # what a replayed point may report differently
@@ -35,9 +34,7 @@ def _same(replayed: dict, direct: dict) -> dict:
 
 
 def _curve(probe: ProbeSpec, hi: int) -> BatchCurve:
-    return BatchCurve.fit(
-        [TracedPoint(at_batch(probe, b), {}).record for b in curve_batches(2, hi)]
-    )
+    return BatchCurve.fit([TracedPoint(probe.at_batch(b), {}).record for b in curve_batches(2, hi)])
 
 
 CASES = [
@@ -55,7 +52,7 @@ def test_a_replayed_batch_is_a_direct_trace_to_the_byte(model: str, gpu: str, kn
     probe = make(model, gpu, **knobs)
     curve = _curve(probe, 24)
     for batch in (5, 11, 17):
-        point = at_batch(probe, batch)
+        point = probe.at_batch(batch)
         replayed = replayed_point(curve, point, {}).to_dict()
         assert _same(replayed, execute(point).to_dict()) == {}, batch
         assert replayed["source"] == "replayed"
@@ -96,9 +93,9 @@ def test_a_structure_that_differs_in_the_optimizer_shares_the_curve(
     and the curve's growth elsewhere, answer the member as its own traces would."""
     curve = _curve(make(model, gpu, **knobs), 24)
     other = make(model, gpu, **knobs, **member)
-    shared = curve.shared_with(TracedPoint(at_batch(other, 24), {}).record)
+    shared = curve.shared_with(TracedPoint(other.at_batch(24), {}).record)
     for batch in (6, 19):
-        point = at_batch(other, batch)
+        point = other.at_batch(batch)
         assert _same(replayed_point(shared, point, {}).to_dict(), execute(point).to_dict()) == {}
 
 
@@ -110,7 +107,7 @@ def test_a_member_whose_backward_differs_is_refused() -> None:
         "tiny_sana", "a40", resolution=128, optimizer="adafactor", fused_backward="parameter"
     )
     with pytest.raises(NotAffine, match="the member's phases differ"):
-        curve.shared_with(TracedPoint(at_batch(other, 2), {}).record)
+        curve.shared_with(TracedPoint(other.at_batch(2), {}).record)
 
 
 @pytest.mark.slow
@@ -131,7 +128,7 @@ def test_presets_replay_as_they_trace(model: str, knobs: dict) -> None:
     probe = make(model, "h100_80", **knobs)
     curve = _curve(probe, 16)
     for batch in (4, 9):
-        point = at_batch(probe, batch)
+        point = probe.at_batch(batch)
         assert _same(replayed_point(curve, point, {}).to_dict(), execute(point).to_dict()) == {}
 
 
@@ -139,8 +136,8 @@ def test_batch_one_is_traced_by_itself_and_the_scan_reports_the_edge() -> None:
     """Batch 1 is a program of its own (a size-1 dimension makes copies views); a scan whose
     budget fits only batch 1 traces it and reports it with batch 2 above it."""
     probe = make("tiny_sana", "a40", resolution=512)
-    batch_1 = execute(at_batch(probe, 1))
-    batch_2 = execute(at_batch(probe, 2))
+    batch_1 = execute(probe.at_batch(1))
+    batch_2 = execute(probe.at_batch(2))
     budget = (batch_1.peak_bytes + batch_2.peak_bytes) // 2
     margin = 1 - budget / probe.gpu_spec.memory_bytes
     tight = dataclasses.replace(probe, margin=margin)
@@ -153,17 +150,17 @@ def test_batch_one_is_traced_by_itself_and_the_scan_reports_the_edge() -> None:
 
 def test_the_scan_finds_the_largest_batch_a_grid_finds() -> None:
     probe = make("tiny_mlp", "l4", resolution=256)
-    grid = {b: execute(at_batch(probe, b)) for b in range(2, 13)}
+    grid = {b: execute(probe.at_batch(b)) for b in range(2, 13)}
     # a budget between two batches' peaks, so the answer is inside the range
     budget = (grid[7].peak_bytes + grid[8].peak_bytes) // 2
     tight = dataclasses.replace(probe, margin=1 - budget / probe.gpu_spec.memory_bytes)
-    truth = max(b for b in grid if execute(at_batch(tight, b)).outcome is Outcome.OK)
+    truth = max(b for b in grid if execute(tight.at_batch(b)).outcome is Outcome.OK)
     answer = scan(tight, 2, 12)
     assert answer.best_batch == truth and 2 < truth < 12
     best, above = answer.results
     assert (best.source, above.source) == ("replayed", "replayed")
     for result in answer.results:
-        direct = execute(at_batch(tight, result.config["batch_size"])).to_dict()
+        direct = execute(tight.at_batch(result.config["batch_size"])).to_dict()
         assert _same(result.to_dict(), direct) == {}
 
 
@@ -176,10 +173,10 @@ def test_the_scan_reports_every_batch_the_best_rule_weighs(floor: float) -> None
     from autofit.records.probe import ScanWindow
 
     probe = make("tiny_sana", "a40", resolution=512)  # about 28 MiB more per sample
-    edge = {b: execute(at_batch(probe, b)) for b in (10, 11)}
+    edge = {b: execute(probe.at_batch(b)) for b in (10, 11)}
     budget = (edge[10].peak_bytes + edge[11].peak_bytes) // 2
     tight = dataclasses.replace(probe, margin=1 - budget / probe.gpu_spec.memory_bytes)
-    grid = {b: execute(at_batch(tight, b)) for b in range(1, 13)}
+    grid = {b: execute(tight.at_batch(b)) for b in range(1, 13)}
     fitting = {b: r for b, r in grid.items() if r.outcome is Outcome.OK}
     fastest = max(r.samples_per_s for r in fitting.values())
     tolerance = 0.5  # wide, so the window holds several batches
@@ -198,7 +195,7 @@ def test_a_window_too_wide_to_report_is_left_to_the_search() -> None:
     """tiny_mlp's speed levels off after a few hundred samples: over batches 1 to 2,000, well
     over WINDOW_LIMIT batches are within 3% of its fastest. The scan reports its answer alone and
     no window floor, so the search looks for the rule's run itself (Search._weigh)."""
-    from autofit.probe.scan import WINDOW_LIMIT
+    from autofit.fastpath.scan import WINDOW_LIMIT
     from autofit.records.probe import ScanWindow
 
     probe = make("tiny_mlp", "l4", precision="bf16_pure")
@@ -206,7 +203,7 @@ def test_a_window_too_wide_to_report_is_left_to_the_search() -> None:
     assert answer.best_batch == 2000 and answer.window_floor is None
     assert [r.config["batch_size"] for r in answer.results] == [2000]
     fastest = answer.results[0].samples_per_s
-    below = execute(at_batch(probe, 2000 - WINDOW_LIMIT))
+    below = execute(probe.at_batch(2000 - WINDOW_LIMIT))
     assert below.outcome is Outcome.OK and below.samples_per_s >= 0.97 * fastest
 
 
@@ -238,7 +235,7 @@ def test_the_top_of_the_range_is_traced_first() -> None:
         for name in ("lion", "adamw")
     )
     hi = 24
-    allocated = [execute(at_batch(p, hi)).peak_allocated_bytes for p in (lion, adamw)]
+    allocated = [execute(p.at_batch(hi)).peak_allocated_bytes for p in (lion, adamw)]
     gpu = lion.gpu_spec
     # a budget between the two at the top: AdamW keeps one more state than Lion
     budget = sum(allocated) // 2 + gpu.cuda_context_bytes + gpu.cublas_workspace_bytes
@@ -256,7 +253,7 @@ def test_the_top_of_the_range_is_traced_first() -> None:
     ]
     for probe, answer in ((lion, first), (adamw, member)):
         for result in answer.results:
-            direct = execute(at_batch(probe, result.config["batch_size"]))
+            direct = execute(probe.at_batch(result.config["batch_size"]))
             assert _same(result.to_dict(), direct.to_dict()) == {}
 
 
@@ -328,8 +325,8 @@ def test_a_simulated_search_records_the_points_it_reports_and_resumes(tmp_path: 
     margin = json.loads((tmp_path / "results" / "wide" / "summary.json").read_text())["margin"]
     probe = make("tiny_mlp", "l4", precision="bf16_pure", optimizer="adamw")
     probe = dataclasses.replace(probe, margin=margin)
-    assert execute(at_batch(probe, best)).outcome is Outcome.OK
-    assert execute(at_batch(probe, best + 1)).outcome is Outcome.OOM
+    assert execute(probe.at_batch(best)).outcome is Outcome.OK
+    assert execute(probe.at_batch(best + 1)).outcome is Outcome.OOM
 
     again = in_process(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
@@ -343,7 +340,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from helpers import spec, with_blocks
 from autofit.backends.simulate import trace
-from autofit.simulator.batch_curve import canonical_frees
+from autofit.fastpath.batch_curve import canonical_frees
 
 def step(probe):
     _, log = trace(probe)
@@ -375,7 +372,7 @@ def test_a_process_first_trace_is_the_step_its_next_trace_is() -> None:
 def _tight_tiny_sana() -> float:
     """The margin at which tiny_sana at 512 px on an A40 fits batch 10 and not 11."""
     probe = make("tiny_sana", "a40", resolution=512)
-    edge = [execute(at_batch(probe, b)).peak_bytes for b in (10, 11)]
+    edge = [execute(probe.at_batch(b)).peak_bytes for b in (10, 11)]
     return 1 - (edge[0] + edge[1]) // 2 / probe.gpu_spec.memory_bytes
 
 
@@ -393,7 +390,7 @@ def _grid_best(space: Any, margin: float) -> Any:
     from autofit.search.pareto import fastest_and_best
 
     grid = [
-        execute(at_batch(dataclasses.replace(make("tiny_sana", "a40", resolution=512, **dict(knobs)), margin=margin), b))
+        execute((dataclasses.replace(make("tiny_sana", "a40", resolution=512, **dict(knobs)), margin=margin)).at_batch(b))
         for knobs in space.combinations()
         for b in range(space.min_batch, space.max_batch + 1)
     ]  # fmt: skip

@@ -14,7 +14,7 @@ from autofit.backends import cpu, simulate
 from autofit.knobs import REGISTRY, defaults
 from autofit.knobs.base import Refuse, Say, Subject
 from autofit.models import load_preset
-from autofit.regional_compile import _partition, fused_nodes
+from autofit.techniques.regional_compile import _partition, fused_nodes
 
 COMPILED = {"compile": "regional"}
 PURE = {"precision": "bf16_pure", "optimizer": "adamw"}

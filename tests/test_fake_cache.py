@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, _CacheKeyState
 
-from autofit.probe.scan import TracedPoint
+from autofit.fastpath.scan import TracedPoint
 from autofit.probe.worker import versions
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
 from tests.helpers import spec

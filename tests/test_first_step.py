@@ -1,6 +1,6 @@
 """A simulated probe traces its first step's update alone and its second step whole, and writes
 the log of both full steps from the second's forward and backward pass
-(autofit/simulator/first_step.py): what it reports is what tracing both steps reports, to the
+(autofit/fastpath/first_step.py): what it reports is what tracing both steps reports, to the
 byte, and a pass that leaves state behind it is traced twice instead."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from helpers import custom_preset, with_blocks
 from helpers import spec as make
 
 from autofit.backends import simulate
+from autofit.fastpath import shared_updates
+from autofit.fastpath.batch_curve import canonical_frees
+from autofit.fastpath.first_step import Pass
 from autofit.gpus import load_gpu
 from autofit.probe.build import make_spec
 from autofit.records.probe import ProbeSpec
-from autofit.simulator.batch_curve import canonical_frees
-from autofit.simulator.first_step import Pass
 from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.step_log import StepLog, compact_phases
 
@@ -37,13 +38,13 @@ def _traced(probe: ProbeSpec, how: str, pass_: Pass | None = None) -> tuple[Any,
     two ways are the same one (the probe was not assembled from its pass)."""
     roofline = RooflineCounter(probe.gpu_spec, keep_kernels=True)
     if how == "whole":
-        run, log, _ = simulate._trace(probe, roofline, alone=0)
+        run, log, _ = simulate.trace_run(probe, roofline, alone=0)
         counts = run.param_count, run.trainable_param_count
     elif how == "composed":
         assert pass_ is not None
-        updates = simulate.traced_updates(probe)
+        updates = shared_updates.traced_updates(probe)
         assert updates is not None, "the updates could not be traced alone"
-        log = simulate.composed_steps(updates, pass_, roofline)
+        log = shared_updates.composed_steps(updates, pass_, roofline)
         assert log is not None, "the probe was not assembled"
         counts = updates.counts
     else:
@@ -231,7 +232,7 @@ def test_a_scan_assembles_the_rest_of_a_group_from_the_first_structure_s_pass(
 ) -> None:
     """In a scan of structures that differ only in the optimizer, the others' traces are
     assembled from the first one's pass, and answer as each structure's scan alone does."""
-    from autofit.probe.scan import scan, scan_group
+    from autofit.fastpath.scan import scan, scan_group
 
     assembled: list[int] = []
 
@@ -240,8 +241,8 @@ def test_a_scan_assembles_the_rest_of_a_group_from_the_first_structure_s_pass(
         assembled.append(probe.knobs["batch_size"]) if updates else None
         return updates
 
-    traced_updates = simulate.traced_updates
-    monkeypatch.setattr(simulate, "traced_updates", counted)
+    traced_updates = shared_updates.traced_updates
+    monkeypatch.setattr(shared_updates, "traced_updates", counted)
     knobs = {"batch_size": 1, "resolution": 128, "precision": "bf16"}
     first, other = (make("tiny_sana", "a40", **knobs, optimizer=o) for o in ("adamw", "lion"))
     grouped = scan_group([(first, 1), (other, 1)], 1_000_000)[1]

@@ -14,11 +14,11 @@ import torch
 from helpers import spec
 
 from autofit.backends import simulate
+from autofit.emulations.fsdp import shard_rows
+from autofit.emulations.fsdp_groups import fsdp_groups
 from autofit.gpus import load_gpu
 from autofit.knobs import invalid_reason
 from autofit.models import load_preset
-from autofit.simulator.fsdp import shard_rows
-from autofit.simulator.fsdp_groups import fsdp_groups
 from autofit.simulator.tracker import CATEGORIES, round_allocation
 
 LLAMA = "llama3_2_1b"

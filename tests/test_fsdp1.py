@@ -30,7 +30,7 @@ def test_fsdp1_for_real_allocates_what_the_emulation_lays_out(world, knobs, monk
     memory."""
     import peft  # noqa: F401  (it makes tensors when first imported: not the step's)
 
-    import autofit.simulator.fsdp1_real as fsdp1
+    import autofit.emulations.fsdp1_real as fsdp1
     from autofit.backends.cpu import trace as cpu_trace
 
     probe = tiny(True, fsdp_version=1, world_size=world, **knobs)
@@ -110,8 +110,8 @@ def test_gathers_and_reductions_come_from_their_own_streams_pools() -> None:
     unit's padded flat parameter is allocated on the one, the gradient's reduce-scatter on the
     other, and the caching allocator's model keeps their freed blocks for their own stream, so
     the run reserves more than with every block reusable by any request."""
+    from autofit.emulations.fsdp1 import POST_BACKWARD, UNSHARD
     from autofit.simulator.allocator_replay import replay
-    from autofit.simulator.fsdp1 import POST_BACKWARD, UNSHARD
 
     world = 4
     _, log = simulate.trace(tiny(True, fsdp="full_shard", fsdp_version=1, world_size=world))

@@ -20,6 +20,7 @@ from test_search_engine import space as synthetic_space
 
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_host_memory
+from autofit.emulations.zero import share
 from autofit.host import GIB, NOT_STATED, check_host_memory, loader_shard_bytes
 from autofit.probe.summary import summarize
 from autofit.probe.worker import execute
@@ -29,7 +30,6 @@ from autofit.search.engine import Search
 from autofit.search.keys import probe_key
 from autofit.search.pareto import best_config, pareto_front
 from autofit.simulator.tracker import round_pinned
-from autofit.simulator.zero import share
 
 MLP_SHAPES = [(256, 64), (256,), (64, 256), (64,)]  # hidden.0 weight and bias, out weight and bias
 MLP_PARAMS = 64 * 256 + 256 + 256 * 64 + 64  # 33,088

@@ -87,7 +87,7 @@ def test_chunked_forward_peak_is_lower_by_the_logits() -> None:
 )
 def test_fake_and_real_allocate_the_same(loss: str, precision: str) -> None:
     """(Not fused_linear under precision=bf16: its fp32 weight gradient is summed through
-    `addmm(out_dtype=fp32)`, which the CPU lacks; autofit/workloads/fused_linear_ce.py.)"""
+    `addmm(out_dtype=fp32)`, which the CPU lacks; autofit/techniques/fused_linear_ce.py.)"""
     probe = tiny_llm(precision=precision, loss=loss)
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(probe)
@@ -177,7 +177,7 @@ def test_liger_chunk_rule() -> None:
     """Liger's own example (its comment in fused_linear_cross_entropy.py): 4 x 4096 tokens of a
     32,000-token vocabulary at hidden size 4096 go in chunks of 2048; Llama 3 8B's 8192 tokens in
     chunks of 256; never more rows than there are."""
-    from autofit.workloads.fused_linear_ce import chunk_rows
+    from autofit.techniques.fused_linear_ce import chunk_rows
 
     assert chunk_rows(4 * 4096, 32000, 4096) == 2048
     assert chunk_rows(8192, 128256, 4096) == 256
@@ -193,7 +193,7 @@ def test_fused_holds_ligers_buffers(dtype: torch.dtype) -> None:
     product per chunk. After forward the two gradients remain; backward scales them in place
     (the incoming gradient's one 0-d tensor) and hands them to the parameters."""
     from autofit.simulator.tracker import MemoryTracker
-    from autofit.workloads.fused_linear_ce import FusedLinearCrossEntropy, chunk_rows
+    from autofit.techniques.fused_linear_ce import FusedLinearCrossEntropy, chunk_rows
 
     rows, hidden, vocabulary, size = 192, 64, 2048, 8
     assert chunk_rows(rows, vocabulary, hidden) == size  # 24 chunks
@@ -220,7 +220,7 @@ def test_fused_holds_ligers_buffers(dtype: torch.dtype) -> None:
 
 def test_fused_loss_and_gradients_are_torchs_cross_entropy() -> None:
     """On rows that do not fill the last chunk, with rows that have no target."""
-    from autofit.workloads.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
+    from autofit.techniques.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
 
     torch.manual_seed(0)
     inputs = torch.randn(37, 8, requires_grad=True)

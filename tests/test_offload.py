@@ -14,13 +14,7 @@ import torch
 from helpers import autofit, spec, with_blocks
 
 from autofit.backends import cpu, simulate
-from autofit.gpus import NVME_GBS, load_gpu
-from autofit.knobs import REGISTRY, invalid_reason
-from autofit.knobs.base import Refuse, Say, Subject
-from autofit.knobs.offload_activations import ActivationOffload
-from autofit.models import load_preset
-from autofit.run_state import HostTraffic, logical_numel
-from autofit.simulator.nvme import (
+from autofit.emulations.nvme import (
     MIN_AIO_BYTES,
     OPTIMIZER_BUFFER_COUNT,
     PARAM_BUFFER_COUNT,
@@ -28,9 +22,15 @@ from autofit.simulator.nvme import (
     aligned,
     sub_groups,
 )
+from autofit.emulations.zero import REDUCE_BUCKET_ELEMENTS, share
+from autofit.gpus import NVME_GBS, load_gpu
+from autofit.knobs import REGISTRY, invalid_reason
+from autofit.knobs.base import Refuse, Say, Subject
+from autofit.knobs.offload_activations import ActivationOffload
+from autofit.models import load_preset
+from autofit.run_state import HostTraffic, logical_numel
 from autofit.simulator.roofline import RooflineCounter
 from autofit.simulator.tracker import round_allocation, round_pinned
-from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 
 
 def _sana(blocks: int, **knobs: object):

@@ -9,9 +9,9 @@ from helpers import spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.backends import cpu, simulate
-from autofit.optimizers.adamw_bf16 import AdamWBF16, stochastic_round_to_bf16
-from autofit.simulator.bnb_layout import Blockwise8bitLayout
+from autofit.emulations.bnb_layout import Blockwise8bitLayout
 from autofit.simulator.tracker import MemoryTracker, round_allocation
+from autofit.techniques.optimizers.adamw_bf16 import AdamWBF16, stochastic_round_to_bf16
 
 REAL_ON_CPU = ["adamw", "adamw8bit", "adafactor", "came", "lion", "lion8bit", "adamw_bf16", "sgd"]
 

@@ -247,7 +247,7 @@ def test_lorafa_freezes_the_a_factors_and_keeps_state_for_b_only(tmp_path: Path)
 def test_lorafa_is_a_pass_of_its_own(tmp_path: Path) -> None:
     """A search assembles runs that differ only in their update rule from one pass; LoRA-FA
     freezes the A factors, so its pass is its own."""
-    from autofit.probe.scan import same_pass
+    from autofit.fastpath.scan import same_pass
 
     lora = _config(tmp_path, "LORA", {"r": 8, "target_modules": QV})
 

@@ -344,7 +344,7 @@ def test_of_the_ready_groups_the_one_with_the_longest_chain_waiting_on_it_starts
     """A combination with checkpointing waits on the same without it; one with both memory
     savers on both of those: the group at the head of that chain starts before a group no
     other waits on, whatever their order in the waves."""
-    from autofit.search.scheduler import GroupQueue, chain_heights
+    from autofit.fastpath.scheduler import GroupQueue, chain_heights
 
     searched = dataclasses.replace(space(), knobs={**space().knobs, "zero_stage": (0, 2)})
     alone = [_combination(precision="bf16_pure", optimizer="sgd")]
@@ -367,7 +367,7 @@ def test_a_group_that_would_trace_the_updates_another_is_tracing_waits_for_it() 
     """Two groups that share their setup-and-update traces (the same optimizers at two
     resolutions) do not start at once while neither has traced them: another group starts
     beside the first, and the second once the first is done."""
-    from autofit.search.scheduler import GroupQueue, shared_updates
+    from autofit.fastpath.scheduler import GroupQueue, shared_updates
 
     at_512 = [_combination(512), _combination(512, optimizer="sgd")]
     at_1024 = [_combination(1024), _combination(1024, optimizer="sgd")]
@@ -382,7 +382,7 @@ def test_a_group_that_would_trace_the_updates_another_is_tracing_waits_for_it() 
 
 
 def test_of_groups_alike_otherwise_one_at_the_target_resolution_starts_first() -> None:
-    from autofit.search.scheduler import GroupQueue
+    from autofit.fastpath.scheduler import GroupQueue
 
     at_512, at_1024 = [_combination(512)], [_combination(1024)]
     queue = GroupQueue([at_512, at_1024], target=1024)

@@ -1,5 +1,5 @@
 """The scans of one search share each configuration's setup and updates
-(autofit/probe/shared_updates.py): traced alone, they do not depend on the knobs that change
+(autofit/fastpath/shared_updates.py): traced alone, they do not depend on the knobs that change
 only the pass, which every such knob's values show here; and a scan answers from shared ones
 exactly as from its own."""
 
@@ -12,13 +12,13 @@ import pytest
 from helpers import spec as make
 from helpers import with_blocks
 
-from autofit.backends import simulate
-from autofit.backends.simulate import Updates
+from autofit.fastpath import shared_updates
+from autofit.fastpath.batch_curve import canonical_frees
+from autofit.fastpath.scan import TracedPoint, scan_group
+from autofit.fastpath.shared_updates import SharedUpdates, Updates
+from autofit.fastpath.update_keys import updates_key
 from autofit.knobs import registry
-from autofit.probe.scan import TracedPoint, scan_group
-from autofit.probe.shared_updates import SharedUpdates, updates_key
 from autofit.records.probe import ProbeSpec
-from autofit.simulator.batch_curve import canonical_frees
 
 PASS_ONLY = sorted(name for name, knob in registry().items() if knob.reach == "pass")
 
@@ -72,7 +72,7 @@ def test_a_knob_that_changes_only_the_pass_leaves_setup_and_updates_as_they_are(
     traced = []
     for value in _values(name):
         probe = _probe(name, value)
-        updates = simulate.traced_updates(probe)
+        updates = shared_updates.traced_updates(probe)
         assert updates is not None
         traced.append((updates_key(probe), _parts(updates)))
     first_key, first = traced[0]
@@ -87,7 +87,7 @@ def test_the_resolution_a_validation_pass_renders_at_is_part_of_the_key() -> Non
     knobs = {"batch_size": 2, "validation": "on"}
     low, high = (make("tiny_sana", "a40", resolution=r, **knobs) for r in (64, 128))
     assert updates_key(low) != updates_key(high)
-    one, other = (simulate.traced_updates(p) for p in (low, high))
+    one, other = (shared_updates.traced_updates(p) for p in (low, high))
     assert one is not None and other is not None
     assert _parts(one)["raw_sizes"] != _parts(other)["raw_sizes"]
     native = [make("tiny_sana", "a40", resolution=r, validation_resolution="native", **knobs)

@@ -122,7 +122,7 @@ def test_a_stop_signal_ends_the_search_and_all_its_probes_within_2_s(
     # The two queued probes never started, and neither killed probe is anyone's answer.
     assert len(list(hangs.glob("*.pids"))) == 2
     assert _recorded_probes(folder) == 0
-    # What the scans shared (autofit/probe/shared_updates.py) went with the search.
+    # What the scans shared (autofit/fastpath/shared_updates.py) went with the search.
     assert not list((folder / "tmp").glob("autofit-updates-*"))
 
 
@@ -154,7 +154,7 @@ def test_probes_whose_search_and_server_cannot_end_them_end_at_their_timeout(
     # the hanging probes: each worker's own watchdog must end its group at its deadline plus
     # grace. The search is simulated, so its workers are scans of two structures each (the
     # optimizers share one), whose deadline is SCAN_TRACES traces of each at timeout_s.
-    from autofit.probe.runner import SCAN_TRACES
+    from autofit.fastpath.scans import SCAN_TRACES
     from autofit.probe.tether import GRACE_S
 
     folder = tmp_path.resolve()

@@ -12,6 +12,7 @@ from helpers import spec, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.backends.base import model_gpu_memory
+from autofit.emulations.zero import REDUCE_BUCKET_ELEMENTS, share
 from autofit.gpus import load_gpu
 from autofit.knobs import invalid_reason
 from autofit.models import load_preset
@@ -19,7 +20,6 @@ from autofit.probe.worker import execute
 from autofit.run_state import logical_numel
 from autofit.simulator.allocator_replay import required_memory
 from autofit.simulator.tracker import round_allocation
-from autofit.simulator.zero import REDUCE_BUCKET_ELEMENTS, share
 
 
 def _bytes(tensors) -> int:
@@ -457,7 +457,7 @@ def test_flux_swap_counts_as_sd_scripts_does() -> None:
 def test_block_ring_holds_the_resident_count_and_exchanges_oldest_first() -> None:
     from torch import nn
 
-    from autofit.simulator.streaming import BlockRing
+    from autofit.techniques.streaming import BlockRing
 
     blocks = [nn.Linear(4, 4) for _ in range(5)]
     exchanges: list[tuple[float, float, int]] = []

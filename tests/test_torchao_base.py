@@ -14,8 +14,8 @@ from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, defaults, invalid_reason
 from autofit.knobs.base import Refuse, Say, Subject
 from autofit.models import load_preset
-from autofit.quantization import simpletuner_torchao_layer
 from autofit.simulator.tracker import round_allocation
+from autofit.techniques.quantization import simpletuner_torchao_layer
 
 TORCHAO = {"train_mode": "lora", "base_precision": "fp8wo_torchao"}
 DYNAMIC = {"train_mode": "lora", "base_precision": "fp8_torchao", "gpu": "h100_80"}

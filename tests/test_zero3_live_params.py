@@ -1,5 +1,5 @@
 """ZeRO-3's gathered weights (the zero3_* knobs): DeepSpeed's parameter coordinator, run for real
-(cpu backend, one process) and emulated (autofit/simulator/zero_gather.py), gathers and releases
+(cpu backend, one process) and emulated (autofit/emulations/zero_gather.py), gathers and releases
 the same weights at every one of its events; the settings reach DeepSpeed's config, and are
 refused without ZeRO-3."""
 
@@ -68,7 +68,7 @@ def _real_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 
 def _emulated_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    from autofit.simulator import zero_gather
+    from autofit.emulations import zero_gather
 
     events: list[tuple[str, int]] = []
     init = zero_gather.GatherCoordinator.__init__

@@ -14,7 +14,7 @@ from autofit.simulator.step_log import HostReport, StepLog
 # Steps before measuring: optimizer state appears in the first step, so the second is the first
 # to show the steady-state peak (state, then activations and gradients on top of it). The
 # simulator traces the first step's forward and backward pass only where the second's cannot
-# stand in for it (autofit/simulator/first_step.py).
+# stand in for it (autofit/fastpath/first_step.py).
 TRACKED_STEPS = 2
 
 

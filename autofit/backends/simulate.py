@@ -17,7 +17,7 @@ mimicked on purpose, in three places:
 Throughput is a roofline estimate over the ops of one steady-state step (simulator/roofline.py).
 
 Of the two tracked steps, the first is traced as its update alone where the second step's
-forward and backward pass can stand in for its own (simulator/first_step.py): the log is the
+forward and backward pass can stand in for its own (fastpath/first_step.py): the log is the
 two full steps', in about 0.6 of the time (benchmarks/probe_speed.py).
 """
 
@@ -36,13 +36,13 @@ from autofit.backends.base import (
     model_gpu_memory,
     model_host_memory,
 )
+from autofit.fastpath.first_step import Pass, assemble, cut
 from autofit.records.measurement import Measurement
 from autofit.records.probe import ProbeSpec
 from autofit.simulator import cuda_autocast
 from autofit.simulator.fake_modules import module_moves_are_noops
-from autofit.simulator.first_step import Pass, assemble, cut
 from autofit.simulator.kernel_outputs import RealLayoutFakeMode
-from autofit.simulator.roofline import Kernel, RooflineCounter, StepCost, Traffic, price
+from autofit.simulator.roofline import RooflineCounter, StepCost
 from autofit.simulator.step_log import StepLog, StepMarks
 from autofit.simulator.tracker import MemoryTracker
 from autofit.training import TrainingRun
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Traced:
     """A simulated run's two tracked steps: the run, their log, and the second step's pass where
-    the log was assembled from it (simulator/first_step.py: another structure's updates may be
+    the log was assembled from it (fastpath/first_step.py: another structure's updates may be
     assembled with it)."""
 
     run: TrainingRun
@@ -69,8 +69,8 @@ def trace(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> tuple[Tra
 
 def traced_steps(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> Traced:
     """The run's two steps, the first traced as its update alone where the log of both can be
-    assembled from the second's pass (simulator/first_step.py), else both traced whole."""
-    run, tracker, marks = _trace(spec, roofline, alone=1)
+    assembled from the second's pass (fastpath/first_step.py), else both traced whole."""
+    run, tracker, marks = trace_run(spec, roofline, alone=1)
     if marks is not None:
         first, second = marks
         kernels = roofline.kernels if roofline else None
@@ -88,67 +88,11 @@ def traced_steps(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> Tr
         log.info("the second step's pass cannot stand in for the first's: tracing both whole")
         if roofline:
             roofline.reset()
-        run, tracker, _ = _trace(spec, roofline, alone=0)
+        run, tracker, _ = trace_run(spec, roofline, alone=0)
     return Traced(run, tracker, None)
 
 
-@dataclass(frozen=True)
-class Updates:
-    """A run's setup, its two updates from gradients made directly and what ran after them,
-    traced with its pass left out (`traced_updates`): what `composed_steps` joins to a pass of
-    the same forward and backward. Plain data, so a search's scans can share it
-    (autofit/probe/shared_updates.py)."""
-
-    log: StepLog
-    first: StepMarks
-    second: StepMarks
-    kernels: tuple[Kernel, ...]  # the second update's, priced
-    traffic: Traffic
-    counts: tuple[int, int]  # parameters, trainable parameters
-
-
-def traced_updates(spec: ProbeSpec) -> Updates | None:
-    """The run's setup and updates traced alone; None where its updates cannot run without a
-    pass (TrainingRun.can_update_without_a_pass)."""
-    roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
-    run, tracker, marks = _trace(spec, roofline, alone=2)
-    if marks is None:
-        return None
-    assert roofline.kernels is not None and roofline.traffic is not None
-    plain = StepLog.counted(
-        tracker.raw_sizes, tracker.categories, tracker.events, tracker.phase_changes,
-        tracker.host_raw_sizes, tracker.host_pinned, tracker.host_events,
-        tracker.host_event_phases, tracker.streams,
-    )  # fmt: skip
-    counts = (run.param_count, run.trainable_param_count)
-    return Updates(plain, *marks, tuple(roofline.kernels), roofline.traffic, counts)
-
-
-def composed_steps(updates: Updates, pass_: Pass, roofline: RooflineCounter) -> StepLog | None:
-    """The log of two full steps with `pass_` as their pass (that of a structure with the same
-    forward and backward: one that differs only in knobs whose `reach` is "outside_pass") and
-    `updates`' setup and updates (simulator/first_step.py); `roofline`, which must keep its
-    kernels, then holds the step's price, from the pass's kernels and the update's. None where
-    the gradients the updates were given are not the pass's."""
-    assert roofline.kernels is not None, "the roofline must keep its kernels"
-    assert pass_.priced, "the pass must have been priced with its kernels kept"
-    steps = assemble(updates.log, updates.first, updates.second, pass_, updates.kernels)
-    if steps is None:
-        return None
-    link, peer, host_compute = pass_.moved  # what the pass moves, and the update
-    traffic = dataclasses.replace(
-        updates.traffic,
-        link_bytes=updates.traffic.link_bytes + link,
-        peer_bytes=updates.traffic.peer_bytes + peer,
-        host_compute_bytes=updates.traffic.host_compute_bytes + host_compute,
-    )
-    roofline.kernels[:] = steps.kernels
-    roofline.traffic = traffic
-    roofline.cost = price(roofline.gpu, steps.kernels, steps.ops, traffic)
-    return steps.log
-
-
-def _trace(
+def trace_run(
     spec: ProbeSpec, roofline: RooflineCounter | None, alone: int
 ) -> tuple[TrainingRun, MemoryTracker, tuple[StepMarks, StepMarks] | None]:
     """The run built and stepped twice under a tracker, the second step priced if asked; the
@@ -204,7 +148,7 @@ def measurement(
     spec: ProbeSpec, log: StepLog, cost: StepCost, param_count: int, trainable_param_count: int
 ) -> Measurement:
     """The figures of a simulated run from its steps' allocation log and priced step, traced
-    (`measure`) or answered from a batch curve (autofit/simulator/batch_curve.py)."""
+    (`measure`) or answered from a batch curve (autofit/fastpath/batch_curve.py)."""
     gpu = spec.gpu_spec
     memory = model_gpu_memory(log, gpu, spec.budget_bytes, spec.knobs.get("allocator", "default"))
     report = log.peak_report()

@@ -126,11 +126,11 @@ class Knob:
     # between configurations that differ in it:
     # - "pass": the forward and backward pass and nothing else (not the model as built, the
     #   optimizer, its update or what runs after training): a search traces a configuration's
-    #   setup and updates once for every value (autofit/probe/shared_updates.py);
+    #   setup and updates once for every value (autofit/fastpath/shared_updates.py);
     # - "outside_pass": not the forward and backward pass (what the update does, what runs after
     #   training, or no tensor at all): a configuration that differs from another only in such
     #   knobs is assembled from the other's pass and its own updates
-    #   (autofit/simulator/first_step.py);
+    #   (autofit/fastpath/first_step.py);
     # - "step": both (the model as built and its pass).
     # `changes_pass_between` and `only_in_the_pass` refine it where a value or the other knobs
     # decide.

@@ -5,20 +5,20 @@
   upcast to the compute dtype layer by layer for its own matmul (kohya's `fp8_base`, OneTrainer's
   FLOAT_8 weights, diffusers' layerwise casting): half the base's bytes, at the price of one
   cast per layer per pass. The math stays 16-bit, so no GPU generation is ruled out; what the
-  upcast copies cost is in autofit/quantization.py.
+  upcast copies cost is in autofit/techniques/quantization.py.
 
 - `int8_sdnq`, `int8_sdnq_hadamard`: SimpleTuner's `int8-sdnq` base (and with
   `sdnq_use_hadamard`): SD.Next's SDNQ quantizer run as SimpleTuner runs it (autofit/
-  quantization.py, `sdnq_base`), int8 weights with an fp32 scale per 32 (1.125 bytes a weight) and
+  techniques/quantization.py, `sdnq_base`), int8 weights with an fp32 scale per 32 (1.125 bytes a weight) and
   int8 matmuls; the Hadamard variant rotates each group of 128 inputs. SDNQ's own code on fake
   and real tensors; it skips the layers its own skip lists name.
 - `fp8wo_torchao`: SimpleTuner's `fp8wo-torchao` base: torchao's `Float8WeightOnlyConfig` over
   the linear layers SimpleTuner's filter keeps (in and out features multiples of 16), float8 e4m3
-  values with an fp32 scale per output row (autofit/quantization.py, `torchao_float8_base`),
+  values with an fp32 scale per output row (autofit/techniques/quantization.py, `torchao_float8_base`),
   torchao's own code on fake and real tensors. Each matmul dequantizes its weight to the compute
   dtype and keeps that copy for the input's gradient, as the `fp8` cast does.
 - `int8_quanto`, `fp8_quanto`: SimpleTuner's `int8-quanto` and `fp8-quanto` bases: optimum-
-  quanto's own code (autofit/quantization.py, `quanto_base`) over the linear and 2-D convolution
+  quanto's own code (autofit/techniques/quantization.py, `quanto_base`) over the linear and 2-D convolution
   layers SimpleTuner does not exclude for the family, int8 or float8 e4m3 values with a 16-bit
   scale per output row, each matmul dequantizing its weight; quanto's linear function keeps every
   quantized layer's input for backward, which a frozen 16-bit layer does not. ai-toolkit's
@@ -27,7 +27,7 @@
   `Float8DynamicActivationFloat8WeightConfig`, e4m3 weights with one fp32 scale each, each
   layer's input quantized to float8 by torchao's code (autograd keeps what that saves) for a
   float8 matmul, which needs compute capability 8.9 or more; trained through a stand-in for
-  SimpleTuner's autograd function around the matmul (autofit/torchao_float8.py).
+  SimpleTuner's autograd function around the matmul (autofit/techniques/torchao_float8.py).
 
 Like QLoRA's quantizing loader, the base is built in host memory and each weight cast on its way
 to the GPU: the 16-bit model never sits there whole. The companions (text encoders, VAE) keep
@@ -133,7 +133,7 @@ class BasePrecision(Knob):
         # sdnq through the module that sets SDNQ_USE_TORCH_COMPILE first; sdnq imports
         # transformers and bitsandbytes at its own import
         if value in SDNQ:
-            return ("autofit.sdnq_eager", "transformers", "bitsandbytes")
+            return ("autofit.techniques.sdnq_eager", "transformers", "bitsandbytes")
         if value in QUANTO:
             return QUANTO_LIBRARIES
         return ("torchao",) if value in TORCHAO else ()
@@ -169,13 +169,13 @@ class BasePrecision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
-        from autofit.quantization import (
+        from autofit.run_state import move_to_device
+        from autofit.techniques.quantization import (
             float8_layers,
             quanto_base,
             sdnq_base,
             torchao_float8_base,
         )
-        from autofit.run_state import move_to_device
 
         if value in TORCHAO or value in SDNQ or value in QUANTO:  # a library's, on the device
             if value in TORCHAO:

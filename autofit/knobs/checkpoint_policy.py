@@ -4,7 +4,7 @@
   `activation_checkpoint.mode = "full"`, what every trainer's gradient checkpointing does).
 - `op`: torchtitan's per-op selective checkpointing (`mode = "selective"`, `selective_ac_option
   = "op"`): the block keeps the outputs of every other matmul, of attention, of a
-  reduce-scatter and of max, and recomputes the rest (autofit/selective_checkpoint.py, torch's
+  reduce-scatter and of max, and recomputes the rest (autofit/techniques/selective_checkpoint.py, torch's
   own selective checkpointing with that policy). More memory than `full`, less recomputation.
 
 It applies to every block checkpointing wraps (with `checkpoint_interval=N`, to the layers it
@@ -79,7 +79,7 @@ class CheckpointPolicy(Knob):
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "op":
-            from autofit.selective_checkpoint import op_policy_contexts
+            from autofit.techniques.selective_checkpoint import op_policy_contexts
 
             run.checkpoint_contexts = op_policy_contexts
 

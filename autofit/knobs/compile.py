@@ -5,7 +5,7 @@ torchtitan's per-block compile and SimpleTuner's `dynamo_use_regional_compilatio
 What compiling changes in memory is what backward keeps: AOTAutograd's partitioner (inductor's
 min-cut recomputation) saves fewer and smaller tensors than eager autograd, recomputing cheap
 elementwise work in backward. The probe runs torch's own Dynamo, AOTAutograd and partitioner on
-the run's tensors, fake or real (autofit/regional_compile.py); inductor's code is not generated,
+the run's tensors, fake or real (autofit/techniques/regional_compile.py); inductor's code is not generated,
 and what its fused kernels would keep out of memory is left uncounted; the speed is the
 roofline's unfused estimate. torchtune compiles its loss as well: with `loss=chunked` each
 chunk's fp32 upcast and cross-entropy (its `compute_cross_entropy`) is compiled too.
@@ -123,7 +123,7 @@ class Compile(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "off":
             return
-        from autofit.regional_compile import (
+        from autofit.techniques.regional_compile import (
             checkpoints_itself,
             compile_module,
             compiled_inside_checkpoint,

@@ -20,7 +20,7 @@ reduce_dtype=bf16)`), the step runs on the fp32 shards; `bf16_pure` shards bf16 
 gathers them as they are (no policy); `fp32` gathers fp32. The companion `fsdp_offload` keeps
 the shards, their gradients and the optimizer step in host memory (FSDP2's CPUOffloadPolicy).
 
-`simulate`, and every world size above one, use the emulation in autofit/simulator/fsdp.py (one
+`simulate`, and every world size above one, use the emulation in autofit/emulations/fsdp.py (one
 rank's memory, byte for byte as FSDP2 lays it out); the `cpu` and `cuda` backends run
 `fully_shard` itself in a one-process group (on the CPU: gloo), where the tracker follows the
 gathered weights FSDP2 frees and re-allocates by resizing their storage, and counts a DTensor's
@@ -296,8 +296,8 @@ class Fsdp(Knob):
             return
         offload = run.knobs["fsdp_offload"] == "cpu"
         if run.knobs.get("fsdp_version", 2) == 1:
-            from autofit.simulator.fsdp1 import Fsdp1Emulation
-            from autofit.simulator.fsdp1_real import shard_fsdp1_for_real
+            from autofit.emulations.fsdp1 import Fsdp1Emulation
+            from autofit.emulations.fsdp1_real import shard_fsdp1_for_real
 
             if run.sharding_emulated:
                 world = run.knobs["world_size"]
@@ -306,11 +306,11 @@ class Fsdp(Knob):
                 shard_fsdp1_for_real(run, RESHARD_AFTER_FORWARD[value])
             return
         if run.sharding_emulated:
-            from autofit.simulator.fsdp import FsdpEmulation
+            from autofit.emulations.fsdp import FsdpEmulation
 
             FsdpEmulation(run, RESHARD_AFTER_FORWARD[value], run.knobs["world_size"], offload)
             return
-        from autofit.simulator.fsdp_real import shard_for_real
+        from autofit.emulations.fsdp_real import shard_for_real
 
         shard_for_real(run, RESHARD_AFTER_FORWARD[value])
 

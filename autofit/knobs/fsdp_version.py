@@ -1,14 +1,14 @@
 """fsdp_version: which PyTorch FSDP the fsdp knob runs.
 
 - `2` (the default, what autofit measured before this knob): FSDP2, `fully_shard`, per-parameter
-  DTensor shards (autofit/simulator/fsdp.py; fsdp_real.py runs `fully_shard` itself).
+  DTensor shards (autofit/emulations/fsdp.py; fsdp_real.py runs `fully_shard` itself).
 - `1`: FSDP1, `FullyShardedDataParallel` with flat parameters and `use_orig_params=False`: what
   accelerate's `fsdp_version: 1` (its default until 1.x), the HF Trainer's `fsdp` argument and
   Lightning/LitGPT's FSDPStrategy run. It holds more than FSDP2: the root unit (embedding, final
   norm, head) is never resharded after forward, each unit's padded flat shard, the unsharded flat
   gradient and its padded reduce-scatter copy, the BACKWARD_PRE prefetch of the next unit before
   the current one's gradient is reduced, and with CPU offload every unit's GPU gradient shard
-  until backward ends (autofit/simulator/fsdp1.py, which cites torch's source).
+  until backward ends (autofit/emulations/fsdp1.py, which cites torch's source).
 
 The fsdp knob applies either and writes each trainer's FSDP settings for both; this knob only
 names the version (and refuses where a trainer runs the other one).

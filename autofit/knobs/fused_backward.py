@@ -7,7 +7,7 @@
 - `block`: each transformer block's parameters are updated together once the block's backward is
   done (kohya's `blockwise_fused_optimizers`): a block's gradients wait, not one parameter's.
 
-The optimizer knob builds the update rule this way (autofit/optimizers/in_backward.py). Its rules:
+The optimizer knob builds the update rule this way (autofit/techniques/optimizers/in_backward.py). Its rules:
 no gradient accumulation (a gradient freed inside backward cannot be summed over micro-batches:
 exports refuse a run that needs it), no fp16 loss scaling (the scaler checks every gradient for
 overflow before any update), and not under DeepSpeed ZeRO (which drives the update itself).

@@ -23,7 +23,7 @@
   Llama 3 8B's 4096 x 128,256), in the model's dtype with no fp32 copy, and the gradients of the
   hidden states and of the output projection's weight are made in forward, so no logits are kept
   for backward: forward holds those two gradients (the weight's in its dtype) and one chunk's
-  logits instead. autofit/workloads/fused_linear_ce.py ports the library's memory behaviour to
+  logits instead. autofit/techniques/fused_linear_ce.py ports the library's memory behaviour to
   torch (Liger's cross-entropy is a Triton kernel, which neither the CPU nor fake tensors run)
   and lists what it leaves out. Apple's cut-cross-entropy (its forward keeps only each row's
   log-sum-exp and its backward makes the logits again block by block) and unsloth's fused loss
@@ -39,7 +39,7 @@
   time projected onto 32768 vocabulary entries at a time into one reused tile, folded into
   per-token statistics, never the whole logits; backward recomputes each tile and sums the hidden
   states' gradient (and a trained head's) in fp32. TRL's own code runs it on every backend
-  (autofit/workloads/trl_head.py says how its Triton kernel's memory is kept).
+  (autofit/techniques/trl_head.py says how its Triton kernel's memory is kept).
 - `chunked_native`: LitGPT's (litgpt 0.5, `lm_head_chunk_size=128` and `chunked_cross_entropy`
   with `chunk_size=128`): the output projection over 128-token slices of the sequence, every
   slice's logits kept (the model returns their list), and the cross-entropy of each slice in the
@@ -131,7 +131,7 @@ class Loss(Knob):
         return "full" if value == "chunked" else None
 
     def libraries(self, value: Any) -> tuple[str, ...]:
-        return ("trl", "autofit.workloads.trl_head") if value == "trl_fused" else ()
+        return ("trl", "autofit.techniques.trl_head") if value == "trl_fused" else ()
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         if value == "trl_fused" and importlib.util.find_spec("trl") is None:
@@ -151,7 +151,7 @@ class Loss(Knob):
 
         cross_entropy = None
         if value == "chunked" and run.knobs.get("compile", "off") != "off":
-            from autofit.regional_compile import compiled
+            from autofit.techniques.regional_compile import compiled
 
             # torchtune's compile_loss: each chunk's upcast and cross-entropy compiled
             cross_entropy = compiled(llm.upcast_cross_entropy)

@@ -182,7 +182,7 @@ class OffloadActivations(Knob):
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         fsdp = context.knobs.get("fsdp", "off")
         if value != "off" and fsdp != "off":
-            # The FSDP emulation (autofit/simulator/fsdp.py) saves gathered weights by reference
+            # The FSDP emulation (autofit/emulations/fsdp.py) saves gathered weights by reference
             # through saved-tensor hooks of its own, inside which these would not run.
             return f"offload_activations={value} with fsdp={fsdp} is not modelled"
         if value == "attention" and not family(context.model.family).attention_modules:

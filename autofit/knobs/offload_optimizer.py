@@ -1,7 +1,7 @@
 """offload_optimizer: ZeRO-Offload, the optimizer state and update in host memory (`cpu`), on an
 NVMe drive through pinned host buffers (`nvme`, ZeRO-Infinity, stage 3), or on the GPU (`none`).
 It needs a ZeRO stage (autofit/knobs/zero_stage.py applies it, and writes the device into
-DeepSpeed's `zero_optimization` block; autofit/simulator/nvme.py emulates the drive)."""
+DeepSpeed's `zero_optimization` block; autofit/emulations/nvme.py emulates the drive)."""
 
 from __future__ import annotations
 

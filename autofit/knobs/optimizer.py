@@ -18,7 +18,7 @@
   `train_mode=peft` with a LoRA config (PEFT's function reads the PeftModel's adapters).
 
 Each value is built here as the trainer builds it under that name; on fake tensors the
-bitsandbytes optimizers are their memory layout (autofit/simulator/bnb_layout.py).
+bitsandbytes optimizers are their memory layout (autofit/emulations/bnb_layout.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from autofit.families import diffusers_script
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.optimizer_impl import ARGUMENTS, adamw_arguments
 from autofit.knobs.precision import BF16_WEIGHTS
-from autofit.optimizers import LEARNING_RATE
+from autofit.techniques.optimizers import LEARNING_RATE
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -76,7 +76,7 @@ def _lion(params: list[Any], run: RunState) -> Any:
 
 
 def _adamw_bf16(params: list[Any], run: RunState) -> Any:
-    from autofit.optimizers.adamw_bf16 import AdamWBF16
+    from autofit.techniques.optimizers.adamw_bf16 import AdamWBF16
 
     return AdamWBF16(params, lr=LEARNING_RATE)
 
@@ -91,7 +91,7 @@ def _lorafa(params: list[Any], run: RunState) -> Any:
 def _bnb(name: str, states: int, paged: bool) -> Build:
     def build(params: list[Any], run: RunState) -> Any:
         if run.fake:
-            from autofit.simulator.bnb_layout import Blockwise8bitLayout
+            from autofit.emulations.bnb_layout import Blockwise8bitLayout
 
             return Blockwise8bitLayout(
                 params, states=states, lr=LEARNING_RATE, paged=paged, host=run.host
@@ -148,7 +148,7 @@ def _device_optimizer(name: str, run: RunState) -> Any:
     fused = run.knobs["fused_backward"]
     if fused == "off":
         return build_optimizer(name, params, run)
-    from autofit.optimizers.in_backward import InBackwardOptimizer
+    from autofit.techniques.optimizers.in_backward import InBackwardOptimizer
 
     groups: list[list[Any]] = []
     if fused == "block":
@@ -369,7 +369,7 @@ class Optimizer(Knob):
         if not run.host_parameters:
             run.optimizer = on_device
             return
-        from autofit.optimizers.split import HostSplitOptimizer
+        from autofit.techniques.optimizers.split import HostSplitOptimizer
 
         run.optimizer = HostSplitOptimizer(
             on_device, build_optimizer(value, run.host_parameters, run), run

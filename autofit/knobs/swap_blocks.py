@@ -5,7 +5,7 @@ The count is sd-scripts': of one block list the last N blocks; of Flux's two lis
 blocks and 2*(N - N//2) single ones (the preset's `blocks_per_swap`). Of each list the first
 blocks start on the GPU and never more of them than that are there at once: a block that must
 run takes the slot of the block used longest ago, whose weights go to the host as the needed
-ones come in (autofit/simulator/streaming.py BlockRing), in forward and again, in reverse, in
+ones come in (autofit/techniques/streaming.py BlockRing), in forward and again, in reverse, in
 backward. Under LoRA only the frozen base's weights move (the adapters stay, as sd-scripts' LoRA
 modules live outside the blocks). In a full fine-tune the swapped blocks' gradients go to the
 host as they are made and their update runs there with its state; with the optimizer step fused
@@ -129,7 +129,7 @@ class SwapBlocks(Knob):
         if not value:
             return
         from autofit.run_state import Exchange, move_to_device
-        from autofit.simulator.streaming import BlockRing
+        from autofit.techniques.streaming import BlockRing
 
         if not _loaded_by_another(run):
             move_to_device(run, run.model, skip=set())

@@ -3,7 +3,7 @@ GPU (encoders=online or text).
 
 - `same`: its own dtype (bf16), 9.5 GB.
 - `fp8_quanto`, `int8_quanto`: optimum-quanto's own `quantize` and `freeze` over its linear
-  layers (autofit/quantization.py, `quanto_quantize`), float8 e4m3 or int8 values with a 16-bit
+  layers (autofit/techniques/quantization.py, `quanto_quantize`), float8 e4m3 or int8 values with a 16-bit
   scale per row, half the bytes; each matmul dequantizes its weight. As ai-toolkit loads it
   (2024: `quantize(text_encoder_2, weights=qfloat8)`; `quantize_te` since): the 16-bit encoder
   built on the GPU, then quantized there layer by layer (its whole 16-bit size sits there once,
@@ -81,7 +81,7 @@ class T5Precision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
-        from autofit.quantization import quanto_quantize
+        from autofit.techniques.quantization import quanto_quantize
 
         encoder = run.companions[t5_encoder(run.preset)]  # type: ignore[index]
         _, kept = quanto_quantize(encoder, QUANTO[value], None)  # built on the GPU

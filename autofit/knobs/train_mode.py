@@ -281,7 +281,7 @@ def _add_adapters(run: RunState, value: str) -> None:
 
     model = run.model
     if value in FOUR_BIT_MODES:
-        from autofit.quantization import quantize_linears, quantized_tensors
+        from autofit.techniques.quantization import quantize_linears, quantized_tensors
 
         compute = run.dtypes.autocast or run.dtypes.weights
         # Under an emulated ZeRO-3 or FSDP the base is quantized in host memory and the sharder

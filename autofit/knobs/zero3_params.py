@@ -5,7 +5,7 @@ must be used again to stay gathered (`stage3_max_reuse_distance`), and how small
 gathered throughout (`stage3_param_persistence_threshold`).
 
 The `cpu` and `cuda` backends hand them to DeepSpeed; the emulation follows its parameter
-coordinator (autofit/simulator/zero_gather.py). zero_stage's DeepSpeed block writes them
+coordinator (autofit/emulations/zero_gather.py). zero_stage's DeepSpeed block writes them
 (its `live_parameters`), for the probe and for every export that carries a DeepSpeed config.
 """
 

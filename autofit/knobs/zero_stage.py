@@ -3,7 +3,7 @@ weights (3) across the run's GPUs.
 
 The `cpu` and `cuda` backends run real DeepSpeed (one process, world size 1, with the configured
 optimizer handed to it); `simulate`, and any world size above one, use the emulation in
-autofit/simulator/zero.py, which lays out one rank's memory as DeepSpeed does. ZeRO runs the
+autofit/emulations/zero.py, which lays out one rank's memory as DeepSpeed does. ZeRO runs the
 model in 16-bit with fp32 master weights in the optimizer (precision bf16 or fp16) and its own
 fused AdamW. Its companions: `offload_optimizer`, `offload_params` and `world_size`.
 
@@ -70,7 +70,7 @@ def live_parameters(config: Mapping[str, Any]) -> dict[str, int]:
 
 def zero_optimization(config: Mapping[str, Any], pin_memory: bool) -> dict[str, Any]:
     """DeepSpeed's `zero_optimization` block: the stage, where offloaded state lives (the
-    NVMe buffers at DeepSpeed's defaults, which autofit/simulator/nvme.py emulates) and, for
+    NVMe buffers at DeepSpeed's defaults, which autofit/emulations/nvme.py emulates) and, for
     stage 3, what stays gathered (the zero3_* knobs)."""
     zero: dict[str, Any] = {"stage": config["zero_stage"]}
     if config["zero_stage"] == 3:
@@ -308,9 +308,9 @@ class ZeroStage(Knob):
             return
         knobs = run.knobs
         if run.sharding_emulated:
+            from autofit.emulations.zero import ZeroEmulation
+            from autofit.emulations.zero_gather import LiveParams
             from autofit.run_state import PlainStep
-            from autofit.simulator.zero import ZeroEmulation
-            from autofit.simulator.zero_gather import LiveParams
 
             live = live_parameters(knobs)
             emulation = ZeroEmulation(

@@ -11,8 +11,6 @@ was cut short by autofit itself (an interrupt, a dead fork server): that is no a
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import signal
 import tempfile
@@ -24,18 +22,15 @@ from autofit.knobs import invalid_reason
 from autofit.knobs.allocator import worker_environment
 from autofit.models import ModelPreset
 from autofit.probe.launcher import Launcher, ServerDied, SpawnLauncher
-from autofit.probe.scan import at_batch
-from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
 
 log = logging.getLogger(__name__)
 
 WORKER = "autofit.probe.worker"
-SCAN_WORKER = "autofit.probe.scan"
-SCAN_TRACES = 4  # a structure's at most: three for its curve, and batch 1 by itself
 LOG_TAIL_CHARS = 4000
 
 
-def _tail(path: Path) -> str:
+def log_tail(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError:
@@ -43,7 +38,7 @@ def _tail(path: Path) -> str:
     return data[-LOG_TAIL_CHARS:].decode("utf-8", errors="replace")
 
 
-def _describe_exit(returncode: int) -> str:
+def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -82,7 +77,7 @@ def run_probe(
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         log_file = log_path or Path(tmp) / "worker.log"
         spec_path.write_text(spec.to_json())
-        returncode, waited = _run_retried(
+        returncode, waited = run_retried(
             spec, launcher, worker, [spec_path, result_path], log_file, spec.timeout_s
         )
         if returncode is None or (returncode == -signal.SIGKILL and waited >= spec.timeout_s):
@@ -91,7 +86,7 @@ def run_probe(
                 spec,
                 Outcome.TIMEOUT,
                 f"the probe ran past timeout_s={spec.timeout_s:g} and was killed",
-                _tail(log_file),
+                log_tail(log_file),
             )
         else:
             result = _read_result(spec, result_path, returncode, log_file)
@@ -100,66 +95,7 @@ def run_probe(
     return result
 
 
-def run_scans(
-    items: list[tuple[ProbeSpec, int]],
-    hi: int,
-    launcher: Launcher | None = None,
-    window: ScanWindow | None = None,
-    updates_dir: Path | None = None,
-) -> list[ScanResult]:
-    """Scan structures (each a spec and the smallest batch `lo` of its range `lo`..`hi`) in one
-    subprocess (autofit/probe/scan.py `scan_group`; `window`: the batches the best rule weighs;
-    `updates_dir`: where scans of one search share setup-and-update traces,
-    autofit/probe/shared_updates.py). Each structure traces at most four
-    batches, so the scans may take four times a probe's `timeout_s` each; scans that run past
-    that, or whose worker dies, come back with no curve and one result saying so, at their
-    `lo`. Raises ProbeNotFinished as `run_probe` does."""
-    started = time.perf_counter()
-    first = items[0][0]
-    timeout_s = SCAN_TRACES * len(items) * first.timeout_s
-    with tempfile.TemporaryDirectory(prefix="autofit-scan-") as tmp:
-        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        log_file = Path(tmp) / "worker.log"
-        structures = [{"spec": dataclasses.asdict(spec), "lo": lo} for spec, lo in items]
-        request_path.write_text(
-            json.dumps(
-                {
-                    "structures": structures,
-                    "hi": hi,
-                    "window": dataclasses.asdict(window) if window else None,
-                    "updates_dir": str(updates_dir) if updates_dir else None,
-                }
-            )  # fmt: skip
-        )
-        returncode, waited = _run_retried(
-            first, launcher, SCAN_WORKER, [request_path, result_path], log_file, timeout_s
-        )
-        if returncode is None or (returncode == -signal.SIGKILL and waited >= timeout_s):
-            outcome, reason = Outcome.TIMEOUT, f"the scans ran past {timeout_s:g} s and were killed"
-        elif result_path.exists():
-            outcome, reason = None, ""
-        else:
-            outcome, reason = Outcome.CRASH, _describe_exit(returncode)
-        if outcome is None:
-            answers = [ScanResult.from_dict(a) for a in json.loads(result_path.read_text())]
-        else:
-            tail = _tail(log_file)
-            answers = [
-                ScanResult(lo, hi, None, [ProbeResult.failed(
-                    at_batch(spec, lo),
-                    outcome, reason, tail,
-                )], [], False, reason)
-                for spec, lo in items
-            ]  # fmt: skip
-    wall_s = time.perf_counter() - started
-    points = sum(len(answer.results) for answer in answers)
-    for answer in answers:
-        for result in answer.results:
-            result.wall_s = wall_s / max(1, points)
-    return answers
-
-
-def _run_retried(
+def run_retried(
     spec: ProbeSpec, launcher: Launcher | None, worker: str, paths: list[Path], log_file: Path,
     timeout_s: float,
 ) -> tuple[int | None, float]:  # fmt: skip
@@ -211,6 +147,6 @@ def _read_result(spec: ProbeSpec, path: Path, returncode: int, log_file: Path) -
                 spec,
                 Outcome.CRASH,
                 f"the probe worker wrote an unreadable result: {exc}",
-                _tail(log_file),
+                log_tail(log_file),
             )
-    return ProbeResult.failed(spec, Outcome.CRASH, _describe_exit(returncode), _tail(log_file))
+    return ProbeResult.failed(spec, Outcome.CRASH, describe_exit(returncode), log_tail(log_file))

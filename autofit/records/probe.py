@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,10 @@ class ProbeSpec:
     def from_json(cls, text: str) -> ProbeSpec:
         return cls(**json.loads(text))
 
+    def at_batch(self, batch: int) -> ProbeSpec:
+        """The same configuration at batch size `batch`."""
+        return replace(self, knobs={**self.knobs, "batch_size": batch})
+
 
 @dataclass
 class ProbeResult:
@@ -96,7 +100,7 @@ class ProbeResult:
     versions: dict[str, str] = field(default_factory=dict)
     wall_s: float | None = None
     # Where a simulated point's figures come from: "traced" (its own fake step), "replayed" (a
-    # batch curve traced at other batches: autofit/simulator/batch_curve.py); None: a probe of
+    # batch curve traced at other batches: autofit/fastpath/batch_curve.py); None: a probe of
     # its own (traced when simulated, measured otherwise), as every result before curves.
     source: str | None = None
 
@@ -171,7 +175,7 @@ class ScanWindow:
 
 @dataclass
 class ScanResult:
-    """What a scan of one structure over batches `lo`..`hi` found (autofit/probe/scan.py).
+    """What a scan of one structure over batches `lo`..`hi` found (autofit/fastpath/scan.py).
 
     `best_batch`: the largest batch that fits (None: none does). `results`: the points the search
     reports: the best batch and the one above it (or `lo` when none fits), and with a window

@@ -3,7 +3,7 @@ the memory-saving settings it holds and its parents, the faster combinations the
 
 The search (autofit/search/engine.py) runs combinations in waves by how many memory-saving
 settings they hold, and starts a combination's search just above the largest batch its parents
-fit; the scheduler (autofit/search/scheduler.py) orders them by the same lineage.
+fit; the scheduler (autofit/fastpath/scheduler.py) orders them by the same lineage.
 """
 
 from __future__ import annotations

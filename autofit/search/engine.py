@@ -7,9 +7,9 @@ and it is pruned, with the reason recorded, when that batch does not fit or the 
 fits the space's largest. Combinations that cannot run on the GPU at all are recorded as invalid.
 Combinations are searched concurrently (`jobs`), each as soon as its parents have their answers
 (the rest of their wave may still run), those at the head of the longest chains of waiting
-combinations first (autofit/search/scheduler.py). Simulated ones are scanned: the
+combinations first (autofit/fastpath/scheduler.py). Simulated ones are scanned: the
 combinations of a wave whose per-sample memory is the same (they differ in the optimizer, say)
-go to one subprocess, which answers each for every batch from batch curves (autofit/probe/scan.py)
+go to one subprocess, which answers each for every batch from batch curves (autofit/fastpath/scan.py)
 and reports the largest that fits; the others, and simulated ones whose step is not affine in the
 batch, are searched by the planner, probe by probe, with estimates of the memory per sample
 shared between combinations whose per-sample memory is the same. Other
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.errors import NothingToSearch
+from autofit.fastpath.grouping import search_groups
+from autofit.fastpath.scheduler import GroupQueue, chain_heights, run_groups, shared_updates
 from autofit.knobs import invalid_reason
 from autofit.records.probe import Outcome, ProbeResult, ScanResult
 from autofit.records.status import Status
@@ -45,7 +47,6 @@ from autofit.search.combination import (
 from autofit.search.pareto import fastest_and_best, pareto_front
 from autofit.search.planner import LargestBatch, Observation, largest_fitting_batch
 from autofit.search.prober import Prober
-from autofit.search.scheduler import GroupQueue, chain_heights, run_groups, shared_updates
 from autofit.search.space import SearchSpace
 from autofit.search.weighing import scan_window, unweighed, weigh
 from autofit.units import value as show
@@ -348,7 +349,9 @@ class Search:
         for combination in runnable:
             waves[len(memory_savings(combination.knobs, self.space))].append(combination)
         searched = {(frozen(c.knobs), c.resolution) for c in runnable}
-        groups = [group for size in sorted(waves) for group in self._groups(waves[size])]
+        groups = [
+            group for size in sorted(waves) for group in search_groups(waves[size], self.scans)
+        ]
         search = self._search_group if self.scans else self._search_one
         ready = lambda group: self._parents_answered(group, searched)  # noqa: E731
         heights = chain_heights(groups, self.space)
@@ -394,24 +397,6 @@ class Search:
                 self.listener.on_work(label, False)
 
         return run
-
-    def _groups(self, wave: list[Combination]) -> list[list[Combination]]:
-        """A wave's combinations in the groups searched together, in the order to search them."""
-        if self.scans:
-            # Combinations that share what a sample adds are scanned together, one curve lent.
-            groups: dict[tuple[Any, ...], list[Combination]] = defaultdict(list)
-            for combination in wave:
-                groups[hint_key(combination.knobs, combination.resolution)].append(combination)
-            return list(groups.values())
-        # Spread combinations that share a memory-per-sample estimate, so the first of each
-        # group finishes (and shares its estimate) before the others start.
-        seen: dict[tuple[Any, ...], int] = defaultdict(int)
-        order = []
-        for combination in wave:
-            key = hint_key(combination.knobs, combination.resolution)
-            order.append((seen[key], len(order), combination))
-            seen[key] += 1
-        return [[c] for _, _, c in sorted(order, key=lambda item: item[:2])]
 
     def _parents_answered(self, group: list[Combination], searched: set[tuple[Any, ...]]) -> bool:
         """Whether every parent of the group's combinations (the same knobs with one

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from autofit.fastpath.scans import SCAN_TRACES, run_scans
+from autofit.fastpath.update_keys import search_directory
 from autofit.gpus import GpuSpec
 from autofit.knobs import registry
 from autofit.models import ModelPreset
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import Launcher
-from autofit.probe.runner import SCAN_TRACES, run_probe, run_scans
-from autofit.probe.shared_updates import search_directory
+from autofit.probe.runner import run_probe
 from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
 from autofit.search.claims import Busy
 from autofit.search.keys import probe_key, scan_key
@@ -89,7 +90,7 @@ class Prober:
     @property
     def scans(self) -> bool:
         """Whether this prober answers a structure for every batch at once (`scan`): simulated
-        probes can (autofit/simulator/batch_curve.py); real ones measure batch by batch."""
+        probes can (autofit/fastpath/batch_curve.py); real ones measure batch by batch."""
         return self._scan and self.backend == "simulate"
 
     def scan(
@@ -102,7 +103,7 @@ class Prober:
         range): the largest batch in `lo`..`hi` that fits, and whether it came from the study;
         None where another worker is scanning it (come back later). Those not in the study are
         scanned together in one subprocess, which lends the first one's curve to the others
-        where their steps agree (autofit/probe/scan.py).
+        where their steps agree (autofit/fastpath/scan.py).
 
         `window`: each also reports the batches in it (ScanWindow), for the best rule
         (autofit/search/pareto.py BestRule).

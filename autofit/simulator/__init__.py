@@ -5,13 +5,10 @@
 - `cuda_autocast`: CUDA's autocast cast policy, installed in place of the CPU's;
 - `kernel_outputs`: the real kernels' output layouts where a meta function allocates differently;
 - `fake_modules`: module moves that are no-ops under fake tensors;
-- `roofline`: FLOPs and bytes per op against the GPU's table entry, for throughput;
-- `zero`: one rank of DeepSpeed ZeRO, laid out for fake tensors and for any GPU count;
-- `nf4_layout`, `bnb_layout`: bitsandbytes' 4-bit weights and 8-bit optimizer states, for fake
-  tensors (their real step reads values a fake tensor does not have);
-- `streaming`: weights brought onto the GPU around the modules that use them (block swap, ZeRO-3);
-- `first_step`: two steps' log from one forward and backward pass, and one pass for the
-  structures that differ only in their update (the optimizers of a scan group).
+- `roofline`: FLOPs and bytes per op against the GPU's table entry, for throughput.
+
+The emulations of sharding and quantized layouts sit in autofit/emulations/, the fast path's
+curves and assembled steps in autofit/fastpath/.
 
 The `cpu` backend uses the same pieces on real tensors, which is how the tests hold the simulator
 to the byte.

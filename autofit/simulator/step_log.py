@@ -2,7 +2,7 @@
 and what the simulator reads from it (the allocated peak and its phase, what was live at it, the
 host memory's peak).
 
-A `StepLog` is also what a batch curve (autofit/simulator/batch_curve.py) answers for a batch it
+A `StepLog` is also what a batch curve (autofit/fastpath/batch_curve.py) answers for a batch it
 did not trace: the same events with the sizes that batch gives them. `StepLog.counted` computes
 the running figures a tracker keeps as it records (the peak, the event it happened at, each
 phase's peak) from the events alone, by the tracker's own rules, so both give the same report.
@@ -128,7 +128,7 @@ class StepLog:
         self.phase_peaks: dict[str, int] = {}  # the allocated peak within each phase
         # What the allocator model reserves at most replaying these events with no limit, by
         # (persistent allocations, `allocator` setting), once a replay found it: a scan asks
-        # whether a batch fits, then for its figures, of one log (autofit/probe/scan.py).
+        # whether a batch fits, then for its figures, of one log (autofit/fastpath/scan.py).
         self.plentiful_reserved: dict[tuple[tuple[int, ...], str], int] = {}
 
     @classmethod

@@ -159,7 +159,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         """Off while torch.compile traces and compiles, on while the compiled graph runs: the
-        compiled run's ops are counted, the compiler's own work is not (regional_compile.py)."""
+        compiled run's ops are counted, the compiler's own work is not (techniques/regional_compile.py)."""
         return True
 
     # -- recording -----------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
                 gc.enable()
         self._refs.clear()
         # Phase changes in one form however the steps were traced (two whole, or one assembled
-        # from the other's pass: simulator/first_step.py), so that traces compare.
+        # from the other's pass: fastpath/first_step.py), so that traces compare.
         self.phase_changes = compact_phases(self.phase_changes)
         self._host.clear()
         self._host_ids.clear()
@@ -391,7 +391,7 @@ class MemoryTracker(TorchDispatchMode, StepLog):
     def uncounted(self) -> Iterator[None]:
         """Storages made inside are counted nowhere, neither GPU nor host memory: the
         temporaries of torch code that stands for a GPU kernel allocating none of them (TRL's
-        Triton fold, autofit/workloads/trl_head.py). Nothing made inside may outlive it."""
+        Triton fold, autofit/techniques/trl_head.py). Nothing made inside may outlive it."""
         self._uncounted_depth += 1
         try:
             yield

@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from autofit.errors import ConfigError
+from autofit.techniques.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import token_ids
-from autofit.workloads.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
 
 # What a config names its experts by, in the architectures transformers has (Mixtral, Qwen MoE,
 # DeepSeek): a model from a config file with one of them is a mixture of experts.
@@ -200,9 +200,9 @@ def litgpt_chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunk: int
 
 
 def trl_fused_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
-    """TRL 1.16 SFTTrainer's loss through its own fused LM head (autofit/workloads/trl_head.py),
+    """TRL 1.16 SFTTrainer's loss through its own fused LM head (autofit/techniques/trl_head.py),
     imported only where it is asked for."""
-    from autofit.workloads.trl_head import trl_cross_entropy
+    from autofit.techniques.trl_head import trl_cross_entropy
 
     return trl_cross_entropy(model, causal_lm(model), input_ids)
 
@@ -211,7 +211,7 @@ def fused_linear_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Ten
     """Next-token cross-entropy as Liger-Kernel's transformers integration computes it
     (liger_kernel/transformers/model/loss_utils.py, `LigerForCausalLMLoss`, 0.8.5): the labels
     padded by one position (that padded copy stays referenced until the loss returns), the next
-    tokens as targets, and the fused linear cross-entropy (autofit/workloads/fused_linear_ce.py)
+    tokens as targets, and the fused linear cross-entropy (autofit/techniques/fused_linear_ce.py)
     over the flattened hidden states and the output projection's weight.
 
     As Liger patches it in, the loss is the causal LM's own forward (`lce_forward`), so whatever

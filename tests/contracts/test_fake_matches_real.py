@@ -144,7 +144,7 @@ LOOSER = (
         lambda k: k.get("fsdp", "off") != "off",
         0.005,
         "the cpu backend runs torch's fully_shard over gloo, the simulation its emulation "
-        "(autofit/simulator/fsdp.py): their all-gather and reduce-scatter buffers are freed in a "
+        "(autofit/emulations/fsdp.py): their all-gather and reduce-scatter buffers are freed in a "
         "different order (tests/test_fsdp.py)",
     ),
     (

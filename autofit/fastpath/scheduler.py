@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from autofit.probe.shared_updates import update_knobs
+from autofit.fastpath.update_keys import update_knobs
 from autofit.search.claims import POLL_S, Busy
 from autofit.search.combination import Combination, frozen, parents
 from autofit.search.space import SearchSpace
@@ -28,7 +28,7 @@ class GroupQueue:
 
     Of the groups ready, the first in order, but for three preferences (what keeps both cores
     busy to the end of a search):
-    - not one that shares setup-and-update traces (`shared`, autofit/probe/shared_updates.py)
+    - not one that shares setup-and-update traces (`shared`, autofit/fastpath/shared_updates.py)
       with a group running now, while no group that traces them has finished: the two would
       trace the same updates at once, each for itself;
     - then the one with the longest chain of groups waiting on it (`heights`): the groups a
@@ -149,7 +149,7 @@ def chain_heights(groups: list[list[Combination]], space: SearchSpace) -> dict[i
 def shared_updates(group: list[Combination]) -> frozenset[Any]:
     """What a scan of the group traces to share with other scans of the search: the setup and
     updates of each combination after the first (which lends them its pass), as
-    autofit/probe/shared_updates.py keys them: the knobs less those that change only the
+    autofit/fastpath/shared_updates.py keys them: the knobs less those that change only the
     pass."""
     return frozenset(tuple(sorted(update_knobs(c.knobs).items())) for c in group[1:])
 

@@ -20,8 +20,8 @@ A structure that differs from another only in what its update does (the optimize
 knobs whose values do not change the pass, `Knob.changes_pass_between`) runs the same pass, so its log is assembled from its own
 setup and updates, both traced from gradients made directly (autofit/backends/simulate.py
 `traced_updates`), and the other's pass: a search traces one pass for all the optimizers of a
-structure (autofit/probe/scan.py), and their setups and updates once for all its structures
-(autofit/probe/shared_updates.py).
+structure (autofit/fastpath/scan.py), and their setups and updates once for all its structures
+(autofit/fastpath/shared_updates.py).
 
 `cut` checks what that rests on and returns None when it does not hold (the caller then traces
 both steps whole): the pass gives every gradient the update reads (each trainable parameter's;

@@ -1,5 +1,5 @@
 """PyTorch FSDP1 itself (`FullyShardedDataParallel`) on a run's model, for the `cpu` and `cuda`
-backends, wrapped as the emulation (autofit/simulator/fsdp1.py) lays it out; tests/test_fsdp1.py
+backends, wrapped as the emulation (autofit/emulations/fsdp1.py) lays it out; tests/test_fsdp1.py
 compares the two."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from autofit.simulator.fsdp1_units import fsdp1_units
+from autofit.emulations.fsdp1_units import fsdp1_units
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

@@ -1,6 +1,6 @@
 """PyTorch FSDP1's memory layout (`FullyShardedDataParallel`, flat parameters,
 `use_orig_params=False`), emulated for one rank of `world_size` GPUs (the units it wraps:
-autofit/simulator/fsdp1_units.py; FSDP1 itself for real runs: autofit/simulator/fsdp1_real.py).
+autofit/emulations/fsdp1_units.py; FSDP1 itself for real runs: autofit/emulations/fsdp1_real.py).
 
 It follows torch 2.13's FSDP1 (torch/distributed/fsdp/: fully_sharded_data_parallel.py,
 _runtime_utils.py, _flat_param.py, _exec_order_utils.py) as accelerate's `fsdp_version: 1`, the
@@ -58,9 +58,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from autofit.emulations.fsdp import QUANT_STORAGE, step_on_host
+from autofit.emulations.fsdp1_units import Unit, fsdp1_units
 from autofit.run_state import logical_numel, set_logical_numel
-from autofit.simulator.fsdp import QUANT_STORAGE, step_on_host
-from autofit.simulator.fsdp1_units import Unit, fsdp1_units
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

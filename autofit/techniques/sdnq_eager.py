@@ -1,6 +1,6 @@
 """SDNQ, imported to run eagerly: `SDNQ_USE_TORCH_COMPILE=0` (unless the user set it) before
 sdnq reads it at its own import. autofit's probes run SDNQ's code without torch.compile on every
-backend (autofit/quantization.py, `sdnq_base`, says what that leaves out). A knob names this
+backend (autofit/techniques/quantization.py, `sdnq_base`, says what that leaves out). A knob names this
 module among its libraries so that a run imports it before it is built, outside fake mode, and
 autofit imports SDNQ's entry point from here only."""
 

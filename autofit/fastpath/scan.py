@@ -1,8 +1,8 @@
-"""The child side of a scan: `python -m autofit.probe.scan REQUEST.json RESULT.json`.
+"""The child side of a scan: `python -m autofit.fastpath.scan REQUEST.json RESULT.json`.
 
 A scan answers structures (every knob but the batch size) of a simulated search for every batch
 in their ranges `lo`..`hi` at once. Each structure is traced at the largest batch first: when
-that fits, it is the answer. Otherwise a batch curve (autofit/simulator/batch_curve.py) answers
+that fits, it is the answer. Otherwise a batch curve (autofit/fastpath/batch_curve.py) answers
 every batch: the first structure of a group fits its own through three traces (2, 3 and the
 largest); the others, which differ only in knobs that add nothing per sample, take the first's
 growth where their steps agree. Each scan finds the largest batch that fits and reports that
@@ -16,7 +16,6 @@ structure being scanned.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -24,23 +23,22 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
+
+from autofit.backends.base import model_host_memory
+from autofit.backends.simulate import measurement, traced_steps
+from autofit.fastpath.batch_curve import BatchCurve, NotAffine, gpu_fits, record
+from autofit.fastpath.shared_updates import SharedUpdates, composed_steps
+from autofit.knobs import registry
 from autofit.paths import write_atomically
 from autofit.probe.libraries import crash_message, leave_out_unused
-from autofit.probe.shared_updates import SharedUpdates
+from autofit.probe.worker import exit_now, samples_per_second, to_result, versions
 from autofit.records.probe import Outcome, ProbeResult, ProbeSpec, ScanResult, ScanWindow
+from autofit.simulator.roofline import RooflineCounter, StepCost
+from autofit.simulator.step_log import StepLog
 
-if TYPE_CHECKING:
-    from autofit.simulator.batch_curve import BatchCurve
-    from autofit.simulator.roofline import StepCost
-    from autofit.simulator.step_log import StepLog
-
-log = logging.getLogger("autofit.probe.scan")
-
-
-def at_batch(spec: ProbeSpec, batch: int) -> ProbeSpec:
-    return dataclasses.replace(spec, knobs={**spec.knobs, "batch_size": batch})
+log = logging.getLogger("autofit.fastpath.scan")
 
 
 # Batch 1 is a program of its own: a tensor whose batch dimension has size 1 is contiguous
@@ -67,7 +65,7 @@ class TracedPoint:
     batch far over the budget costs a search for the least limit it would need, which only a
     reported point is worth). With `pass_from`, a point of another structure at the same batch
     with the same forward and backward pass (`same_pass`), it is assembled from that pass and
-    its own setup and updates where it can be (autofit/simulator/first_step.py), those taken
+    its own setup and updates where it can be (autofit/fastpath/first_step.py), those taken
     from `shared` where another scan of the search traced them."""
 
     def __init__(
@@ -77,11 +75,6 @@ class TracedPoint:
         pass_from: TracedPoint | None = None,
         shared: SharedUpdates | None = None,
     ) -> None:
-        import torch
-
-        from autofit.backends.simulate import composed_steps, traced_steps
-        from autofit.simulator.batch_curve import record
-        from autofit.simulator.roofline import RooflineCounter
 
         torch.manual_seed(0)  # as a probe's worker does
         roofline = RooflineCounter(spec.gpu_spec, keep_kernels=True)
@@ -105,9 +98,6 @@ class TracedPoint:
 
     def result(self) -> ProbeResult:
         if self._result is None:
-            from autofit.backends.simulate import measurement
-            from autofit.probe.worker import to_result
-
             figures = measurement(self.spec, self.log, self.cost, *self.counts)
             self._result = _result(to_result(self.spec, figures), "traced", self.found)
         return self._result
@@ -116,7 +106,6 @@ class TracedPoint:
 def same_pass(one: ProbeSpec, other: ProbeSpec) -> bool:
     """Whether two structures run the same forward and backward pass: they differ only in knobs
     that change what the update does or what runs after training (Knob.changes_pass_between)."""
-    from autofit.knobs import registry
 
     knobs = registry()
     differ = {k for k in {*one.knobs, *other.knobs} if one.knobs.get(k) != other.knobs.get(k)}
@@ -136,8 +125,6 @@ def replayed_point(
 ) -> ProbeResult:
     """What a probe of `spec` would report, answered from `curve` (the same structure); `log`
     and `cost`: the curve's at its batch, where the caller has them."""
-    from autofit.backends.simulate import measurement
-    from autofit.probe.worker import to_result
 
     batch = spec.knobs["batch_size"]
     figures = measurement(
@@ -190,22 +177,20 @@ class _Scan:
                 lender.traced.get(batch) if lender and same_pass(lender.spec, self.spec) else None
             )
             self.traced[batch] = TracedPoint(
-                at_batch(self.spec, batch), self.found, donor, self.updates
+                self.spec.at_batch(batch), self.found, donor, self.updates
             )
         return self.traced[batch]
 
     def fits(self, batch: int, log: StepLog) -> bool:
         """Whether `batch`, whose step is `log`, comes out `ok`: what the outcome of its result
         says (GPU budget, then host budget), without the search for its least limit."""
-        from autofit.backends.base import model_host_memory
-        from autofit.simulator.batch_curve import gpu_fits
 
         allocator = self.spec.knobs.get("allocator", "default")
         if not gpu_fits(log, self.workspace, self.limit, allocator):
             return False
         host_budget = self.spec.host_memory_bytes
         return host_budget is None or (
-            model_host_memory(log, at_batch(self.spec, batch)).peak_bytes <= host_budget
+            model_host_memory(log, self.spec.at_batch(batch)).peak_bytes <= host_budget
         )
 
     def run(self, start: int, lender: _Scan | None) -> ScanResult:
@@ -237,7 +222,6 @@ class _Scan:
     def _curve(self, start: int, lender: _Scan | None) -> BatchCurve | None:
         """The structure's curve: the lender's growth where their steps agree, else its own;
         None when the traces do not lie on one line (`reason` says why)."""
-        from autofit.simulator.batch_curve import NotAffine
 
         if lender is not None:
             lent = lender.own_curve(start)
@@ -253,7 +237,6 @@ class _Scan:
     def own_curve(self, start: int) -> BatchCurve | None:
         """This structure's curve through its traces at `curve_batches(start, hi)`, fitted the
         first time it is asked; None when they do not lie on one line (`reason` says why)."""
-        from autofit.simulator.batch_curve import BatchCurve, NotAffine
 
         if self.curve is None and not self.reason:
             batches = curve_batches(start, self.hi)
@@ -280,7 +263,6 @@ class _Scan:
 
     def _speed(self, batch: int, step_s: float) -> float:
         """The samples/s of `batch` in a step of `step_s`, as its result would say."""
-        from autofit.probe.worker import samples_per_second
 
         return samples_per_second({**self.spec.knobs, "batch_size": batch}, step_s) or 0.0
 
@@ -303,7 +285,7 @@ class _Scan:
         def result_at(batch: int) -> ProbeResult:
             if batch in self.traced or batch < FIRST_CURVE_BATCH:
                 return self.traced_at(batch).result()
-            point = at_batch(spec, batch)
+            point = spec.at_batch(batch)
             return replayed_point(curve, point, self.found, log_at(batch), cost_at(batch))
 
         @functools.cache
@@ -390,7 +372,6 @@ def scan_group(
     also reports the batches in it, from the window's least batch: the curves start there.
     `shared`: where the setup and updates of structures assembled from another's pass are kept
     for the search's other scans."""
-    from autofit.probe.worker import versions
 
     found = versions()
     scans: list[tuple[_Scan, ScanResult]] = []
@@ -413,7 +394,7 @@ def scan_group(
 
 def _crashed(spec: ProbeSpec, lo: int, hi: int, exc: Exception) -> ScanResult:
     failed = ProbeResult.failed(
-        at_batch(spec, lo), Outcome.CRASH, crash_message(exc),
+        spec.at_batch(lo), Outcome.CRASH, crash_message(exc),
         traceback.format_exc()[-4000:], "simulate",
     )  # fmt: skip
     return ScanResult(lo, hi, None, [failed], [], False, f"the scan crashed: {exc}")
@@ -428,7 +409,7 @@ def _result(result: ProbeResult, source: str, found: dict[str, str]) -> ProbeRes
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m autofit.probe.scan REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: python -m autofit.fastpath.scan REQUEST.json RESULT.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     request_path, result_path = (Path(a) for a in args)
@@ -448,6 +429,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from autofit.probe.worker import exit_now
-
     exit_now(main())  # as a probe's worker does: no teardown of torch's objects

@@ -1,7 +1,7 @@
 """The units PyTorch FSDP1 wraps a model into, as accelerate's `fsdp_version: 1`, the HF Trainer
 and Lightning's FSDPStrategy configure it: transformer-block auto-wrap, under LoRA each trained
 adapter layer a unit of its own (PEFT's `fsdp_auto_wrap_policy`), the root unit holding the rest.
-Both the emulation (autofit/simulator/fsdp1.py) and the real wrapping (fsdp1_real.py) read them."""
+Both the emulation (autofit/emulations/fsdp1.py) and the real wrapping (fsdp1_real.py) read them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PyTorch FSDP2 itself (`fully_shard`) on a run's model, for the `cpu` and `cuda` backends, in a
-one-process group, over the groups the emulation (autofit/simulator/fsdp.py) lays out;
+one-process group, over the groups the emulation (autofit/emulations/fsdp.py) lays out;
 tests/test_fsdp.py compares the two."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autofit.distributed import join_group_of_one
-from autofit.simulator.fsdp_groups import fsdp_groups
+from autofit.emulations.fsdp_groups import fsdp_groups
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState

@@ -1,7 +1,7 @@
 """A frozen base stored in fewer bytes than it computes in.
 
 - QLoRA's 4-bit base: bitsandbytes' NF4 `Linear4bit` on real tensors, its memory layout
-  (autofit/simulator/nf4_layout.py) on fake ones.
+  (autofit/emulations/nf4_layout.py) on fake ones.
 - An fp8 base (kohya's `fp8_base`): each frozen linear and
   convolution weight stored in float8 e4m3 and upcast to the compute dtype for its own matmul, as
   torch autocast upcasts kohya's fp8 weights. The upcast copy is an ordinary tensor: the matmul
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autofit.simulator.nf4_layout import Nf4LinearLayout
+from autofit.emulations.nf4_layout import Nf4LinearLayout
 
 FP8 = torch.float8_e4m3fn
 
@@ -181,7 +181,7 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
     its autograd functions save for backward as they are."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    from autofit.sdnq_eager import sdnq_training_post_load_quant
+    from autofit.techniques.sdnq_eager import sdnq_training_post_load_quant
 
     skipped = [".proj_out"] if run.preset.family == "flux" else []  # SimpleTuner's, for Flux
     model = sdnq_training_post_load_quant(
@@ -218,7 +218,7 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
       fp32 scale per output row, the weight dequantized to the compute dtype for each matmul;
     - `dynamic=True`, its fp8-torchao: `Float8DynamicActivationFloat8WeightConfig`, e4m3 values
       with one fp32 scale per weight, each input quantized to float8 for a float8 matmul, trained
-      through autofit/torchao_float8.py.
+      through autofit/techniques/torchao_float8.py.
 
     Returns the quantized weights, with the biases moved beside them, and the tensors they keep."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -228,7 +228,10 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
         Float8WeightOnlyConfig,
     )
 
-    from autofit.torchao_float8 import make_float8_matmuls_trainable, target_has_float8_matmuls
+    from autofit.techniques.torchao_float8 import (
+        make_float8_matmuls_trainable,
+        target_has_float8_matmuls,
+    )
 
     if dynamic:
         make_float8_matmuls_trainable()

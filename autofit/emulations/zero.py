@@ -12,12 +12,12 @@ which tests/test_zero.py checks) and moves the same bytes:
   the rank's share as it is made and frees it; stage 3 also keeps only the rank's share of the
   16-bit weights, gathering a module's full weights around its forward and its backward, and
   keeping more gathered (prefetched, persistent, soon reused) as DeepSpeed's parameter
-  coordinator does (autofit/simulator/zero_gather.py, under the `zero3_*` knobs);
+  coordinator does (autofit/emulations/zero_gather.py, under the `zero3_*` knobs);
 - `offload_params` leaves the shares of frozen weights of at most
   `stage3_param_persistence_threshold` elements on the GPU, as zero.Init puts them;
 - `offload_optimizer=cpu` keeps the shares of master weights, moments and gradients in host
   memory and runs the update there (gradients cross the host link once, updated weights once).
-- NVMe (ZeRO-Infinity, stage 3; autofit/simulator/nvme.py has DeepSpeed's figures):
+- NVMe (ZeRO-Infinity, stage 3; autofit/emulations/nvme.py has DeepSpeed's figures):
   `offload_optimizer=nvme` keeps the optimizer's sub-groups of at least 1 MiB on the drive and
   holds only DeepSpeed's pinned swap buffers in host memory, through which each sub-group is read,
   updated and written back; `offload_params=nvme` keeps the weight shares on the drive (the
@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from autofit.optimizers import LEARNING_RATE
+from autofit.emulations.nvme import PARAM_MAX_IN_CPU, OptimizerSwap, ParameterSwap
+from autofit.emulations.zero_gather import GatherCoordinator, Layout, LiveParams, gathered_buffers
 from autofit.run_state import logical_numel, set_logical_numel
-from autofit.simulator.nvme import PARAM_MAX_IN_CPU, OptimizerSwap, ParameterSwap
-from autofit.simulator.zero_gather import GatherCoordinator, Layout, LiveParams, gathered_buffers
+from autofit.techniques.optimizers import LEARNING_RATE
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -238,7 +238,7 @@ class ZeroEmulation:
             param.data = self.shards[param]
 
         # DeepSpeed gathers each module's own weights, as its coordinator decides
-        # (autofit/simulator/zero_gather.py).
+        # (autofit/emulations/zero_gather.py).
         self.coordinator = GatherCoordinator(
             run.model, self.live, partitioned.__getitem__, gather, release
         )

@@ -1,6 +1,6 @@
 """PyTorch FSDP2's memory layout (`fully_shard`), emulated for fake tensors and for world sizes
-beyond one GPU (the groups it shards: autofit/simulator/fsdp_groups.py; `fully_shard` itself for
-real runs in a one-process group: autofit/simulator/fsdp_real.py).
+beyond one GPU (the groups it shards: autofit/emulations/fsdp_groups.py; `fully_shard` itself for
+real runs in a one-process group: autofit/emulations/fsdp_real.py).
 
 A probe runs one process, so it cannot run FSDP2 across N GPUs; `FsdpEmulation` lays out rank 0's
 memory as torch 2.13's FSDP2 does (torch/distributed/fsdp/_fully_shard/: _fsdp_param.py,
@@ -43,8 +43,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from autofit.emulations.fsdp_groups import Group, fsdp_groups
 from autofit.run_state import set_logical_numel
-from autofit.simulator.fsdp_groups import Group, fsdp_groups
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
