@@ -14,6 +14,9 @@ module decides what it is compared against.
   only fits a host larger than the card's usual one is no answer for its owner. A card file
   that states none has no host limit, and says so.
 - The model as a trainer loads it: see `loader_shard_bytes`.
+- What a run holds there, every backend alike: `host_memory`, the one answer (the steps' host
+  ledger, simulator/step_log.py, read with the loader's working set and the processes sharing
+  the machine). The `cuda` backend raises it to the process's own readings where they are higher.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from typing import Any
 from autofit.errors import ConfigError, shown
 from autofit.families import family as declared
 from autofit.gpus import GpuSpec
+from autofit.knobs.train_mode import FOUR_BIT_MODES
+from autofit.records.probe import ProbeSpec
+from autofit.simulator.step_log import HostReport, StepLog
+from autofit.units import size
 
 GIB = 1 << 30
 
@@ -59,14 +66,21 @@ def _transformers(family: str) -> bool:
     return declared(family).loader == "transformers"
 
 
+def host_memory(log: StepLog, spec: ProbeSpec) -> HostReport:
+    """The host memory of a run's tracked steps, for the whole run: the steps' host ledger
+    (pinned as the caching host allocator holds it, pageable live) times the processes sharing
+    the machine (`host_ranks`), with the loader's working set as `loader` says (how much each
+    reader holds, and how many processes read)."""
+    cap, readers = loader(spec.model["family"], spec.knobs)
+    return log.host_report(cap, host_ranks(spec.knobs), readers)
+
+
 def loader(family: str, knobs: dict[str, Any]) -> tuple[int | None, int]:
     """How a run's processes read the checkpoint: what each reader holds at most (bytes; None:
     all of it) and how many processes read. A transformers model under ZeRO-3 is read whole by
     rank 0 alone (modeling_utils.py, `_load_pretrained_model` when is_deepspeed_zero3_enabled
     and the model is not quantized); otherwise every process reads it a shard at a time
     (`loader_shard_bytes`)."""
-    from autofit.knobs.train_mode import FOUR_BIT_MODES
-
     quantized = knobs.get("train_mode") in FOUR_BIT_MODES
     if knobs.get("zero_stage") == 3 and _transformers(family) and not quantized:
         return None, 1
@@ -138,8 +152,6 @@ NOT_STATED = "not stated (simulated for a GPU not here); set host_memory_gib="
 
 def budget_words(budget: int | None, basis: str | None = None) -> str:
     """A host budget in words: its size and, where given, where it comes from."""
-    from autofit.units import size
-
     if budget is None:
         return NOT_STATED
     return size(budget) + (f" ({basis})" if basis else "")

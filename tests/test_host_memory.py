@@ -19,9 +19,8 @@ from test_search_engine import CurveProber, truth
 from test_search_engine import space as synthetic_space
 
 from autofit.backends import cpu, simulate
-from autofit.backends.base import model_host_memory
 from autofit.emulations.zero import share
-from autofit.host import GIB, NOT_STATED, check_host_memory, loader_shard_bytes
+from autofit.host import GIB, NOT_STATED, check_host_memory, host_memory, loader_shard_bytes
 from autofit.probe.summary import summarize
 from autofit.probe.worker import execute
 from autofit.records.probe import Outcome, ProbeResult
@@ -174,7 +173,7 @@ def _zero_host(stage: int, offload_params: str) -> tuple[Any, Any, int]:
     )  # fmt: skip
     probe = dataclasses.replace(probe, model=with_blocks(probe, 2).model)
     run, tracker = simulate.trace(probe)
-    host = model_host_memory(tracker, probe)
+    host = host_memory(tracker, probe)
     steps = max(peak for phase, peak in host.phase_peaks.items() if phase != "setup")
     return run, host, steps
 

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.gpus import GpuSpec
-from autofit.host import host_ranks, loader
-from autofit.records.probe import ProbeSpec
 from autofit.simulator.allocator_replay import required_memory
 from autofit.simulator.step_log import HostReport, StepLog
 
@@ -53,14 +51,6 @@ def model_gpu_memory(
         required_reserved=need.required,
         over_budget_phase=None if over is None else tracker.phase_at(max(over, 0)),
     )
-
-
-def model_host_memory(tracker: StepLog, spec: ProbeSpec) -> HostReport:
-    """The host memory of the tracked steps for the whole run: the tracker's host ledger times
-    the processes sharing the machine, with the loader's working set as autofit/host.py
-    `loader` says (how much each reader holds, and how many processes read)."""
-    cap, readers = loader(spec.model["family"], spec.knobs)
-    return tracker.host_report(cap, host_ranks(spec.knobs), readers)
 
 
 def host_fields(host: HostReport) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from autofit.backends.base import (
     TRACKED_STEPS,
     host_fields,
     model_gpu_memory,
-    model_host_memory,
 )
+from autofit.host import host_memory
 from autofit.records.measurement import Measurement
 from autofit.records.probe import ProbeSpec
 from autofit.simulator import cuda_autocast
@@ -84,5 +84,5 @@ def measure(spec: ProbeSpec) -> Measurement:
         flops_per_step=flops.cost.flops,
         param_count=run.param_count,
         trainable_param_count=run.trainable_param_count,
-        **host_fields(model_host_memory(tracker, spec)),
+        **host_fields(host_memory(tracker, spec)),
     )

@@ -29,9 +29,8 @@ from autofit.backends.base import (
     TRACKED_STEPS,
     OutOfMemory,
     host_fields,
-    model_host_memory,
 )
-from autofit.host import host_ranks
+from autofit.host import host_memory, host_ranks
 from autofit.records.measurement import Measurement
 from autofit.records.probe import ProbeSpec
 from autofit.simulator.roofline import RooflineCounter
@@ -83,7 +82,7 @@ def measure(spec: ProbeSpec) -> Measurement:
         # to the one before (a batch too large for an RTX 4090 read "out of memory in setup").
         raise OutOfMemory(str(exc).splitlines()[0], run.phase if run.tracker else "timing") from exc
 
-    host = _with_process(model_host_memory(tracker, spec), rss_reset, host_ranks(spec.knobs))
+    host = _with_process(host_memory(tracker, spec), rss_reset, host_ranks(spec.knobs))
     allocated = torch.cuda.max_memory_allocated(device)
     reserved = torch.cuda.max_memory_reserved(device)
     budget_left = spec.budget_bytes - context_bytes

@@ -34,9 +34,9 @@ from autofit.backends.base import (
     TRACKED_STEPS,
     host_fields,
     model_gpu_memory,
-    model_host_memory,
 )
 from autofit.fastpath.first_step import Pass, assemble, cut
+from autofit.host import host_memory
 from autofit.records.measurement import Measurement
 from autofit.records.probe import ProbeSpec
 from autofit.simulator import cuda_autocast
@@ -168,5 +168,5 @@ def measurement(
         flops_per_step=cost.flops,
         param_count=param_count,
         trainable_param_count=trainable_param_count,
-        **host_fields(model_host_memory(log, spec)),
+        **host_fields(host_memory(log, spec)),
     )

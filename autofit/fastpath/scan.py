@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from autofit.backends.base import model_host_memory
 from autofit.backends.simulate import measurement, traced_steps
 from autofit.fastpath.batch_curve import BatchCurve, NotAffine, gpu_fits, record
 from autofit.fastpath.shared_updates import SharedUpdates, composed_steps
+from autofit.host import host_memory
 from autofit.knobs import registry
 from autofit.paths import write_atomically
 from autofit.probe.libraries import crash_message, leave_out_unused
@@ -190,7 +190,7 @@ class _Scan:
             return False
         host_budget = self.spec.host_memory_bytes
         return host_budget is None or (
-            model_host_memory(log, self.spec.at_batch(batch)).peak_bytes <= host_budget
+            host_memory(log, self.spec.at_batch(batch)).peak_bytes <= host_budget
         )
 
     def run(self, start: int, lender: _Scan | None) -> ScanResult:
