@@ -1,5 +1,12 @@
 """bitsandbytes' 8-bit optimizers, as their memory looks, for fake tensors.
 
+Known limitations: paged states count as host memory throughout; the driver's migration of them
+is not modelled, neither the step's `prefetch_tensor` (bitsandbytes 0.50), which brings each onto
+the GPU while it is updated, nor their eviction under pressure. Only the defaults are laid out:
+`min_8bit_size` 4096 and `max_unorm` 0 (a positive one adds a `unorm_vec` per parameter, not
+allocated here). bitsandbytes' CPU kernels make 512-byte temporaries in the update that this
+step does not (tests/contracts/test_fake_matches_real.py, LOOSER).
+
 A bitsandbytes step reads values out of its tensors, which a fake tensor cannot answer, so the
 `simulate` backend uses this stand-in. It allocates every state exactly as bitsandbytes'
 `init_state` does (bitsandbytes 0.50): for a parameter of at least `min_8bit_size` elements, one

@@ -2,6 +2,23 @@
 beyond one GPU (the groups it shards: autofit/emulations/fsdp_groups.py; `fully_shard` itself for
 real runs in a one-process group: autofit/emulations/fsdp_real.py).
 
+Known limitations: what torch 2.13's FSDP2 does that this layout leaves out:
+
+- Streams: every allocation is made on one stream. FSDP2 gathers on its copy-in and all-gather
+  streams and reduces on its reduce-scatter stream (`FSDPCommContext.lazy_init`), each served
+  from a pool of its own by the caching allocator; the FSDP1 emulation models those pools, this
+  one does not.
+- The real `fully_shard` is held against the emulation only in a one-process group
+  (tests/test_fsdp.py), where each shard is the whole weight; with N > 1 the flat all-gather and
+  reduce-scatter buffers follow torch's source, never a measured run (NCCL's own buffers, outside
+  the allocator, are not counted). CPU offload is never held against torch: on the CPU it pins
+  host memory, which needs a GPU, and no GPU test runs it.
+- Only what accelerate configures: `Shard(0)` placement (no `shard_placement_fn`), a 1-D mesh
+  (no HSDP all-reduce), `reshard_after_forward` as a bool (not an int), one dtype for param and
+  reduce, implicit prefetching only (not `set_modules_to_forward_prefetch` /
+  `set_modules_to_backward_prefetch`), and gradients reduced every step (not
+  `set_requires_gradient_sync(False)`'s unsharded accumulation).
+
 A probe runs one process, so it cannot run FSDP2 across N GPUs; `FsdpEmulation` lays out rank 0's
 memory as torch 2.13's FSDP2 does (torch/distributed/fsdp/_fully_shard/: _fsdp_param.py,
 _fsdp_param_group.py, _fsdp_collectives.py, _fsdp_state.py) and moves the same bytes:

@@ -2,6 +2,21 @@
 `use_orig_params=False`), emulated for one rank of `world_size` GPUs (the units it wraps:
 autofit/emulations/fsdp1_units.py; FSDP1 itself for real runs: autofit/emulations/fsdp1_real.py).
 
+Known limitations: what torch 2.13's FSDP1 does that this layout leaves out:
+
+- The CUDA streams' work (below) is the allocation order itself, so `limit_all_gathers`' rate
+  limiter (at most two all-gathers in flight) and `record_stream`'s delayed frees (a block freed
+  on one stream while another may still read it returns to its pool once that stream is done)
+  are not modelled.
+- Forward prefetch, `use_orig_params=True` (its per-parameter alignment padding and views), the
+  hybrid strategies (`HYBRID_SHARD`, `_HYBRID_SHARD_ZERO2`) and a `MixedPrecision` whose reduce
+  dtype differs from its param dtype are not modelled.
+- The model is flattened unit by unit from host memory (rank 0 of `sync_module_states`), the
+  other ranks' meta-device initialisation not.
+- FSDP1 itself is held against the emulation in a fake group of 1, 2 and 4 ranks whose
+  collectives move nothing (tests/test_fsdp1.py): NCCL's buffers are outside the allocator and
+  not counted, and `CPUOffload` is never held against torch (fsdp1_real.py does not pass it).
+
 It follows torch 2.13's FSDP1 (torch/distributed/fsdp/: fully_sharded_data_parallel.py,
 _runtime_utils.py, _flat_param.py, _exec_order_utils.py) as accelerate's `fsdp_version: 1`, the
 HF Trainer and Lightning's FSDPStrategy configure it: transformer-block auto-wrap (each block a
@@ -37,14 +52,6 @@ Each allocation is made on the CUDA stream FSDP1 makes it on (`PRE_UNSHARD`, `UN
 `POST_BACKWARD` below, the default stream otherwise), and the caching allocator's model keeps a pool
 per stream: a block freed after one unit's all-gather serves the next all-gather, never an
 activation (c10/cuda/CUDACachingAllocator.cpp, `get_free_block` matches the block's stream).
-
-Known limitations: the streams' work is the allocation order itself, so `limit_all_gathers`' rate
-limiter (at most two all-gathers in flight) and `record_stream`'s delayed frees (a block freed on
-one stream while another may still read it returns to its pool once that stream is done) are not
-modelled; forward prefetch
-and `use_orig_params=True` (its per-parameter alignment padding and views) are not modelled; the
-model is flattened unit by unit from host memory (rank 0 of `sync_module_states`), the other
-ranks' meta-device initialisation not; NCCL's buffers are outside the allocator.
 """
 
 from __future__ import annotations

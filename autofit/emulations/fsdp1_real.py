@@ -1,6 +1,13 @@
 """PyTorch FSDP1 itself (`FullyShardedDataParallel`) on a run's model, for the `cpu` and `cuda`
 backends, wrapped as the emulation (autofit/emulations/fsdp1.py) lays it out; tests/test_fsdp1.py
-compares the two."""
+compares the two.
+
+Known limitations: a probe runs it in a group of one process, where FSDP1 runs NO_SHARD whatever
+the `fsdp` value (FULL_SHARD and SHARD_GRAD_OP are measured only in tests, in a fake group whose
+collectives move nothing). `fsdp_offload=cpu` is not passed on (no `CPUOffload`), nor
+`sync_module_states`, which the accelerate export sets (its broadcast of the states in 250 MiB
+buckets at wrap time is not measured). 4-bit bases are refused on the real backends (FSDP1
+cannot flatten their uint8 weights with bf16 norms)."""
 
 from __future__ import annotations
 

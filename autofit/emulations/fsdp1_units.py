@@ -1,7 +1,14 @@
 """The units PyTorch FSDP1 wraps a model into, as accelerate's `fsdp_version: 1`, the HF Trainer
 and Lightning's FSDPStrategy configure it: transformer-block auto-wrap, under LoRA each trained
 adapter layer a unit of its own (PEFT's `fsdp_auto_wrap_policy`), the root unit holding the rest.
-Both the emulation (autofit/emulations/fsdp1.py) and the real wrapping (fsdp1_real.py) read them."""
+Both the emulation (autofit/emulations/fsdp1.py) and the real wrapping (fsdp1_real.py) read them.
+
+Known limitations: the blocks are the preset's `blocks` lists, not the classes the wrap policy
+matches anywhere in the model (`_no_split_modules`, `fsdp_transformer_layer_cls_to_wrap` or
+PEFT's `FSDP_TRANSFORMER_CLS_TO_WRAP`); PEFT's lambda policy is applied only inside those blocks
+(a trained leaf outside them, e.g. an adapted output head, stays in the root unit), and its
+prompt-learning encoders (`PrefixEncoder`, `PromptEmbedding`...) are not wrapped; size-based
+auto-wrap is not followed."""
 
 from __future__ import annotations
 

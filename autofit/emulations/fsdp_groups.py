@@ -1,7 +1,15 @@
 """The `fully_shard` calls accelerate 1.15's fsdp2_prepare_model makes for FSDP2 (autofit/knobs/
 fsdp.py): each block, an untied input embedding, the tail (final norm, output head) and the root,
 each with the parameters it manages. Both the emulation (autofit/emulations/fsdp.py) and the real
-sharding (fsdp_real.py) read them."""
+sharding (fsdp_real.py) read them.
+
+Known limitations: the blocks are the preset's `blocks` lists, not the classes accelerate's
+TRANSFORMER_BASED_WRAP matches anywhere in the model (`_no_split_modules` or
+`fsdp_transformer_layer_cls_to_wrap`); SIZE_BASED_WRAP and NO_WRAP are not followed. Under LoRA
+the adapters shard with their block. The HF Trainer swaps in PEFT's policy for a PEFT model
+(transformers' `update_fsdp_plugin_peft`), which accelerate's FSDP2 path does not recognise
+(`fsdp2_prepare_auto_wrap_policy` returns None): there no block is a group of its own, which
+these groups do not follow."""
 
 from __future__ import annotations
 

@@ -1,6 +1,13 @@
 """PyTorch FSDP2 itself (`fully_shard`) on a run's model, for the `cpu` and `cuda` backends, in a
 one-process group, over the groups the emulation (autofit/emulations/fsdp.py) lays out;
-tests/test_fsdp.py compares the two."""
+tests/test_fsdp.py compares the two.
+
+Known limitations: in a group of one each shard is the whole weight and the collectives move
+nothing between GPUs, so a world size beyond one is the emulation's alone; the mesh's and the
+process group's own bookkeeping is made unseen by the tracker. The backends' rules refuse what
+it cannot run: `fsdp_offload=cpu` on the cpu backend (pinned host memory needs a GPU),
+bitsandbytes' 4-bit bases (uint8 weights `fully_shard` cannot shard) and optimizers other than
+torch's AdamW and SGD (the DTensor parameters)."""
 
 from __future__ import annotations
 

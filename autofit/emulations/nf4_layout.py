@@ -1,5 +1,19 @@
 """bitsandbytes' NF4 4-bit weight, as its memory looks, for fake tensors.
 
+Known limitations: what bitsandbytes 0.50 does that this layout leaves out:
+
+- Only NF4 with double quantization at block size 64, the QLoRA default: FP4, other block sizes
+  and single quantization are not laid out.
+- Every forward dequantizes the whole weight into a temporary. On CUDA, bitsandbytes' `gemm_4bit`
+  runs a fused kernel that makes none for inputs of few rows (4 always, up to 1536 by the GPU's
+  architecture and the weight's shape: `_gemm_4bit_use_custom_cuda`), dequantizing past that.
+- Dequantizing makes more than the weight's temporary: the nested scales into fp32 (one float per
+  64 weights; the CUDA fallback makes a second with the offset added), and in backward the weight
+  in the dtype it was quantized from, then a copy in the gradient's dtype when they differ. Only
+  `dequantize` (DoRA) makes the fp32 scales here; forward and backward make one temporary, in the
+  compute dtype. bitsandbytes' CPU kernels make a few small temporaries more
+  (tests/contracts/test_fake_matches_real.py, LOOSER).
+
 bitsandbytes quantizes a weight by reading its values, which a fake tensor cannot answer, so the
 `simulate` backend replaces each `nn.Linear` of a QLoRA base with `Nf4LinearLayout`, which holds
 exactly the buffers bitsandbytes 0.50 keeps for an NF4 weight with double quantization (the

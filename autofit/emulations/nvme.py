@@ -1,5 +1,16 @@
 """ZeRO-Infinity's NVMe offload, laid out as DeepSpeed 0.19 lays it out, for ZeroEmulation.
 
+Known limitations: it is never run for real (DeepSpeed's swap needs its async I/O op and a
+drive), so nothing here is held against DeepSpeed but its source:
+
+- The settings are DeepSpeed's defaults: `aio` (intra_op_parallelism 1, hence 1 KiB alignment),
+  `buffer_count`, `sub_group_size` and `max_in_cpu` are not read, and only `buffer_size` follows
+  the largest share; the pipelined swapper (`pipeline_read`/`pipeline_write`) is not modelled.
+- The pinned write-back buffer DeepSpeed reserves when trained shares overflow `max_in_cpu` onto
+  the drive (stage3.py, `reserve_partitioned_swap_space`) is not allocated.
+- The drive is bytes read and written, timed at the GPU entry's NVMe rate: its free space (the
+  swap files under `nvme_path`) is not checked.
+
 The states on the drive take no memory; what they cost is the host's pinned buffers they pass
 through, and the bytes read and written. DeepSpeed's defaults (deepspeed/runtime/zero/
 offload_config.py, zero/config.py) and rules (zero/stage3.py, swap_tensor/):

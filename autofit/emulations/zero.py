@@ -1,5 +1,27 @@
 """DeepSpeed ZeRO's memory layout, emulated for fake tensors and for world sizes beyond one GPU.
 
+Known limitations: DeepSpeed 0.19's engine is run for real only in a group of one process, so a
+world size beyond one follows its source and its estimates, never a measured run; and:
+
+- Gradients after the step: the emulation keeps its fp32 gradient share (and in stages 1 and 2
+  the 16-bit share and the reduce bucket) from one step to the next, as DeepSpeed's estimates
+  count them; DeepSpeed frees the fp32 gradients after the step, stage 3 keeping a 16-bit flat
+  gradient partition (`grad_partitions_flat_buffer`) instead, and stage 2 frees the bucket and
+  both shares (tests/test_offload.py holds each difference to the byte).
+- DeepSpeed's configuration is taken at its defaults: one reduce bucket of 5e8 elements, whatever
+  `reduce_bucket_size` says, and not the second one `overlap_comm: true` adds in stages 1 and 2
+  (stage_1_and_2.py, `setup_buckets`); `contiguous_gradients`, `allgather_bucket_size`,
+  `round_robin_gradients` and, without NVMe, `sub_group_size` are not read.
+- Stages 1 and 2 flatten each group's trained 16-bit weights into one aligned buffer and
+  partition that (`bit16_groups_flat`); here the weights stay tensors of their own and each
+  weight's share is padded on its own (ceil(numel / N)), so padding and fragmentation differ.
+- No loss scaler, overflow check or gradient norm: fp16's dynamic loss scaling, the small flags
+  DeepSpeed keeps (two of 512 bytes) and the norm `gradient_clipping` (1.0 as exported) computes
+  are not made; the update is AdamW with fixed hyperparameters, the only optimizer allowed.
+- zero.Init partitions each module as it is built; the emulation builds the model whole in host
+  memory and shards it after. NCCL's buffers and communicators are outside the allocator and not
+  counted; the collectives are bytes sent (`peer_bytes`), not buffers.
+
 A probe runs one process, so it cannot run DeepSpeed across N GPUs, and DeepSpeed does not run on
 fake tensors; `ZeroEmulation` lays out one rank's memory as DeepSpeed does (the figures of
 DeepSpeed's own `estimate_zero2_model_states_mem_needs` / `estimate_zero3_model_states_mem_needs`,

@@ -1,5 +1,12 @@
 """ZeRO-3's gathered weights over a step: DeepSpeed's parameter coordinator, emulated.
 
+Known limitations: not modelled are NVMe prefetching of shares, ZeRO++'s quantized or
+hierarchical gathers, `model_persistence_threshold` (unbounded by default), leaf modules
+(`set_z3_leaf_modules`), `__params_to_release`'s cache across steps (the steps traced are alike)
+and `register_external_parameter` (a read through a module's `_parameters` is followed, as
+DeepSpeed follows it). Held against DeepSpeed in one process; with N > 1 the gathers' buffers
+follow partition_parameters.py unmeasured, and NCCL's own buffers are not counted.
+
 Follows DeepSpeed 0.19 (deepspeed/runtime/zero/parameter_offload.py, which hooks every module,
 and partitioned_param_coordinator.py, which decides what is gathered); `GatherCoordinator` keeps
 its names and order of events, so that one rank holds the same weights gathered at every moment
@@ -26,16 +33,10 @@ its names and order of events, so that one rank holds the same weights gathered 
 - the optimizer's step starts by releasing everything, and ends by gathering the persistent
   weights again: they stay gathered through every later step.
 
-Memory of a gather (partition_parameters.py) on N > 1 ranks: one weight alone is gathered into a
-buffer of its padded size, which it keeps; several at once (a module's weights, a prefetch
-bucket) into one flat buffer, each then copied out into a tensor of its own when first waited
-for, the flat buffer living until every weight it carried has been waited for. On one rank
-nothing is gathered: a weight whose share is on the GPU is that share.
-
-Known limitations: NVMe prefetching of shares (`__prefetch_nvme_param_partitions`) is not
-modelled, nor external parameters (a weight used outside its module), quantized gathers,
-`model_persistence_threshold` (unbounded by default), leaf modules (`set_z3_leaf_modules`) or
-`__params_to_release`'s cache across steps (the steps traced are all alike).
+Memory of a gather on N > 1 ranks (partition_parameters.py): a weight gathered alone gets a
+buffer of its padded size; several at once (a module's, a prefetch bucket) one flat buffer, each
+copied out when first waited for, the buffer living until all are. On one rank a weight whose
+share is on the GPU is that share.
 """
 
 from __future__ import annotations
