@@ -21,18 +21,25 @@ module decides what it is compared against.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
-from autofit.errors import ConfigError, shown
 from autofit.families import family as declared
 from autofit.gpus import GpuSpec
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 from autofit.records.probe import ProbeSpec
+from autofit.settings import FINITE, number
 from autofit.simulator.step_log import HostReport, StepLog
 from autofit.units import size
 
 GIB = 1 << 30
+
+# `host_memory_gib=`: a positive number of GiB, or unset (null); a finite one.
+HOST_MEMORY_GIB = dataclasses.replace(
+    number(lambda v: v > 0, "expected a positive number of GiB (e.g. 128), or null for the default"),
+    optional=True, then=FINITE,
+)  # fmt: skip
 
 # The largest checkpoint shard a loader holds at once (bytes; "5GB" means 5 * 10**9 bytes to
 # huggingface_hub's size parser). diffusers' ModelMixin.save_pretrained writes shards of at most
@@ -108,17 +115,8 @@ def machine_ram_bytes() -> int:
 
 
 def check_host_memory(value: Any) -> float | None:
-    """`host_memory_gib=`: a positive number of GiB, or unset (null)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(
-            f"host_memory_gib={shown(value)} is not valid; expected a positive number of GiB "
-            "(e.g. 128), or null for the default"
-        )
-    if value == float("inf"):
-        raise ConfigError(f"host_memory_gib={shown(value)} is not valid; expected a finite number")
-    return float(value)
+    """`host_memory_gib=` checked (HOST_MEMORY_GIB): GiB, or None."""
+    return HOST_MEMORY_GIB("host_memory_gib", value)  # type: ignore[no-any-return]
 
 
 def host_budget(setting: float | None, backend: str, gpu: GpuSpec) -> tuple[int | None, str | None]:

@@ -14,12 +14,12 @@ import yaml
 from helpers import autofit, in_process
 
 from autofit.calibration.margins import load_margins
+from autofit.commands.probe import probe_settings, spec_of
 from autofit.config import compose_config
 from autofit.errors import ConfigError
 from autofit.fingerprint import fingerprint
 from autofit.gpus import MIB, GpuSpec, load_gpu
 from autofit.paths import conf_dir
-from autofit.probe.build import spec_from_config
 from autofit.records.probe import ProbeSpec
 
 # The entries issue 14 asked for: each states where its figures come from.
@@ -46,6 +46,11 @@ SPACE = "batch_size: {min: 1, max: 1}\nresolution: [x1]\nknobs: {precision: [bf1
 
 
 DROP = object()  # a field left out of the card
+
+
+def spec_from_config(cfg: object) -> ProbeSpec:
+    """The spec `autofit probe` measures for a composed config."""
+    return spec_of(probe_settings(cfg))
 
 
 def card(folder: Path, file: str = "card.yaml", **fields: object) -> Path:

@@ -413,14 +413,14 @@ def test_a_simulated_card_is_held_to_the_ram_of_its_usual_machine(tmp_path: Path
     """Without host_memory_gib=, a probe simulated for a card takes the RAM its entry states (a
     12 GB GeForce: a 32 GB home desktop; an A10G: AWS's 16 GiB g5.xlarge); the setting wins; a
     card file that states none has no host limit. (issue 41 item 8)"""
+    from autofit.commands.probe import probe_settings, spec_of
     from autofit.config import compose_config
     from autofit.gpus import HOST_FIELDS, load_gpu
     from autofit.host import budget_words, host_budget_basis
-    from autofit.probe.build import spec_from_config
 
     def budget(*overrides: str) -> int | None:
         cfg = compose_config("probe", ["model=tiny_mlp", "backend=simulate", *overrides])
-        return spec_from_config(cfg).host_memory_bytes
+        return spec_of(probe_settings(cfg)).host_memory_bytes
 
     assert budget("gpu=rtx3060_12") == 32 * GIB
     assert budget("gpu=a10g") == 16 * GIB

@@ -151,7 +151,7 @@ def load_margins(path: Path | None = None) -> dict[str, ClassMargin]:
 def chosen_margin(setting: Any, family: str, classes: list[str]) -> ChosenMargin:
     """The margin of `margin=<setting>`: a number as the user gave it, or `auto`, the widest
     margin of the classes the run (or search) spans, from calibration/margins.yaml."""
-    if setting != AUTO:  # checked by autofit.probe.build.check_settings
+    if setting != AUTO:  # checked by the MARGIN rule (autofit/probe/build.py)
         return ChosenMargin(float(setting), "as set")
     table = load_margins()
     widest = max((table[c] for c in classes), key=lambda c: c.margin)

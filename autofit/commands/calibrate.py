@@ -3,6 +3,7 @@ the figures that say how far the simulator is from the real runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -10,12 +11,70 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from autofit.backends import cuda_unusable
+from autofit.calibration.margins import AUTO, FLOOR, derive_margins, write_margins
+from autofit.calibration.published import (
+    judged,
+    load_published,
+    margin_of,
+    published_figures,
+    simulate_rows,
+)
+from autofit.calibration.rows import (
+    answered,
+    append_row,
+    describe,
+    figures,
+    percent,
+    read_rows,
+    row,
+    write_rows,
+)
+from autofit.calibration.sets import CalibrationCase, load_set
 from autofit.config import compose_config
 from autofit.errors import ConfigError, shown
+from autofit.gpus import load_gpu
+from autofit.models import load_preset
+from autofit.paths import ensure_writable
+from autofit.probe.build import MARGIN, TIMEOUT_S, gpu_from_config, make_spec, probe_margin
+from autofit.probe.runner import run_probe
+from autofit.results import RESULTS
+from autofit.settings import FLAG, TEXT, Rule, built, choice, entry, setting
+from autofit.units import size
 
 # The local GPU is the `gpu=` entry when its memory is within this share of the entry's; a larger
 # local GPU emulates the entry by capping its allocator.
 SAME_GPU_TOLERANCE = 0.02
+
+
+# `only=`: one row id, or a list of them; nothing (null, empty) is every row.
+def _row_ids(value: Any) -> list[str] | None:
+    return [str(w) for w in (value if isinstance(value, list) else [value])] if value else None
+
+
+def _ids(value: Any) -> bool:
+    return not isinstance(value, dict) and not (
+        isinstance(value, list) and any(isinstance(w, dict | list) for w in value)
+    )
+
+
+ONLY = Rule(_ids, "expected a row id or a list of them, e.g. only=[PF2,DF-15]", _row_ids, True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibrateSettings:
+    """`autofit calibrate`'s settings, each with its rule; conf/calibrate.yaml gives the defaults
+    and says what each means."""
+
+    gpu: dict[str, Any] = entry()
+    set: str = setting("default", TEXT)
+    measure: str = setting("cuda", choice("cuda", "cpu"))
+    margin: float | str = setting("auto", MARGIN)
+    timeout_s: float = setting(900.0, TIMEOUT_S)
+    out: str | None = setting(None, TEXT.or_null())
+    dry_run: bool = setting(False, FLAG)
+    only: list[str] | None = setting(None, ONLY)
+    rerun: bool = setting(False, FLAG)
 
 
 def run(overrides: list[str]) -> int:
@@ -26,9 +85,7 @@ def _local_device(measure: str, gpu_memory_bytes: int) -> tuple[str, int]:
     """The device the real runs use: its name and memory."""
     if measure == "cpu":
         return "cpu", 0
-    import torch
-
-    from autofit.backends import cuda_unusable
+    import torch  # seconds; only where the real runs are on a GPU
 
     why = cuda_unusable()
     if why:
@@ -46,7 +103,7 @@ def _local_device(measure: str, gpu_memory_bytes: int) -> tuple[str, int]:
 
 
 def environment(measure: str, device: str) -> dict[str, str]:
-    import torch
+    import torch  # seconds; only once the settings are checked
 
     found = {"torch": torch.__version__, "device": device}
     if measure == "cuda":
@@ -70,68 +127,50 @@ def default_output(gpu: str, measure: str, set_name: str) -> Path:
 
 
 def run_config(cfg: Any) -> int:
-    from omegaconf import OmegaConf
+    return calibrate(built(CalibrateSettings, cfg))
 
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    if str(data["set"]) == "published" and not data["rerun"]:
-        return run_published(data)
-    if data["rerun"] and str(data["set"]) != "published":
+
+def calibrate(settings: CalibrateSettings) -> int:
+    """The calibration set, each case simulated and run for real; or the published set."""
+    if settings.set == "published" and not settings.rerun:
+        return run_published(settings)
+    if settings.rerun and settings.set != "published":
         raise ConfigError(
-            f"rerun=true runs the published set's rows; set={shown(data['set'])} is run for real "
+            f"rerun=true runs the published set's rows; set={shown(settings.set)} is run for real "
             "without it (drop rerun=true, or give set=published)"
         )
-    if data.get("only") and str(data["set"]) != "published":
-        raise ConfigError(f"only= names rows of set=published, not of set={shown(data['set'])}")
-
-    from autofit.calibration.margins import AUTO, FLOOR
-    from autofit.calibration.sets import load_set
-    from autofit.probe.build import check_settings, gpu_from_config
-
-    measure = data["measure"]
-    if measure not in ("cuda", "cpu"):
-        raise ConfigError(f"measure={shown(measure)} is not valid; valid values: cuda, cpu")
-    check_settings(measure, data["margin"], data["timeout_s"])
-    gpu = gpu_from_config(data["gpu"])
+    if settings.only and settings.set != "published":
+        raise ConfigError(f"only= names rows of set=published, not of set={shown(settings.set)}")
+    gpu = gpu_from_config(settings.gpu)
     # a reservation that leaves nothing fails before any case
-    gpu.budget_bytes(FLOOR if data["margin"] == AUTO else data["margin"])
-    cases = _published_cases(data.get("only")) if data["rerun"] else load_set(str(data["set"]))
+    gpu.budget_bytes(FLOOR if settings.margin == AUTO else settings.margin)
+    cases = _published_cases(settings.only) if settings.rerun else load_set(settings.set)
     out = (
-        Path(data["out"])
-        if data.get("out")
-        else default_output(gpu.label, measure, str(data["set"]))
+        Path(settings.out)
+        if settings.out
+        else default_output(gpu.label, settings.measure, settings.set)
     )
-    if data["dry_run"]:
+    if settings.dry_run:
         for number, case in enumerate(cases, start=1):
             print(f"[{number}/{len(cases)}] {case.key(gpu.name)}")
         print(f"{len(cases)} cases; the CSV would be {out}")
         return 0
-    return _run_cases(cases, gpu, measure, data, out)
+    return _run_cases(cases, gpu, settings, out)
 
 
-def _published_cases(only: Any) -> list[Any]:
+def _published_cases(only: list[str] | None) -> list[Any]:
     """The published rows (those `only=` names, in its order) as cases: each row's closest knobs
     on its own card, named by the row's id."""
-    from autofit.calibration.published import load_published
-    from autofit.calibration.sets import CalibrationCase
-
     return [
         CalibrationCase(str(r.model), r.gpu, dict(r.knobs), name=r.id)
         for r in _chosen_rows(load_published(), only)
     ]
 
 
-def _run_cases(cases: list[Any], gpu: Any, measure: str, data: dict[str, Any], out: Path) -> int:
+def _run_cases(cases: list[Any], gpu: Any, settings: CalibrateSettings, out: Path) -> int:
     """Each case simulated and run for real, a CSV row appended as each one finishes; a rerun
     skips the cases the CSV already holds."""
-    from autofit.calibration.rows import append_row, describe, figures, read_rows, row
-    from autofit.gpus import load_gpu
-    from autofit.models import load_preset
-    from autofit.paths import ensure_writable
-    from autofit.probe.build import make_spec, probe_margin
-    from autofit.probe.runner import run_probe
-    from autofit.units import size
-
+    measure = settings.measure
     device, device_memory = _local_device(measure, gpu.memory_bytes)
     ensure_writable(out)
     env = environment(measure, device)
@@ -159,12 +198,12 @@ def _run_cases(cases: list[Any], gpu: Any, measure: str, data: dict[str, Any], o
             abs(device_memory - target.memory_bytes) > SAME_GPU_TOLERANCE * device_memory
         )
         preset = preset_of(case.model)
-        margin = probe_margin(data["margin"], preset, case.knobs).value
+        margin = probe_margin(settings.margin, preset, case.knobs).value
         # The simulation (on the host's cores) runs beside the real run: a GPU's lease is short.
         with ThreadPoolExecutor(2) as pool:
             simulated, measured = (
                 pool.submit(run_probe, make_spec(preset, target, case.knobs, backend, margin,
-                                                 data["timeout_s"]))
+                                                 settings.timeout_s))
                 for backend in ("simulate", measure)
             )  # fmt: skip
             sim, real = simulated.result(), measured.result()
@@ -185,8 +224,6 @@ def _answered_rows(out: Path, measure: str) -> tuple[list[dict[str, str]], int]:
     """The CSV's rows of `measure` whose two runs both answered (fits or not), and how many did
     not: a crash or a timeout says nothing of the case and may be fixed since, so its row is
     dropped from the file (rewritten whole) and the case run again."""
-    from autofit.calibration.rows import answered, read_rows, write_rows
-
     rows = read_rows(out)
 
     def stale(r: dict[str, str]) -> bool:
@@ -216,35 +253,21 @@ def _compared(values: dict[str, Any], size: Any) -> str:
     return text
 
 
-def run_published(data: dict[str, Any]) -> int:
+def run_published(settings: CalibrateSettings) -> int:
     """Every row of the published set autofit can express (or those `only=` names), simulated
     with its closest knobs and compared like with like; the rows it cannot express, with what
     they need. The whole set (no `only=`) also derives each class's margin from the errors and
     writes calibration/margins.yaml (with `margin=auto`, the default): its verdicts are those at
     the margins it derives; with a margin given, at that margin."""
-    from autofit.calibration.margins import AUTO, derive_margins, write_margins
-    from autofit.calibration.published import (
-        judged,
-        load_published,
-        margin_of,
-        published_figures,
-        simulate_rows,
-    )  # fmt: skip
-    from autofit.calibration.rows import write_rows
-    from autofit.paths import ensure_writable
-    from autofit.probe.build import check_settings
-    from autofit.results import RESULTS
-
-    check_settings("simulate", data["margin"], data["timeout_s"])
     rows = load_published()
-    out = Path(data["out"]) if data.get("out") else RESULTS / "calibration" / "published.csv"
-    whole = not data.get("only")
-    expressible = _chosen_rows(rows, data.get("only"))
-    if data["dry_run"]:
-        for row in expressible:
+    out = Path(settings.out) if settings.out else RESULTS / "calibration" / "published.csv"
+    whole = not settings.only
+    expressible = _chosen_rows(rows, settings.only)
+    if settings.dry_run:
+        for chosen in expressible:
             print(
-                f"{row.id}: model={row.model} gpu={row.gpu} "
-                + " ".join(f"{k}={v}" for k, v in row.knobs.items())
+                f"{chosen.id}: model={chosen.model} gpu={chosen.gpu} "
+                + " ".join(f"{k}={v}" for k, v in chosen.knobs.items())
             )
         print(f"{len(expressible)} of {len(rows)} rows expressible; the CSV would be {out}")
         print("\n".join(needs_lines({r.id: r.needs for r in rows if not r.expressible})))
@@ -256,11 +279,11 @@ def run_published(data: dict[str, Any]) -> int:
         flush=True,
     )
 
-    margin = data["margin"]
+    margin = settings.margin
     # The whole set derives the margins first: judged at the table it writes, not the old one.
     derive = whole and margin == AUTO
     ordered = simulate_rows(
-        expressible, 0.0 if derive else margin, data["timeout_s"], on_done=_print_row
+        expressible, 0.0 if derive else margin, settings.timeout_s, on_done=_print_row
     )
     table = None
     if derive:
@@ -281,12 +304,12 @@ def run_published(data: dict[str, Any]) -> int:
     return 0
 
 
-def _chosen_rows(rows: list[Any], only: Any) -> list[Any]:
-    """The expressible rows, or those `only=` names (one id or a list), in its order."""
+def _chosen_rows(rows: list[Any], only: list[str] | None) -> list[Any]:
+    """The expressible rows, or those `only=` names, in its order."""
     expressible = [r for r in rows if r.expressible]
     if not only:
         return expressible
-    wanted = [str(w) for w in (only if isinstance(only, list) else [only])]
+    wanted = only
     known = {r.id: r for r in expressible}
     unknown = [w for w in wanted if w not in known]
     if unknown:
@@ -299,8 +322,6 @@ def _chosen_rows(rows: list[Any], only: Any) -> list[Any]:
 
 def _print_row(done: dict[str, Any]) -> None:
     """One compared row as it finishes: its figure against the simulation's, and its speed."""
-    from autofit.units import size
-
     error = "" if done["error"] is None else f" ({done['error']:+.1%})"
     published = size(done["published_bytes"]) if done["published_bytes"] else ""
     speed = ""
@@ -313,8 +334,6 @@ def _print_row(done: dict[str, Any]) -> None:
 
 
 def _error_line(label: str, figures: dict[str, Any]) -> str:
-    from autofit.calibration.rows import percent
-
     return (
         f"{label:<14} {figures['compared']} figures: median |error| {percent(figures['median_abs'])}, "
         f"max {percent(figures['max_abs'])}, mean signed {percent(figures['mean_signed'])}; "
@@ -324,8 +343,6 @@ def _error_line(label: str, figures: dict[str, Any]) -> str:
 
 
 def _describe_published(figures: dict[str, Any], margin: Any) -> str:
-    from autofit.calibration.rows import percent
-
     at = "each class's margin" if margin == "auto" else f"margin={margin}"
     lines = [
         f"published runs: {figures['rows']}, expressible {figures['expressible']}, compared by "
@@ -356,8 +373,8 @@ def _describe_published(figures: dict[str, Any], margin: Any) -> str:
 def needs_lines(not_expressible: dict[str, str]) -> list[str]:
     """The rows autofit cannot express, grouped by what they need, the largest group first."""
     needs: dict[str, list[str]] = {}
-    for row, need in not_expressible.items():
-        needs.setdefault(need, []).append(row)
+    for row_id, need in not_expressible.items():
+        needs.setdefault(need, []).append(row_id)
     lines = [f"not expressible ({len(not_expressible)} rows), by what they need:"]
     lines += [f"  {len(ids):>3} rows ({', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}): {need}"
               for need, ids in sorted(needs.items(), key=lambda item: -len(item[1]))]  # fmt: skip

@@ -3,24 +3,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.paths import write_atomically
+from autofit.models import load_preset
+from autofit.paths import group_options, write_atomically
+from autofit.settings import TEXT, built, setting
+from autofit.units import count
+from autofit.workloads import workload_for
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsSettings:
+    """`autofit models`'s one setting (conf/models.yaml)."""
+
+    out: str | None = setting(None, TEXT.or_null())
 
 
 def count_parameters() -> list[dict[str, Any]]:
     """Every preset's trained model and companions, counted."""
+    # torch (seconds to import) only once the settings are checked: `autofit models out=[1]`
+    # answers at once.
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from autofit.models import load_preset
-    from autofit.paths import group_options
-    from autofit.workloads import workload_for
-    from autofit.workloads.companions import build_companion
+    from autofit.workloads.companions import build_companion  # imports torch
 
     presets = [load_preset(name) for name in group_options("model") if name != "custom"]
     workloads = {
@@ -64,9 +75,13 @@ def run(overrides: list[str]) -> int:
 
 
 def run_config(cfg: Any) -> int:
-    from autofit.units import count
-
+    settings = built(ModelsSettings, cfg)
     rows = count_parameters()
+    _render(rows)
+    return _written(rows, Path(settings.out) if settings.out else Path("results") / "models.json")
+
+
+def _render(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'model':<15} {'family':<15} {'params':>10} {'published':>10}  {'native':<12} companions"
     )
@@ -85,7 +100,10 @@ def run_config(cfg: Any) -> int:
     print(
         "model=custom model.entry=package.module:function trains your own model (see docs/models.md)"
     )
-    out = Path(cfg.out) if cfg.out else Path("results") / "models.json"
+
+
+def _written(rows: list[dict[str, Any]], out: Path) -> int:
+    """The table as JSON in `out`; a read-only checkout only warns (the table is printed)."""
     try:
         write_atomically(out, json.dumps(rows, indent=2))
     except OSError as exc:  # a read-only checkout: the table above is the answer; say so

@@ -4,32 +4,45 @@ different models or GPUs are compared with a warning, or refused with `strict=tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError, shown
+from autofit.errors import AutofitError, ConfigError
 from autofit.paths import ensure_writable, write_atomically, write_together
+from autofit.report import tables
+from autofit.report.answer import answer
+from autofit.report.changes import compare
+from autofit.report.html import write_page
+from autofit.report.plots import write_pngs
+from autofit.results import load_study, locate
+from autofit.settings import FLAG, TEXT, built, number, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSettings:
+    """`autofit report`'s settings, each with its rule; conf/report.yaml gives the defaults and
+    says what each means."""
+
+    study: str | None = setting(None, TEXT.or_null())
+    # `from` is a Python keyword: the field is `source`, the setting `from=`
+    source: str | None = setting(None, TEXT.or_null(), key="from")
+    compare: str | None = setting(None, TEXT.or_null())
+    threshold: float = setting(
+        0.10,
+        number(lambda v: 0 <= v < 1, "expected a share between 0 and 1, e.g. 0.10 for 10%"),
+    )
+    strict: bool = setting(False, FLAG)
+    out: str | None = setting(None, TEXT.or_null())
 
 
 def run(overrides: list[str]) -> int:
     return run_config(compose_config("report", overrides))
-
-
-def _threshold(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(
-            f"threshold={shown(value)} is not valid; expected a share between 0 and 1, e.g. 0.10 for 10%"
-        )
-    return float(value)
-
-
-def _strict(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"strict={shown(value)} is not valid; expected true or false")
-    return value
 
 
 def _unlike(study: Any, baseline: Any, other: str) -> str | None:
@@ -51,12 +64,6 @@ def _write_report(study: Any, report: list[Any], text: str, out: Path) -> list[s
     """Write the report's files into `out` together (autofit/paths.py write_together): the
     charts and the page are drawn into a hidden folder beside them first, then all are renamed
     into place, report.txt last. A kill leaves the old report or the new one, whole."""
-    import shutil
-    import tempfile
-
-    from autofit.report.html import write_page
-    from autofit.report.plots import write_pngs
-
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".report."))
     try:
         drawn = [*write_pngs(study, staging), write_page(study, report, staging / "report.html")]
@@ -72,43 +79,31 @@ def _write_report(study: Any, report: list[Any], text: str, out: Path) -> list[s
 
 def run_config(cfg: Any) -> int:
     """Report the study a composed `report` config names; compare it when asked."""
-    from autofit.report import tables
-    from autofit.report.answer import answer
-    from autofit.results import load_study, locate
+    return report(built(ReportSettings, cfg))
 
-    # Hydra reads `study=2024` as a number: every name and path is taken as text.
-    name, folder, other, out_dir = (
-        None if cfg[k] is None else str(cfg[k]) for k in ("study", "from", "compare", "out")
+
+def report(settings: ReportSettings) -> int:
+    """The study's report, printed and written; with `compare=`, what changed against another
+    study, and an error on a regression."""
+    study = load_study(locate(settings.study, settings.source))
+    baseline = (
+        load_study(locate(settings.compare, None, setting="compare")) if settings.compare else None
     )
-    threshold, strict = _threshold(cfg.threshold), _strict(cfg.strict)
-    study = load_study(locate(name, folder))
-    baseline = load_study(locate(other, None, setting="compare")) if other else None
-    unlike = _unlike(study, baseline, str(other)) if baseline is not None else None
-    if unlike and strict:  # before anything is written
+    unlike = _unlike(study, baseline, str(settings.compare)) if baseline is not None else None
+    if unlike and settings.strict:  # before anything is written
         raise ConfigError(f"{unlike}; strict=true compares studies of one model on one GPU only")
     if unlike:
         print(f"autofit: warning: {unlike} (strict=true makes this an error)", file=sys.stderr)
-    out = Path(out_dir) if out_dir else study.path / "report"
-    unwritable = None
-    try:
-        ensure_writable(out / "report.txt", what="report")
-    except AutofitError as exc:
-        if out_dir:  # a folder the user chose: theirs to fix
-            raise
-        # A study read from a read-only place (a shared results folder, a mounted archive):
-        # the answer is still printed; the files need a folder of the user's.
-        unwritable = f"{exc}; add out=DIR to write the report's files (and compare.json) there"
-
-    report = tables.report_tables(study)
-    text = "\n\n".join([answer(study).text(), tables.headline(study), *(t.text() for t in report)])
+    out = Path(settings.out) if settings.out else study.path / "report"
+    unwritable = _unwritable(out, chosen=bool(settings.out))
+    parts = tables.report_tables(study)
+    text = "\n\n".join([answer(study).text(), tables.headline(study), *(t.text() for t in parts)])
     print(text)
     if unwritable is None:
-        written = _write_report(study, report, text, out)
+        written = _write_report(study, parts, text, out)
         print(f"\nreport in {out}/ ({', '.join(written)})")
-    if baseline is not None:
-        from autofit.report.changes import compare
-
-        comparison = compare(baseline, study, threshold)
+    comparison = compare(baseline, study, settings.threshold) if baseline is not None else None
+    if comparison is not None:
         if unwritable is None:
             write_atomically(out / "compare.json", json.dumps(comparison.to_dict(), indent=2))
         print("\n" + "\n\n".join(t.text() for t in tables.comparison_tables(comparison)))
@@ -116,9 +111,27 @@ def run_config(cfg: Any) -> int:
             print(f"\ncomparison in {out}/compare.json")
     if unwritable is not None:
         print(f"autofit: warning: {unwritable}", file=sys.stderr)
-    if baseline is None:
+    if comparison is None:
         return 0
-    regressions = comparison.regressions
+    return _verdict(comparison.regressions, baseline, settings.threshold)
+
+
+def _unwritable(out: Path, chosen: bool) -> str | None:
+    """Why the report's files cannot be written to `out` (None: they can). A folder the user
+    chose (`chosen`) is theirs to fix: an error."""
+    try:
+        ensure_writable(out / "report.txt", what="report")
+    except AutofitError as exc:
+        if chosen:
+            raise
+        # A study read from a read-only place (a shared results folder, a mounted archive):
+        # the answer is still printed; the files need a folder of the user's.
+        return f"{exc}; add out=DIR to write the report's files (and compare.json) there"
+    return None
+
+
+def _verdict(regressions: list[str], baseline: Any, threshold: float) -> int:
+    """The comparison's last line: no regression (0), or the first one as the error."""
     if regressions:
         more = (
             f" (and {len(regressions) - 1} more, listed in compare.json)"

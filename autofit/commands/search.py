@@ -8,43 +8,84 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+
+from autofit.backends import resolve
 from autofit.calibration.margins import chosen_margin, classes_spanned
 from autofit.command_line import key_of
-from autofit.config import compose_config
-from autofit.errors import AutofitError, ConfigError, Interrupted, NothingToSearch, shown
-from autofit.host import budget_words, check_host_memory
+from autofit.config import as_given, compose_config
+from autofit.errors import AutofitError, ConfigError, Interrupted, NothingToSearch
+from autofit.export import target, trainer_stack, trainer_values, unlaunchable
+from autofit.host import HOST_MEMORY_GIB, budget_words
 from autofit.host import host_budget as host_budget_of
-from autofit.probe.build import check_custom, check_settings, gpu_from_config, preset_from_config
+from autofit.knobs import registry
+from autofit.paths import ensure_writable
+from autofit.probe.build import (
+    BACKEND,
+    MARGIN,
+    TIMEOUT_S,
+    check_custom,
+    gpu_from_config,
+    preset_from_config,
+)  # fmt: skip
+from autofit.probe.launcher import launcher_for
+from autofit.probe.libraries import libraries_of
 from autofit.records.probe import Outcome
+from autofit.report.tables import pareto_table
+from autofit.results import check_study_name, load_study, rerun_command, study_folder, write_results
+from autofit.search import display
+from autofit.search.engine import Search
+from autofit.search.prober import Prober
 from autofit.search.progress import Progress
+from autofit.search.recorder import StudyRecorder, default_storage
 from autofit.search.retry import PATIENCE_S, StorageError, StorageUnavailable
-from autofit.search.space import SearchSpace
+from autofit.search.space import SearchSpace, load_space
+from autofit.search.storage import check_url, storage_file
+from autofit.settings import FLAG, SHARE, TEXT, built, entry, group, integer, number, setting
 from autofit.units import many, resolution_words, size, value
 
 # Simulated probes are single-threaded Python: one per core keeps both busy.
 MAX_DEFAULT_JOBS = 4
 
 
-def study_and_folder(data: dict[str, Any], preset: Any, gpu: Any, space: Any) -> tuple[str, Path]:
-    """The study a search config names (`study=`, else `<model>-<gpu>-<space>[-<trainer>]`) and
-    the folder its files go to (`out=`, else results/<study>/)."""
-    from autofit.results import check_study_name, study_folder
+@dataclasses.dataclass(frozen=True)
+class TargetSettings:
+    """`target.`: where the best run is chosen (conf/search.yaml says what each means)."""
 
-    trainer = data.get("trainer")
-    default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
-    # A name, not a path (results.check_study_name): out= chooses a folder. Hydra reads
-    # `study=2024` as a number, so the name is taken as text.
-    named = data.get("study")
-    study_name = check_study_name(str(named)) if named is not None else default_name
-    return study_name, Path(data["out"]) if data.get("out") else study_folder(study_name)
+    resolution: int | None = setting(None, integer(1).or_null())
+    min_batch: int | None = setting(None, integer(1).or_null())
+    speed_tolerance: float | None = setting(None, SHARE.or_null())
+    memory_gain: float | None = setting(None, SHARE.or_null())
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path.resolve().is_relative_to(folder.resolve())
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchSettings:
+    """`autofit search`'s settings, each with its rule; conf/search.yaml gives the defaults and
+    says what each means. `model` and `gpu` are the composed entries, checked as they are read."""
+
+    model: dict[str, Any] = entry()
+    gpu: dict[str, Any] = entry()
+    space: str = setting("default", TEXT)
+    backend: str = setting("auto", BACKEND)
+    margin: float | str = setting("auto", MARGIN)
+    host_memory_gib: float | None = setting(None, HOST_MEMORY_GIB)
+    timeout_s: float = setting(900.0, TIMEOUT_S)
+    jobs: int | None = setting(None, integer(1).or_null())
+    storage: str | None = setting(None, TEXT.or_null())
+    retry_failed: bool = setting(True, FLAG)
+    claim_grace_s: float = setting(60.0, number(lambda v: v > 0, "expected seconds > 0"))
+    storage_patience_s: float = setting(
+        PATIENCE_S, number(lambda v: v >= 0, "expected seconds >= 0")
+    )
+    trainer: str | None = setting(None, TEXT.or_null())
+    study: str | None = setting(None, TEXT.or_null())
+    out: str | None = setting(None, TEXT.or_null())
+    target: TargetSettings = group(TargetSettings)
 
 
-def _default_jobs(backend: str) -> int:
-    return 1 if backend == "cuda" else max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
+def search_settings(cfg: Any) -> SearchSettings:
+    """The settings of a composed `search` config, every one checked."""
+    return built(SearchSettings, cfg)
 
 
 def run(overrides: list[str]) -> int:
@@ -55,93 +96,108 @@ def run_config(cfg: Any, given: list[str] | None = None) -> int:
     """Run the search a composed `search` config describes; print it; write its files. `given`:
     the overrides as the user typed them (a sweep's job: Hydra's record of its own), which the
     `rerun` line repeats."""
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return _run_settings(data, given, set())
+    return search(search_settings(cfg), _job_overrides() if given is None else given)
 
 
-def next_search(data: dict[str, Any], space: str) -> dict[str, Any]:
+def search(
+    settings: SearchSettings, given: list[str] | None, tried: frozenset[str] = frozenset()
+) -> int:
+    """The search `settings` describe: every part made and checked, then the probes, then what
+    it prints. Where nothing fits and its space names another to search (`if_nothing_fits`),
+    that search next, once per space (`tried`)."""
+    run = _checked(settings, given)
+    try:
+        return _render(run, _probed(run))
+    except StorageError as exc:
+        raise type(exc)(f"{exc}; {_resume_words(exc, run.meta, run.out)}") from None
+    except (NothingFits, NothingToSearch) as exc:
+        return _go_on(exc, run.space, settings, given, tried)
+
+
+def study_and_folder(
+    settings: SearchSettings, preset: Any, gpu: Any, space: Any
+) -> tuple[str, Path]:
+    """The study a search's settings name (`study=`, else `<model>-<gpu>-<space>[-<trainer>]`)
+    and the folder its files go to (`out=`, else results/<study>/)."""
+    trainer = settings.trainer
+    default_name = f"{preset.label}-{gpu.label}-{space.name}" + (f"-{trainer}" if trainer else "")
+    # A name, not a path (results.check_study_name): out= chooses a folder.
+    named = settings.study
+    study_name = check_study_name(named) if named is not None else default_name
+    return study_name, Path(settings.out) if settings.out else study_folder(study_name)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def _default_jobs(backend: str) -> int:
+    return 1 if backend == "cuda" else max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
+
+
+def next_search(settings: SearchSettings, space: str) -> SearchSettings:
     """The settings of the search `if_nothing_fits` starts: the same but the space, and a study
     and folder of its own where the user named them (study=NAME-<space>, out=FOLDER-<space>);
     unnamed, they follow from the space as any search's do."""
     stem = Path(space).stem
-    return {
-        **data,
-        "space": space,
-        "study": f"{data['study']}-{stem}" if data.get("study") is not None else None,
-        "out": f"{data['out']}-{stem}" if data.get("out") else None,
-    }
+    return dataclasses.replace(
+        settings,
+        space=space,
+        study=f"{settings.study}-{stem}" if settings.study is not None else None,
+        out=f"{settings.out}-{stem}" if settings.out else None,
+    )
 
 
-def _run_settings(data: dict[str, Any], given: list[str] | None, tried: set[str]) -> int:
-    """The search of `data` (run_config's settings); where nothing fits and its space names
-    another to search (`if_nothing_fits`), that search next, once per space (`tried`)."""
-    from autofit.backends import resolve
-    from autofit.search.space import load_space
-
-    preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
-    check_settings(data["backend"], data["margin"], data["timeout_s"])
-    check_host_memory(data.get("host_memory_gib"))
-    space = load_space(str(data["space"]), preset)
-    trainer = data.get("trainer")
-    chosen, stack, in_place, space = _for_trainer(trainer, preset, space)
+def _checked(settings: SearchSettings, given: list[str] | None) -> _Checked:
+    """Every part of the search made from its settings and checked, before any probe runs: the
+    model, the card, the space (for the trainer, at the target), the margin and the backend, then
+    the study's folder and storage."""
+    preset, gpu = preset_from_config(settings.model), gpu_from_config(settings.gpu)
+    space = load_space(settings.space, preset)
+    trainer, stack, in_place, space = _for_trainer(settings.trainer, preset, space)
     margin = chosen_margin(
-        data["margin"], preset.family, classes_spanned(preset.family, space.knobs)
+        settings.margin, preset.family, classes_spanned(preset.family, space.knobs)
     )
     budget = gpu.budget_bytes(margin.value)
-    space = _with_target(data.get("target") or {}, preset, space)
-    jobs, retry_failed, grace, patience = _worker_settings(data)
-
-    left_out = left_out_by(space, gpu, chosen, preset)
+    space = _with_target(settings.target, preset, space)
+    left_out = left_out_by(space, gpu, trainer, preset)
     # Before any folder or study is made: a backend that cannot run here, a model that fails.
-    backend = resolve(data["backend"], gpu, budget)
-    check_custom(preset, data["timeout_s"])
+    backend = resolve(settings.backend, gpu, budget)
+    check_custom(preset, settings.timeout_s)
 
-    study_name, out = study_and_folder(data, preset, gpu, space)
-    storage = _prepared_storage(data.get("storage"), out)
-
-    host_setting = check_host_memory(data.get("host_memory_gib"))
-    host_budget, basis = host_budget_of(host_setting, backend, gpu)
+    study_name, out = study_and_folder(settings, preset, gpu, space)
+    storage = _prepared_storage(settings.storage, out)
+    host_budget, basis = host_budget_of(settings.host_memory_gib, backend, gpu)
     meta = {"study": study_name, "model": preset.name, "gpu": gpu.name, "backend": backend, "space": space.name,
             "margin": margin.value, "margin_basis": margin.basis, "host_budget_bytes": host_budget,
             "storage": storage}  # fmt: skip
     if basis is not None:  # written where there is a budget to explain (schema.py)
         meta["host_budget_basis"] = basis
-    if trainer:
-        meta["trainer"] = trainer
+    if settings.trainer:
+        meta["trainer"] = settings.trainer
         meta["trainer_stack"] = stack
         if in_place:
             meta["trainer_values"] = {k: list(v) for k, v in in_place.items()}
     # Every setting as the user gave it, but where the folder and the study are: the `rerun`
     # line and the probe lines printed for the user repeat them (autofit/results/write.py).
-    given = _job_overrides() if given is None else given
     if given is not None:
         meta["overrides"] = [o for o in given if key_of(o) not in ("out", "study", "storage")]
-    checked = _Checked(
-        meta, space, preset, gpu, backend, margin.value, data["timeout_s"], host_budget,
-        left_out, out, jobs or _default_jobs(backend), retry_failed, grace, patience,
+    return _Checked(
+        meta, space, preset, gpu, backend, margin.value, settings.timeout_s, host_budget,
+        left_out, out, settings.jobs or _default_jobs(backend), settings.retry_failed,
+        settings.claim_grace_s, settings.storage_patience_s,
     )  # fmt: skip
-    try:
-        return _search(checked)
-    except StorageError as exc:
-        raise type(exc)(f"{exc}; {_resume_words(exc, meta, out)}") from None
-    except (NothingFits, NothingToSearch) as exc:
-        # Nothing fits, or nothing here is a run this card or trainer can launch: the space
-        # names where to look next.
-        if space.if_nothing_fits is None or Path(space.if_nothing_fits).stem in tried:
-            raise
-        return _go_on(exc, space, data, given, tried)
 
 
 def _go_on(
-    exc: AutofitError, space: SearchSpace, data: dict[str, Any], given: list[str] | None,
-    tried: set[str],
+    exc: AutofitError, space: SearchSpace, settings: SearchSettings, given: list[str] | None,
+    tried: frozenset[str],
 ) -> int:  # fmt: skip
-    """Where `space` has no run (`exc` says why), the search of the space it names next."""
+    """Where `space` has no run (`exc` says why: nothing fits, or nothing here is a run this
+    card or trainer can launch), the search of the space it names next; else `exc`."""
     following = space.if_nothing_fits
-    assert following is not None
+    if following is None or Path(following).stem in tried:
+        raise exc
     print(
         f"\n{exc}\n\nsearching space {following} next, where space {space.name} has no run "
         "(its if_nothing_fits)\n",
@@ -151,7 +207,7 @@ def _go_on(
         given = [o for o in given if key_of(o) not in ("space", "study", "out")]
         given.append(f"space={following}")
     try:
-        return _run_settings(next_search(data, following), given, tried | {space.name})
+        return search(next_search(settings, following), given, tried | {space.name})
     except NothingToSearch as none:
         raise NothingFits(f"{exc}; space {following}, searched next, has no run: {none}") from None
 
@@ -164,8 +220,6 @@ def _for_trainer(
     gives (`trainer_values`), and the space with both in place for every trial."""
     if trainer is None:
         return None, {}, {}, space
-    from autofit.export import target, trainer_stack, trainer_values
-
     chosen = target(trainer, setting="trainer")
     chosen.check_family(preset, setting="trainer")
     values = trainer_values(chosen, preset, space.knobs)
@@ -175,24 +229,21 @@ def _for_trainer(
     return chosen, stack, values, dataclasses.replace(space, knobs=fixed)
 
 
-def _with_target(target: dict[str, Any], preset: Any, space: SearchSpace) -> SearchSpace:
-    """The space with the `target.` settings checked and in place (the resolution the best is
-    chosen at, the least batch it may have, the best rule's tolerances)."""
-    if target.get("resolution") is not None:
-        preset.check_resolution(target["resolution"])
-        if target["resolution"] not in space.resolutions:
+def _with_target(target: TargetSettings, preset: Any, space: SearchSpace) -> SearchSpace:
+    """The space with the `target.` settings in place (the resolution the best is chosen at, the
+    least batch it may have, the best rule's tolerances), checked against the model and space."""
+    if target.resolution is not None:
+        preset.check_resolution(target.resolution)
+        if target.resolution not in space.resolutions:
             raise ConfigError(
-                f"target.resolution={target['resolution']} is not searched by space {space.name}; "
+                f"target.resolution={target.resolution} is not searched by space {space.name}; "
                 f"its resolutions: {', '.join(map(str, space.resolutions))}"
             )
-        space = dataclasses.replace(space, target_resolution=target["resolution"])
-    if target.get("min_batch") is not None:
-        if not isinstance(target["min_batch"], int) or target["min_batch"] < 1:
-            raise ConfigError(
-                f"target.min_batch={shown(target['min_batch'])} is not valid; expected an integer >= 1"
-            )
-        space = dataclasses.replace(space, target_min_batch=target["min_batch"])
-    space = dataclasses.replace(space, best_rule=space.best_rule.replaced(target, "target."))
+        space = dataclasses.replace(space, target_resolution=target.resolution)
+    if target.min_batch is not None:
+        space = dataclasses.replace(space, target_min_batch=target.min_batch)
+    rule = space.best_rule.replaced(dataclasses.asdict(target), "target.")
+    space = dataclasses.replace(space, best_rule=rule)
     if space.target_min_batch > space.max_batch:  # no run could be the best: say so, probe nothing
         raise ConfigError(
             f"target.min_batch={space.target_min_batch} is above space {space.name}'s largest "
@@ -201,33 +252,9 @@ def _with_target(target: dict[str, Any], preset: Any, space: SearchSpace) -> Sea
     return space
 
 
-def _worker_settings(data: dict[str, Any]) -> tuple[int | None, bool, float, float]:
-    """`jobs`, `retry_failed`, `claim_grace_s` and `storage_patience_s`, each checked."""
-    jobs = data.get("jobs")
-    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError(f"jobs={shown(jobs)} is not valid; expected an integer >= 1")
-    retry_failed, grace = data.get("retry_failed", True), data.get("claim_grace_s", 60)
-    if not isinstance(retry_failed, bool):
-        raise ConfigError(
-            f"retry_failed={shown(retry_failed)} is not valid; expected true or false"
-        )
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
-        raise ConfigError(f"claim_grace_s={shown(grace)} is not valid; expected seconds > 0")
-    patience = data.get("storage_patience_s", PATIENCE_S)
-    if isinstance(patience, bool) or not isinstance(patience, (int, float)) or patience < 0:
-        raise ConfigError(
-            f"storage_patience_s={shown(patience)} is not valid; expected seconds >= 0"
-        )
-    return jobs, retry_failed, float(grace), float(patience)
-
-
 def _prepared_storage(given: str | None, out: Path) -> str:
     """The study storage's URL (`storage=`, else results/studies.db), checked and writable,
     before anything is probed: the results folder `out` and a SQLite file's folder."""
-    from autofit.paths import ensure_writable
-    from autofit.search.recorder import default_storage
-    from autofit.search.storage import check_url, storage_file
-
     storage = given or default_storage(Path("results"))
     check_url(storage)  # before any folder is made
     ensure_writable(out / "summary.json")
@@ -266,10 +293,6 @@ class _Checked:
 
 def _job_overrides() -> list[str] | None:
     """A sweep job's overrides, as Hydra recorded them (none outside a Hydra job)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from autofit.config import as_given
-
     if not HydraConfig.initialized():
         return None
     return as_given(list(HydraConfig.get().overrides.task))
@@ -277,67 +300,68 @@ def _job_overrides() -> list[str] | None:
 
 def _resume_words(exc: StorageError, meta: dict[str, Any], out: Path) -> str:
     """What the user does after the storage failed, and the command that resumes the search."""
-    from autofit.results import rerun_command
-
     command = rerun_command(meta, out)
     if isinstance(exc, StorageUnavailable):
         return f"every probe that finished before is kept there; rerun `{command}` once it is back"
     return f"rerun `{command}` once that is mended, or with another storage="
 
 
-def _search(run: _Checked) -> int:
-    """The search itself, once every setting is checked: probes, files, the printed answer."""
-    from autofit.probe.launcher import launcher_for
-    from autofit.probe.libraries import libraries_of
-    from autofit.report.tables import pareto_table
-    from autofit.results import load_study, write_results
-    from autofit.search import display
-    from autofit.search.engine import Search
-    from autofit.search.prober import Prober
-    from autofit.search.recorder import StudyRecorder
-
-    meta, space, preset, gpu, backend = run.meta, run.space, run.preset, run.gpu, run.backend
-    study_name, host_budget, knob_names = meta["study"], run.host_budget, list(space.knobs)
+def _probed(run: _Checked) -> Any:
+    """The search itself, once every setting is checked: every probe, each stored in the study
+    as it finishes, with its progress on stderr; the engine's result."""
+    space, preset, meta = run.space, run.preset, run.meta
     recorder = StudyRecorder(
-        meta["storage"], study_name, {k: v for k, v in meta.items() if k != "storage"},
+        meta["storage"], meta["study"], {k: v for k, v in meta.items() if k != "storage"},
         retry_failed=run.retry_failed, claim_grace_s=run.grace_s, patience_s=run.patience_s,
     )  # fmt: skip
-    progress = Progress(sys.stderr, space, knob_names, unit=preset.unit)
+    progress = Progress(sys.stderr, space, list(space.knobs), unit=preset.unit)
     print(_start_line(run), flush=True)
     try:
         uses = libraries_of(preset.family, space.knobs)  # the fork server leaves out the rest
-        with launcher_for(backend, preset.family, uses) as launcher:
+        with launcher_for(run.backend, preset.family, uses) as launcher:
             prober = Prober(
-                preset, gpu, backend, run.margin, run.timeout_s, recorder, launcher, host_budget
+                preset, run.gpu, run.backend, run.margin, run.timeout_s, recorder, launcher,
+                run.host_budget,
             )  # fmt: skip
             try:
-                result = Search(
+                return Search(
                     space, prober, jobs=run.jobs, listener=progress, left_out=run.left_out
                 ).run()  # fmt: skip
             finally:
                 prober.close()
     except Interrupted as exc:  # the launcher's exit has ended every probe; say what is kept
         recorder.close()  # the writes in flight end first: the count is what the study holds
-        unsettled = (
-            f" ({many(recorder.unsettled, 'write')} of more still under way as it stopped)"
-            if recorder.unsettled
-            else ""
-        )
-        exc.note = (
-            f"{many(recorder.recorded, 'probe')} finished here, stored in study {study_name}"
-            f"{unsettled}; rerun the same command to resume"
-        )
+        exc.note = _kept_words(recorder, meta["study"])
         raise
     finally:
         recorder.close()  # gives back the claims of probes that did not finish
         progress.close()
+
+
+def _kept_words(recorder: StudyRecorder, study_name: str) -> str:
+    """What an interrupted search keeps, and how to resume it."""
+    unsettled = (
+        f" ({many(recorder.unsettled, 'write')} of more still under way as it stopped)"
+        if recorder.unsettled
+        else ""
+    )
+    return (
+        f"{many(recorder.recorded, 'probe')} finished here, stored in study {study_name}"
+        f"{unsettled}; rerun the same command to resume"
+    )
+
+
+def _render(run: _Checked, result: Any) -> int:
+    """The search's files, and what it prints: the Pareto table, what lost, the count and the
+    best run (or why nothing fits)."""
+    space, knob_names = run.space, list(run.space.knobs)
     counts = {"budget_bytes": result.budget_bytes, "n_probes": result.new_probes + result.reused_probes,
               "new_probes": result.new_probes, "reused_probes": result.reused_probes,
               "wall_s": round(result.wall_s, 2)}  # fmt: skip
     front = [r for runs in result.pareto.values() for r in runs]
     summary = write_results(
-        run.out, meta, result.results, result.combinations, front, result.best, counts, knob_names,
-        result.fastest, space.best_rule, preset,
+        run.out, run.meta, result.results, result.combinations, front, result.best, counts,
+        knob_names, result.fastest, space.best_rule, run.preset,
     )  # fmt: skip
     # The same table `autofit report` prints, from the files just written.
     print("\n" + pareto_table(load_study(run.out)).text())
@@ -445,14 +469,10 @@ def left_out_by(space: Any, gpu: Any, trainer: Any = None, preset: Any = None) -
     measured; without, values of the space's knobs that only a trainer needs (bf16 under
     autocast holds what pure bf16 holds, at its speed); and on `gpu`, values another does as
     well there (fp16 where the card has bf16)."""
-    from autofit.knobs import registry
-
     searched = {name: registry()[name] for name in space.knobs}
 
     def left_out(knobs: dict[str, Any]) -> str | None:
         if trainer is not None:
-            from autofit.export import unlaunchable
-
             reason = unlaunchable(trainer, preset, knobs)
             if reason:
                 return reason

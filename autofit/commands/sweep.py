@@ -45,9 +45,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra import initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from autofit.commands.sweep_table import (
+    COLUMNS,
+    SWEEP_TABLE,
+    csv_text,
+    job_row,
+    settings_columns,
+    table_text,
+)
 from autofit.config import validate_overrides
 from autofit.errors import AutofitError
-from autofit.paths import conf_dir
+from autofit.paths import conf_dir, write_atomically
+
+try:  # the submitit launchers' own classes, where they are installed (pyproject's `cluster` extra)
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+    from submitit.core.core import Job
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+except ImportError:
+    BaseSubmititLauncher = None  # type: ignore[assignment,misc]
 
 # What a job that raised something other than an AutofitError returns, as `autofit` itself would
 # exit on an unexpected error.
@@ -102,8 +124,6 @@ def how_failed(ret: Any) -> str | None:
     None when it exited 0. A job whose Hydra run itself failed (status FAILED: it raised before or
     after the task, or in the launcher's own code in the job) counts as failed with the
     exception's type as its status."""
-    from hydra.core.utils import JobStatus
-
     if isinstance(ret._return_value, DiedWithoutResult):
         return f"died without a result: state {ret._return_value.state}"
     if ret.status == JobStatus.FAILED:
@@ -126,13 +146,7 @@ def returns_of_a_stopped_launcher(exc: BaseException) -> list[list[Any]] | None:
     the jobs still running; a job with no result becomes a FAILED JobReturn holding
     DiedWithoutResult, one whose submitit call raised a FAILED one holding submitit's
     FailedJobError. None when `exc` did not come from a submitit launcher waiting on its jobs."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    try:
-        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-        from submitit.core.core import Job
-        from submitit.core.utils import FailedJobError, UncompletedJobError
-    except ImportError:
+    if BaseSubmititLauncher is None:
         return None
     frames = {}
     tb = exc.__traceback__
@@ -160,9 +174,6 @@ def returns_of_a_stopped_launcher(exc: BaseException) -> list[list[Any]] | None:
 def _job_return(overrides: list[str], job: Any, known_dead: bool) -> Any:
     """The job's JobReturn, waiting for it to end (`results()` also waits, up to submitit's 15 s,
     for a result file a shared disk is slow to show)."""
-    from hydra.core.utils import JobReturn, JobStatus
-    from submitit.core.utils import FailedJobError, UncompletedJobError
-
     try:
         if not known_dead:
             return job.results()[0]
@@ -189,10 +200,6 @@ def sweep(command: str, overrides: list[str], task: Callable[[Any], int]) -> int
     line on stderr naming each failed job's overrides and exit status. A sweep of `autofit
     search` ends with its table (autofit/commands/sweep_table.py), printed and in the sweep's
     folder."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
     overrides = validate_overrides(command, overrides, sweep=True)  # a GPU file: its stored name
     hydra_overrides = [
         "hydra.sweep.dir=results/multirun/${now:%Y-%m-%d_%H-%M-%S}",
@@ -256,8 +263,6 @@ JOB_FOLDERS = ("hydra.output_subdir=null", "hydra.sweep.subdir=.")
 def _sweep_folders(master: Any) -> dict[str, Path]:
     """The sweep's folder, resolved, and where submitit keeps its jobs' logs (a template with
     `%j` for the job id) when a submitit launcher runs it."""
-    from omegaconf import OmegaConf
-
     folders = {"sweep": Path(str(master.hydra.sweep.dir))}
     # `${hydra.sweep.dir}/.submitit/%j` by default: the same `now`, which Hydra keeps per config
     submitit = OmegaConf.select(master, "hydra.launcher.submitit_folder", default=None)
@@ -282,8 +287,6 @@ def _remove_empty_folders(folders: dict[str, Path], returns: Sequence[Any]) -> N
     itself (`.submitit/%j`, literally) and never writes there, and a `hydra.sweep.subdir` a user
     sets makes a folder per job. `rmdir` removes a folder only when empty: nothing with content
     is ever removed."""
-    from omegaconf import OmegaConf
-
     sweep_dir = folders["sweep"].absolute()
     empty = []
     template = folders.get("submitit")
@@ -307,16 +310,6 @@ def _remove_empty_folders(folders: dict[str, Path], returns: Sequence[Any]) -> N
 
 def _print_table(jobs: Sequence[Any], sweep_dir: Path, since: float) -> None:
     """The sweep's table on stdout and in `<sweep dir>/sweep.csv` (written whole or not at all)."""
-    from autofit.commands.sweep_table import (
-        COLUMNS,
-        SWEEP_TABLE,
-        csv_text,
-        job_row,
-        settings_columns,
-        table_text,
-    )
-    from autofit.paths import write_atomically
-
     masked = [[_without_password(o) for o in ret.overrides or []] for ret in jobs]
     rows = [
         job_row(overrides, getattr(ret, "cfg", None), how_failed(ret), since)

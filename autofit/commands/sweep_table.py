@@ -20,8 +20,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from autofit.commands.search import next_search, search_settings, study_and_folder
 from autofit.errors import AutofitError
+from autofit.probe.build import gpu_from_config, preset_from_config
+from autofit.report.tables import Table
 from autofit.results import SUMMARY, Study, load_study
+from autofit.search.space import load_space
 from autofit.units import size
 from autofit.units import value as show
 
@@ -135,30 +139,21 @@ def results_folders(cfg: Any) -> list[Path]:
     """Where the search a job's config describes writes its files (autofit/commands/search.py
     study_and_folder, which the search itself uses), then where each search it goes on to
     where nothing fits writes its own (the spaces' if_nothing_fits, next_search)."""
-    from omegaconf import OmegaConf
-
-    from autofit.commands.search import next_search, study_and_folder
-    from autofit.probe.build import gpu_from_config, preset_from_config
-    from autofit.search.space import load_space
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    preset, gpu = preset_from_config(data["model"]), gpu_from_config(data["gpu"])
+    settings = search_settings(cfg)
+    preset, gpu = preset_from_config(settings.model), gpu_from_config(settings.gpu)
     folders: list[Path] = []
     names: set[str] = set()
     while True:
-        space = load_space(str(data["space"]), preset)
-        folders.append(study_and_folder(data, preset, gpu, space)[1])
+        space = load_space(settings.space, preset)
+        folders.append(study_and_folder(settings, preset, gpu, space)[1])
         names.add(space.name)
         following = space.if_nothing_fits
         if following is None or Path(following).stem in names:
             return folders
-        data = next_search(data, following)
+        settings = next_search(settings, following)
 
 
 def table_text(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
-    from autofit.report.tables import Table
-
     cells = [[_printed(c, row.get(c.name)) for c in columns] for row in rows]
     shared = _shared_folders(rows)
     return Table(

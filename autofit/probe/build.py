@@ -1,4 +1,5 @@
-"""Turn a composed configuration into a `ProbeSpec`, validating everything a probe will use."""
+"""A `ProbeSpec` from a model, a card and knob values, everything a probe will use checked; and
+the rules of the settings every command that probes takes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
 from autofit.models import ModelPreset
 from autofit.records.probe import DEFAULT_MARGIN, ProbeSpec
+from autofit.settings import Rule, choice, is_number, number
+
+# The rules of the settings every command that probes takes (autofit/settings.py).
+BACKEND = choice("auto", *BACKENDS)
+MARGIN = Rule(
+    lambda v: v == "auto" or (is_number(v) and 0 <= v < 1),
+    "expected auto or a fraction in [0, 1), e.g. 0.05",
+    convert=lambda v: v if v == "auto" else float(v),
+)
+TIMEOUT_S = number(lambda v: v > 0, "expected a number of seconds > 0")
 
 
 def preset_from_config(data: dict[str, Any]) -> ModelPreset:
@@ -29,20 +40,10 @@ def gpu_from_config(data: dict[str, Any]) -> GpuSpec:
 
 
 def check_settings(backend: str, margin: float, timeout_s: float) -> None:
-    if backend not in ("auto", *BACKENDS):
-        raise ConfigError(
-            f"backend={shown(backend)} is not valid; valid values: auto, {', '.join(BACKENDS)}"
-        )
-    if margin != "auto" and (
-        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1
-    ):
-        raise ConfigError(
-            f"margin={shown(margin)} is not valid; expected auto or a fraction in [0, 1), e.g. 0.05"
-        )
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ConfigError(
-            f"timeout_s={shown(timeout_s)} is not valid; expected a number of seconds > 0"
-        )
+    """The settings of a spec made in code (`make_spec`), checked by the rules a command's are."""
+    BACKEND("backend", backend)
+    MARGIN("margin", margin)
+    TIMEOUT_S("timeout_s", timeout_s)
 
 
 def check_custom(preset: ModelPreset, timeout_s: float) -> None:
@@ -94,45 +95,6 @@ def make_spec(
         margin=float(margin),
         timeout_s=float(timeout_s),
         host_memory_bytes=host_memory_bytes,
-    )
-
-
-def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int | None:
-    """The host budget of `host_memory_gib=` (checked: a one-line error if it is not a positive
-    number): as set, else this machine's RAM when the probe runs on the local GPU (backend
-    `cuda`, or `auto` finding a GPU large enough here), else the RAM of a typical machine for
-    the card (its entry's `host_memory_gib`), else None."""
-    from autofit.host import check_host_memory, host_budget_bytes
-
-    gib = check_host_memory(setting)
-    if gib is None and backend != "simulate" and backend != "cpu":
-        from autofit.backends import resolve
-
-        backend = resolve(backend, gpu, gpu.budget_bytes(margin))
-    return host_budget_bytes(gib, backend, gpu)
-
-
-def spec_from_config(cfg: Any) -> ProbeSpec:
-    """The spec `autofit probe` measures, from its composed configuration."""
-    from omegaconf import OmegaConf
-
-    from autofit.knobs import registry
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    knob_values = {name: data[name] for name in registry()}
-    gpu = gpu_from_config(data["gpu"])
-    check_settings(data["backend"], data["margin"], data["timeout_s"])
-    preset = preset_from_config(data["model"])
-    margin = probe_margin(data["margin"], preset, knob_values).value
-    return make_spec(
-        preset,
-        gpu,
-        knob_values,
-        backend=data["backend"],
-        margin=margin,
-        timeout_s=data["timeout_s"],
-        host_memory_bytes=host_budget(data.get("host_memory_gib"), data["backend"], gpu, margin),
     )
 
 

@@ -6,8 +6,8 @@ from collections import defaultdict
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from autofit.errors import ConfigError, shown
 from autofit.records.probe import Outcome, ProbeResult
+from autofit.settings import SHARE
 
 
 def run_size(result: ProbeResult) -> int:
@@ -57,13 +57,8 @@ class BestRule:
         shares = {}
         for name in (f.name for f in fields(self)):
             value = values.get(name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-                raise ConfigError(
-                    f"{where}{name}={shown(value)} is not valid; expected a share from 0 to 1"
-                )
-            shares[name] = float(value)
+            if value is not None:
+                shares[name] = SHARE(f"{where}{name}", value)
         return replace(self, **shares)
 
     @property
