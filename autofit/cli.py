@@ -28,6 +28,11 @@ COMMANDS = {
     "calibrate": "run a calibration set simulated and on the local GPU; the simulator's error against it",
 }
 
+# The commands whose overrides' names (models, GPUs, settings' groups) are checked before the
+# command loads, so that a misspelt name is answered without loading its wiring; `probe` loads
+# first, as it starts its fork server before anything else (torch imports while Hydra composes).
+NAMES_FIRST = frozenset(COMMANDS) - {"probe"}
+
 USAGE = """usage: autofit <command> [key=value ...]
 
 Find the largest and fastest training run that fits in a GPU's memory.
@@ -43,71 +48,15 @@ Settings are Hydra overrides, e.g.
 `autofit <command> --help` lists a command's settings and knobs."""
 
 
+def _load(module: str) -> Any:
+    """autofit.<module>, loaded when the CLI dispatches to it: the one deliberate lazy import,
+    so that nothing of a command (nor torch, through it) loads before it runs."""
+    return importlib.import_module(f"autofit.{module}")
+
+
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     return USAGE.format(commands="\n".join(f"  {n:<{width}}  {h}" for n, h in COMMANDS.items()))
-
-
-def _command_help(command: str) -> str:
-    """The command's settings as its conf/<command>.yaml documents them, the model and GPU
-    choices where it takes them, and the knobs (probe) or search spaces (search)."""
-    import re
-
-    from autofit.config import command_groups
-    from autofit.paths import conf_dir, group_options, search_spaces_dir, yaml_names
-
-    text = (conf_dir() / f"{command}.yaml").read_text()
-    lines = [
-        f"usage: autofit {command} [key=value ...]",
-        f"       autofit {command} -m key=a,b ...   (a sweep: one run per combination of values)",
-        "", COMMANDS[command], "", "settings:",
-    ]  # fmt: skip
-    parent = ""
-    setting = re.compile(r"( {0,2})(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?")
-    continued = re.compile(r"[ \t]+#[ \t]*(.*)")  # a comment's next line, indented under it
-    settings: list[list[str]] = []  # name, default, comment
-    last = None  # the setting a continued comment belongs to
-    for line in text.splitlines():
-        more = continued.fullmatch(line)
-        if more and last is not None:
-            last[2] = f"{last[2]} {more.group(1)}".strip()
-            continue
-        match, last = setting.fullmatch(line), None
-        if match is None:
-            continue
-        indent, key, default, comment = match.groups()
-        if not indent:
-            parent = key if not default else ""
-        if key == "defaults" or (not indent and not default and not comment):
-            continue  # the defaults list, or a section whose keys follow (target.resolution)
-        if indent and not parent:
-            continue
-        last = [f"{parent}.{key}" if indent else key, default or "", comment or ""]
-        settings.append(last)
-    lines += [
-        f"  {name:<22} {default:<10} {comment}".rstrip() for name, default, comment in settings
-    ]
-    for group in command_groups(command):
-        own = " | path/to/card.yaml (docs/gpus.md)" if group == "gpu" else ""
-        lines.append(f"  {group:<22} {' | '.join(group_options(group))}{own}")
-    if command == "probe":
-        from autofit.knobs import registry
-
-        lines += ["", "knobs:"]
-        for knob in registry().values():
-            default = "model's native" if knob.default is None else str(knob.default).lower()
-            lines.append(f"  {knob.name:<22} {knob.describe()} (default {default}): {knob.help}")
-    if command == "export":
-        from autofit.export import TARGETS
-
-        lines += ["", "targets:"] + [f"  {n:<22} {t.summary}" for n, t in TARGETS.items()]
-    if command == "search":
-        from autofit.export import TARGETS
-
-        spaces = yaml_names(search_spaces_dir())
-        lines += ["", f"spaces: {', '.join(spaces)} (search_spaces/), or a path to a .yaml file"]
-        lines += [f"trainers (trainer=): {', '.join(TARGETS)}"]
-    return "\n".join(lines)
 
 
 # What a terminal (Ctrl-C), a scheduler (SIGTERM before SIGKILL) or a closed session sends.
@@ -187,13 +136,14 @@ def _main(args: list[str]) -> int:
                 f"{', '.join(COMMANDS)}"
             )
         if any(a in ("-h", "--help") for a in rest):
-            print(_command_help(command))
+            print(_load("command_help").command_help(command, COMMANDS[command]))
             return 0
-        module = importlib.import_module(f"autofit.commands.{command}")
-        if rest and rest[0] in ("-m", "--multirun"):
-            from autofit.commands.sweep import sweep
-
-            return sweep(command, rest[1:], module.run_config)
+        sweep = bool(rest) and rest[0] in ("-m", "--multirun")
+        if command in NAMES_FIRST and not sweep:
+            _load("config").check_names(command, rest)
+        module = _load(f"commands.{command}")
+        if sweep:
+            return _load("commands.sweep").sweep(command, rest[1:], module.run_config)
         return int(module.run(rest))
     except AutofitError as exc:
         print(f"autofit: error: {exc}", file=sys.stderr)

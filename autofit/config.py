@@ -6,11 +6,23 @@ Overrides are checked before composition so the user hears about the bad name or
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from autofit import command_line
 from autofit.errors import ConfigError, shown, suggest
 from autofit.families import check_family
+from autofit.fingerprint import fingerprint
 from autofit.gpus import FIELD_PATHS, gpu_suggestion, is_gpu_file, load_gpu, load_gpu_file
+from autofit.knobs import registry
 from autofit.model_files import is_model_file, preset_entry
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import conf_dir, group_options
@@ -24,9 +36,6 @@ _GIVEN_FILES: dict[str, str] = {}
 
 def _register_knob_defaults() -> None:
     """Expose every knob's default as the `knobs` config, so YAML files need not repeat them."""
-    from hydra.core.config_store import ConfigStore
-
-    from autofit.knobs import registry
 
     ConfigStore.instance().store(
         name="knobs", node={k.name: k.default for k in registry().values()}
@@ -34,8 +43,6 @@ def _register_knob_defaults() -> None:
 
 
 def _parse(overrides: list[str]) -> list[Any]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     parsed = []
@@ -67,17 +74,13 @@ def _malformed(text: str, following: list[str], detail: str) -> str:
 def _written(key: str, value: str) -> str:
     """`key=value` as the user meant it, for the shell and Hydra: as typed where Hydra parses it
     (`batch_size=4` stays a number), else quoted as text (a value with `;` or a quote)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from autofit.command_line import command, override
 
     try:
         OverridesParser.create().parse_override(f"{key}={value}")
         written = f"{key}={value}"
     except HydraException:
-        written = override(key, value)
-    return command([written])
+        written = command_line.override(key, value)
+    return command_line.command([written])
 
 
 def _values(override: Any) -> list[Any]:
@@ -140,12 +143,6 @@ def _file_choice(group: str, value: str) -> str:
     it makes, checked and completed with its defaults, stored in Hydra's ConfigStore as a choice
     of its group under a name no shipped entry has (the file's stem and a hash of its path and
     contents); that name is what Hydra is given."""
-    import re
-    from pathlib import Path
-
-    from hydra.core.config_store import ConfigStore
-
-    from autofit.fingerprint import fingerprint
 
     if group == "gpu":
         path = Path(value).expanduser()
@@ -201,9 +198,6 @@ def _unknown_gpu_field(field: str, base: Any) -> ConfigError:
 
 
 def _compose(command: str, overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(
@@ -220,8 +214,6 @@ def _compose(command: str, overrides: list[str]) -> Any:
 def _defaults(command: str) -> dict[str, str]:
     """The group choices (model, gpu) conf/<command>.yaml's defaults list makes: a name, or `???`
     where the user must name one."""
-    import re
-
     text = (conf_dir() / f"{command}.yaml").read_text()
     found = dict(re.findall(rf"^\s*-\s*({'|'.join(GROUPS)}):\s*(\S+)", text, re.MULTILINE))
     return {g: found[g] for g in GROUPS if g in found}
@@ -289,8 +281,6 @@ def _check_hydra(command: str, override: Any) -> None:
 
 def _setting_names(base: Any, groups: Any) -> list[str]:
     """The settings a command takes, nested ones dotted (`target.min_batch`), groups left out."""
-    from omegaconf import DictConfig
-
     names = []
     for key in base:
         if key in groups:
@@ -303,13 +293,11 @@ def _setting_names(base: Any, groups: Any) -> list[str]:
     return names
 
 
-def validate_overrides(command: str, overrides: list[str], sweep: bool = False) -> list[str]:
-    """Check every override's key and every group choice (each value of a sweep) before Hydra
-    sees them; knob values are checked once composed. Returns the overrides Hydra is to compose:
-    the given ones, with a GPU file read, checked and stored under a name of its own. Several
-    values for one key need `sweep` (the command's `-m`)."""
-    from omegaconf import OmegaConf
-
+def check_names(command: str, overrides: list[str], sweep: bool = False) -> list[Any]:
+    """The overrides parsed, each a key=value, no sweep without `sweep`, no Hydra setting that
+    is not the user's to give, and every model and GPU name one there is: what needs no file
+    read and no composition (the CLI asks it before it loads a command). Several values for one
+    key need `sweep` (the command's `-m`)."""
     _register_knob_defaults()
     parsed = _parse(overrides)
     groups = command_groups(command)
@@ -328,6 +316,16 @@ def validate_overrides(command: str, overrides: list[str], sweep: bool = False) 
                 f"unknown setting '{key}' for 'autofit {command}'; valid settings: {', '.join(settings)}"
             )
     _check_groups(parsed)  # before any composition: a bad model or GPU name costs no Hydra run
+    return parsed
+
+
+def validate_overrides(command: str, overrides: list[str], sweep: bool = False) -> list[str]:
+    """Check every override's key and every group choice (each value of a sweep) before Hydra
+    sees them (`check_names`, then each preset and GPU entry read); knob values are checked once
+    composed. Returns the overrides Hydra is to compose: the given ones, with a GPU file read,
+    checked and stored under a name of its own."""
+    groups = command_groups(command)
+    parsed = check_names(command, overrides, sweep)
     _check_group_files(command, parsed)
     overrides = _file_choices(overrides, parsed)
     parsed = _parse(overrides)

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autofit.families import family as declared
 from autofit.gpus import GpuSpec
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 from autofit.records.probe import ProbeSpec
 from autofit.settings import FINITE, number
-from autofit.simulator.step_log import HostReport, StepLog
 from autofit.units import size
+
+if TYPE_CHECKING:  # the ledger's types only: the budget's readers (the commands) need no simulator
+    from autofit.simulator.step_log import HostReport, StepLog
 
 GIB = 1 << 30
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
-from autofit.probe import run_probe
 from autofit.probe.build import make_spec
+from autofit.probe.runner import run_probe
 
 CASES = [
     # (model, gpu, knobs): Sana as in the probe issue; Flux.1-dev at 1024 px and Llama 3 8B at

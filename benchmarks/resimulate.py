@@ -21,8 +21,8 @@ from autofit.calibration.rows import read_rows
 from autofit.gpus import load_gpu
 from autofit.knobs import parse_all, registry
 from autofit.models import load_preset
-from autofit.probe import run_probe
 from autofit.probe.build import make_spec
+from autofit.probe.runner import run_probe
 from autofit.units import parsed_value
 
 

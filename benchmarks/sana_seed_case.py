@@ -23,9 +23,10 @@ from pathlib import Path
 from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY
 from autofit.models import load_preset
-from autofit.probe import Outcome, run_probe
 from autofit.probe.build import make_spec
 from autofit.probe.launcher import launcher_for
+from autofit.probe.runner import run_probe
+from autofit.records.probe import Outcome
 from autofit.search.planner import Observation, largest_fitting_batch
 from autofit.units import size
 

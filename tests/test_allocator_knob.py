@@ -14,8 +14,8 @@ from helpers import spec
 from autofit.errors import ConfigError
 from autofit.knobs import REGISTRY
 from autofit.knobs.allocator import environment
-from autofit.probe import run_probe
 from autofit.probe.launcher import ForkServer, Launcher, SpawnLauncher
+from autofit.probe.runner import run_probe
 from autofit.simulator.allocator import MODELS, ExpandableSegmentsModel
 from autofit.simulator.allocator_replay import replay, required_memory
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import spec
 
-from autofit.probe import Outcome, run_probe
+from autofit.probe.runner import run_probe
+from autofit.records.probe import Outcome
 
 pytestmark = pytest.mark.cuda
 

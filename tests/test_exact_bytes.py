@@ -11,7 +11,8 @@ import pytest
 from helpers import spec
 
 from autofit.gpus import load_gpu
-from autofit.probe import Outcome, run_probe
+from autofit.probe.runner import run_probe
+from autofit.records.probe import Outcome
 
 F32 = 4
 T, IN, HIDDEN, OUT = 64, 64, 256, 64

@@ -14,8 +14,8 @@ from helpers import autofit, in_process, spec, with_blocks
 
 from autofit.commands.models import count_parameters
 from autofit.paths import group_options
-from autofit.probe import Outcome
 from autofit.probe.worker import execute
+from autofit.records.probe import Outcome
 
 PRESETS = [name for name in group_options("model") if name != "custom"]
 TESTS = Path(__file__).parent

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import spec
 
-from autofit.probe import Outcome, ProbeResult, run_probe
 from autofit.probe.launcher import ForkServer, Launcher, SpawnLauncher
+from autofit.probe.runner import run_probe
+from autofit.records.probe import Outcome, ProbeResult
 
 TESTS = Path(__file__).parent
 
@@ -191,7 +192,7 @@ def test_a_worker_whose_parent_cannot_kill_it_ends_its_own_group_at_its_deadline
     timeout_s = 20.0 if kind == "spawn" else 5.0
     code = (
         "import dataclasses, sys; sys.path.insert(0, sys.argv[1]); from helpers import spec; "
-        "from autofit.probe import run_probe; "
+        "from autofit.probe.runner import run_probe; "
         "from autofit.probe.launcher import ForkServer, SpawnLauncher; "
         f"launcher = SpawnLauncher() if {kind!r} == 'spawn' else "
         "ForkServer(['autofit.probe.worker']); "

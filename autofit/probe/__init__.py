@@ -1,6 +1,2 @@
-"""Probes: one training configuration measured in its own subprocess."""
-
-from autofit.probe.runner import run_probe
-from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
-
-__all__ = ["Outcome", "ProbeResult", "ProbeSpec", "run_probe"]
+"""Probes: one training configuration measured in its own subprocess (runner.py the parent,
+worker.py the child; the records they pass are autofit/records/probe.py)."""
