@@ -24,6 +24,8 @@ from typing import Any
 from autofit.errors import ConfigError, shown
 from autofit.families import family as declared
 from autofit.gpus import GpuSpec
+from autofit.knobs.train_mode import FOUR_BIT_MODES
+from autofit.units import size
 
 GIB = 1 << 30
 
@@ -65,8 +67,6 @@ def loader(family: str, knobs: dict[str, Any]) -> tuple[int | None, int]:
     rank 0 alone (modeling_utils.py, `_load_pretrained_model` when is_deepspeed_zero3_enabled
     and the model is not quantized); otherwise every process reads it a shard at a time
     (`loader_shard_bytes`)."""
-    from autofit.knobs.train_mode import FOUR_BIT_MODES
-
     quantized = knobs.get("train_mode") in FOUR_BIT_MODES
     if knobs.get("zero_stage") == 3 and _transformers(family) and not quantized:
         return None, 1
@@ -138,8 +138,6 @@ NOT_STATED = "not stated (simulated for a GPU not here); set host_memory_gib="
 
 def budget_words(budget: int | None, basis: str | None = None) -> str:
     """A host budget in words: its size and, where given, where it comes from."""
-    from autofit.units import size
-
     if budget is None:
         return NOT_STATED
     return size(budget) + (f" ({basis})" if basis else "")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.families import REGISTRY
 
 HF_PREFIX = "hf:"
 CONFIG_NAME = "config.json"
@@ -139,8 +140,6 @@ def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], 
 
 def preset_entry(value: str) -> dict[str, Any]:
     """The preset fields of the model `model=<value>` names (ModelPreset.from_dict checks them)."""
-    from autofit.families import REGISTRY
-
     path = config_path(value)
     config = read_config(value, path)
     if "_class_name" in config:
