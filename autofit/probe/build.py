@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.backends import BACKENDS
+from autofit.backends import BACKENDS, resolve
 from autofit.calibration.margins import ChosenMargin, chosen_margin, run_class
 from autofit.errors import ConfigError, shown
 from autofit.families import check_family
 from autofit.gpus import GpuSpec
-from autofit.knobs import parse_all
+from autofit.host import check_host_memory, host_budget_bytes
+from autofit.knobs import parse_all, registry
 from autofit.models import ModelPreset
 from autofit.records.probe import DEFAULT_MARGIN, ProbeSpec
 
@@ -78,8 +79,6 @@ def make_spec(
     # A reservation that leaves nothing fails here, not in the worker.
     budget = gpu.budget_bytes(margin)
     if backend == "cuda":  # where CUDA cannot run: one line here, not a crash in every worker
-        from autofit.backends import resolve
-
         resolve(backend, gpu, budget)
     check_custom(preset, timeout_s)
     knobs = parse_all(knob_values)
@@ -102,12 +101,8 @@ def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int 
     number): as set, else this machine's RAM when the probe runs on the local GPU (backend
     `cuda`, or `auto` finding a GPU large enough here), else the RAM of a typical machine for
     the card (its entry's `host_memory_gib`), else None."""
-    from autofit.host import check_host_memory, host_budget_bytes
-
     gib = check_host_memory(setting)
     if gib is None and backend != "simulate" and backend != "cpu":
-        from autofit.backends import resolve
-
         backend = resolve(backend, gpu, gpu.budget_bytes(margin))
     return host_budget_bytes(gib, backend, gpu)
 
@@ -115,8 +110,6 @@ def host_budget(setting: Any, backend: str, gpu: GpuSpec, margin: float) -> int 
 def spec_from_config(cfg: Any) -> ProbeSpec:
     """The spec `autofit probe` measures, from its composed configuration."""
     from omegaconf import OmegaConf
-
-    from autofit.knobs import registry
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
