@@ -25,6 +25,10 @@ import torch
 from torch import nn
 
 from autofit.emulations.nf4_layout import Nf4LinearLayout
+from autofit.techniques.torchao_float8 import (
+    make_float8_matmuls_trainable,
+    target_has_float8_matmuls,
+)
 
 FP8 = torch.float8_e4m3fn
 
@@ -226,11 +230,6 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
     from torchao.quantization.quant_api import (
         Float8DynamicActivationFloat8WeightConfig,
         Float8WeightOnlyConfig,
-    )
-
-    from autofit.techniques.torchao_float8 import (
-        make_float8_matmuls_trainable,
-        target_has_float8_matmuls,
     )
 
     if dynamic:
