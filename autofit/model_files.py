@@ -115,6 +115,7 @@ def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], 
     read off the model built on the meta device by the classes the probe builds it with."""
     import torch
 
+    # lazy: transformers only where a model's classes are read, not for a preset from a file
     from autofit.workloads.llm import causal_lm_classes
 
     config_class, model_class = causal_lm_classes(kind)

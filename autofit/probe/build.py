@@ -50,6 +50,7 @@ def check_custom(preset: ModelPreset, timeout_s: float) -> None:
     """A custom model's entry function, called in a child process under `timeout_s` and checked
     (autofit/probe/entry_check.py), once per process; nothing for a preset."""
     if preset.family == "custom":
+        # lazy: keeps torch out of the search's own process (the entry check imports it)
         from autofit.probe.entry_check import check_entry_builds
 
         check_entry_builds(preset.entry, timeout_s)

@@ -185,6 +185,7 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
     its autograd functions save for backward as they are."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    # lazy: SDNQ is optional, and sdnq_eager imports it (with diffusers and transformers)
     from autofit.techniques.sdnq_eager import sdnq_training_post_load_quant
 
     skipped = [".proj_out"] if run.preset.family == "flux" else []  # SimpleTuner's, for Flux
