@@ -12,10 +12,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from autofit.calibration.margins import load_figures
 from autofit.command_line import command, override
 from autofit.errors import ConfigError
-from autofit.export import TARGETS
 from autofit.gpus import load_gpu
 from autofit.models import load_preset
 from autofit.probe.summary import headroom, provenance
@@ -28,6 +26,9 @@ from autofit.units import size
 def published_words() -> str:
     """How simulated peaks compared with runs people published, held-out runs first (the
     figures calibration/margins.yaml keeps; `autofit calibrate set=published` reruns it)."""
+    # lazy: keeps the calibration table's module off `autofit report`'s start-up path
+    from autofit.calibration.margins import load_figures
+
     figures = load_figures()
 
     def errors(kind: dict[str, Any]) -> str:
@@ -113,6 +114,9 @@ def export_command(study: Study) -> str:
 def _targets(study: Study) -> str:
     """The export targets that can train the study's model (every one where its preset is not
     here to say)."""
+    # lazy: keeps the export registry (every target's module) off `autofit report`'s start-up path
+    from autofit.export import TARGETS
+
     try:
         family = load_preset(str(study.summary["model"])).family
     except (ConfigError, KeyError):
