@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError, shown, suggest
-from autofit.paths import NAME
+from autofit.fingerprint import fingerprint
+from autofit.paths import NAME, conf_dir, group_options
 from autofit.yaml_files import read_yaml
 
 MIB = 1 << 20
@@ -141,8 +142,6 @@ class GpuSpec:
         default is left out, so an entry written before the field existed keeps its hash; so is
         the machine around the card (HOST_FIELDS), which changes no measurement of the card: the
         host budget a probe was judged against is in its key on its own."""
-        from autofit.fingerprint import fingerprint
-
         return fingerprint(
             {
                 k: v
@@ -266,8 +265,6 @@ def _capability(value: Any) -> str | None:
 
 def load_gpu(name: str) -> GpuSpec:
     """The shipped entry `conf/gpu/<name>.yaml`, read without composing a whole config."""
-    from autofit.paths import conf_dir, group_options
-
     path = conf_dir() / "gpu" / f"{name}.yaml"
     if not path.exists():
         valid = group_options("gpu")
@@ -286,8 +283,6 @@ def gpu_suggestion(name: str) -> str:
     """The words an unknown `gpu=` gets: the entries it most likely means, those of the memory
     it names first (`rtx4060_16` means the 16 GB RTX 4060 Ti), or, where no entry is near, that
     the card has none and how to give one."""
-    from autofit.paths import group_options
-
     options = group_options("gpu")
     match = _MEMORY_SUFFIX.match(name)
     base = match.group("base") if match else name

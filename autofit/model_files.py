@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.families import REGISTRY
 
 HF_PREFIX = "hf:"
 CONFIG_NAME = "config.json"
@@ -114,6 +115,7 @@ def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], 
     read off the model built on the meta device by the classes the probe builds it with."""
     import torch
 
+    # lazy: transformers only where a model's classes are read, not for a preset from a file
     from autofit.workloads.llm import causal_lm_classes
 
     config_class, model_class = causal_lm_classes(kind)
@@ -139,8 +141,6 @@ def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], 
 
 def preset_entry(value: str) -> dict[str, Any]:
     """The preset fields of the model `model=<value>` names (ModelPreset.from_dict checks them)."""
-    from autofit.families import REGISTRY
-
     path = config_path(value)
     config = read_config(value, path)
     if "_class_name" in config:

@@ -7,6 +7,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from autofit.errors import ConfigError, shown
+from autofit.fingerprint import fingerprint
 from autofit.paths import NAME, conf_dir, group_options
 from autofit.yaml_files import read_yaml
 
@@ -119,8 +120,6 @@ class ModelPreset:
 
     def fingerprint(self) -> str:
         """A short hash of everything the preset says: equal presets build equal runs."""
-        from autofit.fingerprint import fingerprint
-
         return fingerprint(self.to_dict())
 
     @property

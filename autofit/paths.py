@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from autofit.errors import AutofitError, ConfigError, suggest
+
 _PACKAGE = Path(__file__).resolve().parent
 # What the name of a GPU entry or a preset may be: it names studies and result files.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -51,8 +53,6 @@ def yaml_names(folder: Path) -> list[str]:
 
 def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
     """`<setting>=<name>` is `<folder>/<name>.yaml`; a path to a YAML file is taken as is."""
-    from autofit.errors import ConfigError, suggest
-
     candidate = Path(name)
     if candidate.suffix in (".yaml", ".yml"):
         if not candidate.exists():
@@ -71,8 +71,6 @@ def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
 def ensure_writable(path: Path, what: str = "result") -> None:
     """Fail before the work, not after it: a result that cannot be written would be lost."""
     import os
-
-    from autofit.errors import AutofitError
 
     where = f"cannot write the {what} to {path}"
     blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)

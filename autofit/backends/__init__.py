@@ -71,6 +71,7 @@ def _too_small(gpu: GpuSpec, budget_bytes: int) -> str | None:
 
 
 def measure(spec: ProbeSpec, backend: str) -> Measurement:
+    # lazy: a backend imports torch; the search's own process imports this package without it
     if backend == "simulate":
         from autofit.backends import simulate as module
     elif backend == "cpu":

@@ -30,6 +30,10 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.families import is_causal_lm
+from autofit.gpus import load_gpu
+from autofit.knobs import registry
+from autofit.paths import calibration_dir
+from autofit.yaml_files import read_yaml
 
 FLOOR = 0.05  # never less: the allocator's fragmentation varies run to run on the same config
 STEP = 0.005  # margins are rounded up to half a percent
@@ -59,8 +63,6 @@ CLASS_KNOBS = ("train_mode", "zero_stage", "fsdp", "world_size")
 
 def run_class(family: str, knobs: Mapping[str, Any]) -> str:
     """The class of one run: `knobs` holds its values of CLASS_KNOBS (defaults where absent)."""
-    from autofit.knobs import registry
-
     value = {name: knobs.get(name, registry()[name].default) for name in CLASS_KNOBS}
     # world_size above one runs only with one of the two (autofit/knobs/world_size.py)
     if int(value["zero_stage"]) > 0:
@@ -81,8 +83,6 @@ def run_class(family: str, knobs: Mapping[str, Any]) -> str:
 
 def classes_spanned(family: str, values: Mapping[str, Iterable[Any]]) -> list[str]:
     """Every class a search reaches: `values` holds each class knob's values in its space."""
-    from autofit.knobs import registry
-
     ranges = [list(values.get(n, [registry()[n].default])) for n in CLASS_KNOBS]
     found = {
         run_class(family, dict(zip(CLASS_KNOBS, combo, strict=True)))
@@ -125,15 +125,11 @@ class ChosenMargin:
 
 
 def margins_path() -> Path:
-    from autofit.paths import calibration_dir
-
     return calibration_dir() / "margins.yaml"
 
 
 def load_margins(path: Path | None = None) -> dict[str, ClassMargin]:
     """The table `autofit calibrate set=published` wrote: a class's name to its margin."""
-    from autofit.yaml_files import read_yaml
-
     path = path or margins_path()
     data = read_yaml(path, path)
     classes = data.get("classes") if isinstance(data, dict) else None
@@ -199,8 +195,6 @@ def derive_margins(
 ) -> dict[str, ClassMargin]:
     """Each class's margin from a comparison of the published set (`compared` rows with their
     `run_class`); `held_out`: a row id to whether it was held out."""
-    from autofit.gpus import load_gpu
-
     answered = [o for o in outcomes if not o["crash"]]
     table: dict[str, ClassMargin] = {}
     for name in RUN_CLASSES:
@@ -269,8 +263,6 @@ def _counted(figures: Mapping[str, Any]) -> dict[str, Any]:
 def load_figures(path: Path | None = None) -> dict[str, dict[str, Any]]:
     """The published comparison's figures (all, held_out, built) that calibration/margins.yaml
     keeps beside the margins."""
-    from autofit.yaml_files import read_yaml
-
     path = path or margins_path()
     data = read_yaml(path, path)
     figures = data.get("figures") if isinstance(data, dict) else None

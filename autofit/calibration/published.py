@@ -31,8 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autofit.calibration.margins import AUTO, chosen_margin, load_margins
+from autofit.calibration.margins import AUTO, chosen_margin, load_margins, run_class
 from autofit.errors import ConfigError, shown
+from autofit.gpus import load_gpu
+from autofit.knobs import REGISTRY, parse_all
+from autofit.models import load_preset
+from autofit.paths import calibration_dir
+from autofit.probe.build import make_spec
+from autofit.probe.launcher import launcher_for
+from autofit.probe.runner import run_probe
+from autofit.records.probe import DOES_NOT_FIT, Outcome
+from autofit.units import parsed_value
 
 COLUMNS = (
     "id", "family", "model", "gpu", "method", "trainer", "batch_size", "grad_accumulation",
@@ -75,17 +84,10 @@ class PublishedRow:
 
 
 def published_path() -> Path:
-    from autofit.paths import calibration_dir
-
     return calibration_dir() / "published.csv"
 
 
 def _parse(raw: dict[str, str], where: str) -> PublishedRow:
-    from autofit.gpus import load_gpu
-    from autofit.knobs import REGISTRY, parse_all
-    from autofit.models import load_preset
-    from autofit.units import parsed_value
-
     measure = raw["measure"]
     if measure not in MEASURES:
         raise ConfigError(
@@ -178,8 +180,6 @@ def simulated_figure(row: PublishedRow, result: Any) -> int | None:
     cache back and goes on (autofit/simulator/allocator.py), so a run that fits its card but
     would reserve more with memory to spare reserves at most what the card holds besides the
     CUDA context."""
-    from autofit.gpus import load_gpu
-
     context = (result.overhead_detail or {}).get("cuda_context", 0)
     if row.measure in ("allocated", "active"):
         return result.peak_allocated_bytes  # type: ignore[no-any-return]
@@ -196,9 +196,6 @@ def simulated_figure(row: PublishedRow, result: Any) -> int | None:
 def compared(row: PublishedRow, result: Any, spec: Any) -> dict[str, Any]:
     """The row's simulated figure and its error (a dict for the CSV); `judged` adds the fit
     verdicts at a margin."""
-    from autofit.calibration.margins import run_class
-    from autofit.records.probe import DOES_NOT_FIT, Outcome
-
     simulated = simulated_figure(row, result)
     # the published speed is one GPU's; the simulated one is the whole run's
     speed = result.samples_per_s / int(spec.knobs["world_size"]) if result.samples_per_s else None
@@ -229,8 +226,6 @@ def judged(outcome: dict[str, Any], margin: float) -> dict[str, Any]:
     not fit; a run that ran out of memory is one where the simulated peak is within the budget.
     A false out-of-memory is a run that fitted its card (ran, or a figure taken on it) whose
     simulated peak is over the budget, or over the host's."""
-    from autofit.gpus import load_gpu
-
     gpu = load_gpu(outcome["gpu"])
     budget = gpu.budget_bytes(margin)
     answered = not outcome["crash"]
@@ -256,12 +251,6 @@ def simulate_rows(
     probes at a time; `on_done(compared)` as each one finishes."""
     import os
     from concurrent.futures import ThreadPoolExecutor
-
-    from autofit.gpus import load_gpu
-    from autofit.models import load_preset
-    from autofit.probe.build import make_spec
-    from autofit.probe.launcher import launcher_for
-    from autofit.probe.runner import run_probe
 
     outcomes: dict[str, dict[str, Any]] = {}
     jobs = max(1, min(4, os.cpu_count() or 1))

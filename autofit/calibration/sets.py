@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import ConfigError, shown
+from autofit.gpus import load_gpu
+from autofit.knobs import parse_all
+from autofit.models import load_preset
 from autofit.paths import conf_dir, named_yaml
 from autofit.yaml_files import read_yaml
 
@@ -42,10 +45,6 @@ def set_path(name: str) -> Path:
 def load_set(name: str) -> list[CalibrationCase]:
     """Every configuration of the set, in file order, each checked against the catalogs and the
     knobs (so a typo fails before the first probe, naming the case)."""
-    from autofit.gpus import load_gpu
-    from autofit.knobs import parse_all
-    from autofit.models import load_preset
-
     path = set_path(name)
     data = read_yaml(path, path)
     raw_cases = data.get("cases") if isinstance(data, dict) else None

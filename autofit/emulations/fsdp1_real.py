@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from autofit.distributed import fake_group, join_group_of_one
 from autofit.emulations.fsdp1_units import fsdp1_units
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ def shard_fsdp1_for_real(run: RunState, reshard_after_forward: bool, group: Any 
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.utils._python_dispatch import _disable_current_modes
-
-    from autofit.distributed import fake_group, join_group_of_one
 
     if group is None and run.device.type == "cpu":
         group = fake_group(1)  # a group of one computes nothing, and needs no gloo threads

@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from autofit.yaml_files import read_yaml
+
 TABLE = Path(__file__).with_name("trainer_defaults.yaml")
 MARK = "defaults to review"  # how every exported file and README names these values
 MODES = ("full", "lora")
@@ -144,7 +146,5 @@ def _entry(target: str, declared: dict[str, Any]) -> TrainerEntry:
 @cache
 def table() -> dict[str, TrainerEntry]:
     """Every target's entry, by target name."""
-    from autofit.yaml_files import read_yaml
-
     declared = read_yaml(TABLE, TABLE.name)
     return {target: _entry(target, entry) for target, entry in declared.items()}

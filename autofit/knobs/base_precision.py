@@ -169,6 +169,7 @@ class BasePrecision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.run_state import move_to_device
         from autofit.techniques.quantization import (
             float8_layers,

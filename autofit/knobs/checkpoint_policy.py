@@ -79,6 +79,7 @@ class CheckpointPolicy(Knob):
 
     def apply(self, run: RunState, value: Any) -> None:
         if value == "op":
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.techniques.selective_checkpoint import op_policy_contexts
 
             run.checkpoint_contexts = op_policy_contexts

@@ -123,6 +123,7 @@ class Compile(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "off":
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.techniques.regional_compile import (
             checkpoints_itself,
             compile_module,

@@ -106,6 +106,7 @@ class Encoders(Knob):
             names = list(run.preset.companions) if online else run.workload.resident_when_cached
         if not names:
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.workloads.companions import build_companion
 
         # online: each in its own dtype; left resident by the trainer: in the weight dtype

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.optimizer import PAGED
 from autofit.knobs.train_mode import FOUR_BIT_MODES
+from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
     from autofit.models import ModelPreset
@@ -103,8 +104,6 @@ def _block_classes(preset: ModelPreset) -> tuple[str, ...]:
     if known is not None:
         return known
     import torch
-
-    from autofit.workloads import workload_for
 
     with torch.device("meta"):  # no memory: only the classes are wanted
         model = workload_for(preset).build_model(torch.bfloat16)
@@ -296,6 +295,7 @@ class Fsdp(Knob):
             return
         offload = run.knobs["fsdp_offload"] == "cpu"
         if run.knobs.get("fsdp_version", 2) == 1:
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.emulations.fsdp1 import Fsdp1Emulation
             from autofit.emulations.fsdp1_real import shard_fsdp1_for_real
 
@@ -306,10 +306,12 @@ class Fsdp(Knob):
                 shard_fsdp1_for_real(run, RESHARD_AFTER_FORWARD[value])
             return
         if run.sharding_emulated:
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.emulations.fsdp import FsdpEmulation
 
             FsdpEmulation(run, RESHARD_AFTER_FORWARD[value], run.knobs["world_size"], offload)
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.emulations.fsdp_real import shard_for_real
 
         shard_for_real(run, RESHARD_AFTER_FORWARD[value])

@@ -151,6 +151,7 @@ class Loss(Knob):
 
         cross_entropy = None
         if value == "chunked" and run.knobs.get("compile", "off") != "off":
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.techniques.regional_compile import compiled
 
             # torchtune's compile_loss: each chunk's upcast and cross-entropy compiled

@@ -187,6 +187,7 @@ def add_lycoris_network(run: RunState, value: str) -> None:
 
     from lycoris import LycorisNetwork, create_lycoris
 
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.run_state import default_dtype
 
     # lycoris logs each module it builds to stdout, which would fill a probe's output

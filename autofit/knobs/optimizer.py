@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.families import diffusers_script
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.optimizer_impl import ARGUMENTS, adamw_arguments
+from autofit.knobs.peft_config import PEFT_MODE, read_fields
 from autofit.knobs.precision import BF16_WEIGHTS
 from autofit.techniques.optimizers import LEARNING_RATE
 
@@ -76,6 +77,7 @@ def _lion(params: list[Any], run: RunState) -> Any:
 
 
 def _adamw_bf16(params: list[Any], run: RunState) -> Any:
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.techniques.optimizers.adamw_bf16 import AdamWBF16
 
     return AdamWBF16(params, lr=LEARNING_RATE)
@@ -91,6 +93,7 @@ def _lorafa(params: list[Any], run: RunState) -> Any:
 def _bnb(name: str, states: int, paged: bool) -> Build:
     def build(params: list[Any], run: RunState) -> Any:
         if run.fake:
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.emulations.bnb_layout import Blockwise8bitLayout
 
             return Blockwise8bitLayout(
@@ -148,6 +151,7 @@ def _device_optimizer(name: str, run: RunState) -> Any:
     fused = run.knobs["fused_backward"]
     if fused == "off":
         return build_optimizer(name, params, run)
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.techniques.optimizers.in_backward import InBackwardOptimizer
 
     groups: list[list[Any]] = []
@@ -303,8 +307,6 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
 
 
 def _lorafa_reason(context: ProbeContext) -> str | None:
-    from autofit.knobs.peft_config import PEFT_MODE, read_fields
-
     knobs = context.knobs
     mode = knobs.get("train_mode", "full")
     if mode != PEFT_MODE or not knobs.get("peft_config"):
@@ -369,6 +371,7 @@ class Optimizer(Knob):
         if not run.host_parameters:
             run.optimizer = on_device
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.techniques.optimizers.split import HostSplitOptimizer
 
         run.optimizer = HostSplitOptimizer(

@@ -158,6 +158,7 @@ def add_peft_adapters(run: RunState, value: str) -> None:
     from peft import PeftConfig, get_peft_model
     from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.run_state import default_dtype
 
     fields = read_fields(value)

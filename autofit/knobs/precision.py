@@ -40,6 +40,7 @@ BF16_PURE_NOTE = (
 
 def dtype_policy(knobs: Mapping[str, Any]) -> DtypePolicy:
     """The run's dtypes from its knobs: the one place they are decided."""
+    # lazy: the knobs load without torch (docs/contributing.md)
     import torch
 
     from autofit.run_state import DtypePolicy

@@ -128,6 +128,7 @@ class SwapBlocks(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if not value:
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.run_state import Exchange, move_to_device
         from autofit.techniques.streaming import BlockRing
 

@@ -81,6 +81,7 @@ class T5Precision(Knob):
     def apply(self, run: RunState, value: Any) -> None:
         if value == "same":
             return
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.techniques.quantization import quanto_quantize
 
         encoder = run.companions[t5_encoder(run.preset)]  # type: ignore[index]

@@ -277,10 +277,12 @@ def _add_adapters(run: RunState, value: str) -> None:
     import torch
     from peft import LoraConfig, inject_adapter_in_model
 
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.run_state import default_dtype, move_to_device, set_logical_numel
 
     model = run.model
     if value in FOUR_BIT_MODES:
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.techniques.quantization import quantize_linears, quantized_tensors
 
         compute = run.dtypes.autocast or run.dtypes.weights

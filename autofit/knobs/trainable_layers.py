@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autofit.errors import ConfigError
 from autofit.knobs.base import Knob, ProbeContext, Subject
 from autofit.models import ModelPreset
 
@@ -55,8 +56,6 @@ def too_many(value: int, count: int, preset: ModelPreset) -> str:
 
 def last_blocks(model: nn.Module, preset: ModelPreset, count: int) -> list[nn.Module]:
     """The last `count` blocks of the model, in forward order across the preset's block lists."""
-    from autofit.errors import ConfigError
-
     blocks = [block for path in preset.blocks for block in model.get_submodule(path)]
     if count > len(blocks):
         raise ConfigError(too_many(count, len(blocks), preset))

@@ -196,6 +196,7 @@ class Validation(Knob):
             return
         import torch
 
+        # lazy: the knobs load without torch (docs/contributing.md)
         from autofit.workloads.companions import build_companion
         from autofit.workloads.pipeline import Pipeline
 

@@ -131,6 +131,7 @@ def _single_process_group(device: Any) -> None:
     import deepspeed
     import torch
 
+    # lazy: the knobs load without torch (docs/contributing.md)
     from autofit.distributed import join_group_of_one
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
@@ -308,6 +309,7 @@ class ZeroStage(Knob):
             return
         knobs = run.knobs
         if run.sharding_emulated:
+            # lazy: the knobs load without torch (docs/contributing.md)
             from autofit.emulations.zero import ZeroEmulation
             from autofit.emulations.zero_gather import LiveParams
             from autofit.run_state import PlainStep

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.backends import BACKENDS
+from autofit.backends import BACKENDS, resolve
 from autofit.calibration.margins import ChosenMargin, chosen_margin, run_class
 from autofit.errors import ConfigError, shown
 from autofit.families import check_family
@@ -50,6 +50,7 @@ def check_custom(preset: ModelPreset, timeout_s: float) -> None:
     """A custom model's entry function, called in a child process under `timeout_s` and checked
     (autofit/probe/entry_check.py), once per process; nothing for a preset."""
     if preset.family == "custom":
+        # lazy: keeps torch out of the search's own process (the entry check imports it)
         from autofit.probe.entry_check import check_entry_builds
 
         check_entry_builds(preset.entry, timeout_s)
@@ -79,8 +80,6 @@ def make_spec(
     # A reservation that leaves nothing fails here, not in the worker.
     budget = gpu.budget_bytes(margin)
     if backend == "cuda":  # where CUDA cannot run: one line here, not a crash in every worker
-        from autofit.backends import resolve
-
         resolve(backend, gpu, budget)
     check_custom(preset, timeout_s)
     knobs = parse_all(knob_values)

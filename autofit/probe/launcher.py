@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from autofit.errors import ProbeNotFinished
+from autofit.families import REGISTRY
+from autofit.probe.forkserver import LEAVE_OUT
+from autofit.probe.libraries import OPTIONAL
 
 log = logging.getLogger(__name__)
 
@@ -413,10 +416,6 @@ def launcher_for(
     search without LoRA: peft, 0.3 s of the server's 3.9 s of imports). None: all kept."""
     if backend == "cuda":
         return SpawnLauncher()
-    from autofit.families import REGISTRY
-    from autofit.probe.forkserver import LEAVE_OUT
-    from autofit.probe.libraries import OPTIONAL
-
     preload = ["autofit.probe.worker", f"autofit.backends.{backend}", REGISTRY[family].workload]
     if uses is not None:
         preload = [f"{LEAVE_OUT}{name}" for name in OPTIONAL if name not in uses] + preload

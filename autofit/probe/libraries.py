@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from autofit.families import REGISTRY as FAMILIES
+from autofit.knobs import REGISTRY
 from autofit.records.probe import ProbeSpec
 
 log = logging.getLogger("autofit.probe.libraries")
@@ -45,9 +47,6 @@ def libraries_of(family: str, values: Mapping[str, Iterable[Any]]) -> set[str] |
     """The optional libraries runs of the model family may import with any of these knob
     values (a knob not named at its default), as `used_libraries` says of one run: what a
     search's fork server needs for every run of its space. None where that is not known."""
-    from autofit.families import REGISTRY as FAMILIES
-    from autofit.knobs import REGISTRY
-
     declared = FAMILIES[family].libraries if family in FAMILIES else None
     if declared is None:
         return None

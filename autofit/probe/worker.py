@@ -19,6 +19,7 @@ from typing import Any
 import autofit
 from autofit.backends import measure, resolve
 from autofit.backends.base import OutOfMemory
+from autofit.models import ModelPreset
 from autofit.probe.libraries import crash_message, leave_out_unused
 from autofit.records.measurement import Measurement
 from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
@@ -53,8 +54,6 @@ def samples_per_second(knobs: dict[str, Any], step_time_s: float) -> float | Non
 
 
 def to_result(spec: ProbeSpec, measured: Measurement) -> ProbeResult:
-    from autofit.models import ModelPreset
-
     batch = spec.knobs["batch_size"]
     fits = measured.peak_bytes <= spec.budget_bytes
     host_budget = spec.host_memory_bytes

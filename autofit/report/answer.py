@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from autofit.command_line import command, override
+from autofit.errors import ConfigError
+from autofit.gpus import load_gpu
+from autofit.models import load_preset
 from autofit.probe.summary import headroom, provenance
 from autofit.report.tables import config_words, margin_words, nothing_fits
 from autofit.results import Study
@@ -23,6 +26,7 @@ from autofit.units import size
 def published_words() -> str:
     """How simulated peaks compared with runs people published, held-out runs first (the
     figures calibration/margins.yaml keeps; `autofit calibrate set=published` reruns it)."""
+    # lazy: keeps the calibration table's module off `autofit report`'s start-up path
     from autofit.calibration.margins import load_figures
 
     figures = load_figures()
@@ -84,9 +88,6 @@ def gpu_memory_bytes(study: Study) -> int:
     """The GPU's total memory: its shipped entry's, where the study's budget is that entry's at the
     study's margin; else what the budget and margin imply (an entry of the user's, or one that
     changed since)."""
-    from autofit.errors import ConfigError
-    from autofit.gpus import load_gpu
-
     margin = float(study.summary.get("margin") or 0.0)
     try:
         gpu = load_gpu(str(study.summary["gpu"]))
@@ -113,9 +114,8 @@ def export_command(study: Study) -> str:
 def _targets(study: Study) -> str:
     """The export targets that can train the study's model (every one where its preset is not
     here to say)."""
-    from autofit.errors import ConfigError
+    # lazy: keeps the export registry (every target's module) off `autofit report`'s start-up path
     from autofit.export import TARGETS
-    from autofit.models import load_preset
 
     try:
         family = load_preset(str(study.summary["model"])).family

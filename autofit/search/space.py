@@ -20,6 +20,7 @@ from autofit.models import ModelPreset
 from autofit.paths import named_yaml, search_spaces_dir
 from autofit.search.pareto import BestRule
 from autofit.units import resolution_words
+from autofit.workloads import FAMILIES
 from autofit.yaml_files import read_yaml
 
 TOP_LEVEL = ("batch_size", "resolution", "knobs", "families", "target", "if_nothing_fits")
@@ -190,8 +191,6 @@ def _family_knobs(
     families = data.get("families") or {}
     if not isinstance(families, dict):
         raise ConfigError(f"{path}: families: expected a mapping of model family -> knobs")
-    from autofit.workloads import FAMILIES
-
     for family, section in families.items():
         if family not in FAMILIES:
             raise ConfigError(

@@ -17,6 +17,7 @@ from typing import Any
 from autofit.knobs import REGISTRY, completed
 from autofit.records.probe import Outcome, ProbeResult
 from autofit.search.claims import HEARTBEAT_ATTR, TIMEOUT_ATTR, WORKER_ATTR, this_worker
+from autofit.search.pareto import run_size as size_of
 
 DIRECTIONS = ("maximize", "maximize")  # samples/s, run size (batch x pixels)
 _INT_RANGE = (0, 1 << 20)  # wide enough for any batch, resolution or count knob
@@ -76,8 +77,6 @@ def probe_trial(
         "result": _slim(result),
     }
     if result.outcome is Outcome.OK:
-        from autofit.search.pareto import run_size as size_of
-
         return optuna.trial.create_trial(
             params=params,
             distributions=distributions,

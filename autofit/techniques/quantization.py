@@ -25,6 +25,10 @@ import torch
 from torch import nn
 
 from autofit.emulations.nf4_layout import Nf4LinearLayout
+from autofit.techniques.torchao_float8 import (
+    make_float8_matmuls_trainable,
+    target_has_float8_matmuls,
+)
 
 FP8 = torch.float8_e4m3fn
 
@@ -181,6 +185,7 @@ def sdnq_base(run: Any, hadamard: bool) -> tuple[list[torch.Tensor], list[torch.
     its autograd functions save for backward as they are."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    # lazy: SDNQ is optional, and sdnq_eager imports it (with diffusers and transformers)
     from autofit.techniques.sdnq_eager import sdnq_training_post_load_quant
 
     skipped = [".proj_out"] if run.preset.family == "flux" else []  # SimpleTuner's, for Flux
@@ -226,11 +231,6 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
     from torchao.quantization.quant_api import (
         Float8DynamicActivationFloat8WeightConfig,
         Float8WeightOnlyConfig,
-    )
-
-    from autofit.techniques.torchao_float8 import (
-        make_float8_matmuls_trainable,
-        target_has_float8_matmuls,
     )
 
     if dynamic:

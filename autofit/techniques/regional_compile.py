@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from autofit.simulator.tracker import uncounted
+
 # Each block of a model is compiled once per variant (SD3.5 Medium's blocks differ in their
 # second attention and last block): far fewer than this, which only stops a run silently going
 # eager after many recompilations.
@@ -88,8 +90,6 @@ def _run_fused(graph: torch.fx.GraphModule, example_inputs: Any) -> Callable[[li
     uncounted. Boxed: the caller's list of inputs is emptied, so an input (a tensor saved for
     backward) dies at its last use, not when the graph returns."""
     from torch.fx.node import map_arg
-
-    from autofit.simulator.tracker import uncounted
 
     nodes = list(graph.graph.nodes)
     fused = fused_nodes(graph.graph)

@@ -25,6 +25,8 @@ from transformers import (
     T5EncoderModel,
 )
 
+from autofit.run_state import default_dtype
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -68,7 +70,5 @@ def companion_dtype(spec: dict[str, Any]) -> torch.dtype:
 
 def build_companion(spec: dict[str, Any], dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Build one companion under the caller's device, in its own dtype unless `dtype` says."""
-    from autofit.run_state import default_dtype
-
     with default_dtype(dtype or companion_dtype(spec)):
         return KINDS[spec["kind"]](spec["architecture"])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from autofit.knobs.validation_resolution import validation_pixels
 from autofit.workloads.base import Batch, CheckpointFn, Workload
 from autofit.workloads.diffusion import flow_matching
 
@@ -118,8 +119,6 @@ class LatentDiffusion(Workload):
     def validate(self, run: RunState, pipeline: Pipeline) -> None:
         # The pipeline encodes the prompt (with its guidance batch), runs the denoiser step at
         # the validation resolution, one Euler step, and decodes with the VAE.
-        from autofit.knobs.validation_resolution import validation_pixels
-
         g, device, dtype, resolution = (
             self.guidance_batch,
             run.device,

@@ -202,7 +202,7 @@ def litgpt_chunked_cross_entropy(model: Any, input_ids: torch.Tensor, chunk: int
 def trl_fused_cross_entropy(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """TRL 1.16 SFTTrainer's loss through its own fused LM head (autofit/techniques/trl_head.py),
     imported only where it is asked for."""
-    from autofit.techniques.trl_head import trl_cross_entropy
+    from autofit.techniques.trl_head import trl_cross_entropy  # lazy: trl is optional
 
     return trl_cross_entropy(model, causal_lm(model), input_ids)
 

@@ -29,6 +29,8 @@ import torch
 from diffusers import SD3ControlNetModel, SD3Transformer2DModel
 from torch import nn
 
+from autofit.knobs.validation_resolution import validation_pixels
+from autofit.run_state import default_dtype
 from autofit.workloads.base import Batch, CheckpointFn
 from autofit.workloads.companions import build_companion  # now: before any fake mode
 from autofit.workloads.latent import Conditions, vae_decode, vae_encode
@@ -79,8 +81,6 @@ class SD3ControlNetWorkload(ControlImages, SD3Workload):
     resident_when_cached = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
     def build_model(self, frozen_dtype: torch.dtype) -> nn.Module:
-        from autofit.run_state import default_dtype
-
         transformer_config = self.preset.architecture["transformer"]
         with default_dtype(frozen_dtype):  # the frozen base in the 16-bit weight dtype
             transformer = SD3Transformer2DModel(**transformer_config).requires_grad_(False)
@@ -124,8 +124,6 @@ class SD3ControlNetWorkload(ControlImages, SD3Workload):
         # offloaded, it is given the frozen transformer training holds. Weights keep
         # requires_grad, as a freshly loaded pipeline leaves them: autocast caches the cast
         # copies of such weights until the call returns, offloaded or not.
-        from autofit.knobs.validation_resolution import validation_pixels
-
         dtype, device = run.dtypes.frozen, run.device
         resolution = validation_pixels(run.knobs, run.preset.resolution)
         companions = self.preset.companions
@@ -152,8 +150,6 @@ class SD3ControlNetWorkload(ControlImages, SD3Workload):
             vae_decode(pipeline_vae, (latents - 0.05 * guided).to(dtype))
 
     def _transformer(self, dtype: torch.dtype) -> nn.Module:
-        from autofit.run_state import default_dtype
-
         with default_dtype(dtype):
             return SD3Transformer2DModel(**self.preset.architecture["transformer"])
 

@@ -26,6 +26,8 @@ import torch
 from diffusers import ControlNetModel
 from torch import nn
 
+from autofit.knobs.validation_resolution import validation_pixels
+from autofit.run_state import default_dtype
 from autofit.workloads.base import Batch, CheckpointFn
 from autofit.workloads.latent import Conditions, vae_decode
 from autofit.workloads.sd3_controlnet import (
@@ -49,8 +51,6 @@ class SDXLControlNetWorkload(ControlImages, SDXLWorkload):
     resident_when_cached = ("text_encoder", "text_encoder_2")
 
     def build_model(self, frozen_dtype: torch.dtype) -> nn.Module:
-        from autofit.run_state import default_dtype
-
         with default_dtype(frozen_dtype):  # the frozen UNet in the 16-bit weight dtype
             unet = self.unet().requires_grad_(False)
         # The example's ControlNetModel.from_unet: the UNet's configuration and encoder weights,
@@ -102,8 +102,6 @@ class SDXLControlNetWorkload(ControlImages, SDXLWorkload):
     def validate(self, run: RunState, pipeline: Pipeline) -> None:
         # The pipeline steers the training's UNet with the ControlNet being trained and decodes
         # with the training's VAE; it loads its own pair of text encoders.
-        from autofit.knobs.validation_resolution import validation_pixels
-
         dtype, device = run.dtypes.frozen, run.device
         resolution = validation_pixels(run.knobs, run.preset.resolution)
         encoders = pipeline_text_encoders(self, pipeline, dtype)
