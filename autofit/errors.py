@@ -1,6 +1,7 @@
 """The one error hierarchy. The CLI turns an `AutofitError` into one line and its exit code."""
 
 import difflib
+import signal
 
 
 class AutofitError(Exception):
@@ -56,7 +57,6 @@ class Interrupted(KeyboardInterrupt):
     the interrupted command adds to its one line (for a search: what is saved and how to resume)."""
 
     def __init__(self, signum: int) -> None:
-        import signal
 
         self.signum = signum
         self.signal_name = signal.Signals(signum).name

@@ -7,7 +7,10 @@ install or a source checkout reads them from the repository root.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,7 +73,6 @@ def named_yaml(name: str, folder: Path, setting: str, kind: str) -> Path:
 
 def ensure_writable(path: Path, what: str = "result") -> None:
     """Fail before the work, not after it: a result that cannot be written would be lost."""
-    import os
 
     where = f"cannot write the {what} to {path}"
     blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)
@@ -91,8 +93,6 @@ def ensure_writable(path: Path, what: str = "result") -> None:
 
 
 def _temporary(folder: Path, name: str, data: bytes) -> Path:
-    import os
-    import tempfile
 
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
     try:
@@ -128,7 +128,6 @@ def write_together(folder: Path, files: dict[str, str | bytes], marker: str | No
     exists every file beside it comes from the same write as it (a kill between two renames
     leaves no marker, which readers report as a damaged folder). A failure removes the
     temporaries and leaves the final names as they were (or without the marker)."""
-    import os
 
     folder.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -152,8 +151,6 @@ def _folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive lock on `folder` itself (flock(2) on the folder's descriptor: no lock file is
     left among the outputs) while a set of files is renamed in, so two writers' renames never
     interleave."""
-    import fcntl
-    import os
 
     handle = os.open(folder, os.O_RDONLY)
     try:
@@ -170,7 +167,6 @@ def write_atomically(path: Path, contents: str | bytes) -> None:
 
 def _sync_folder(folder: Path) -> None:
     """Flush the renames themselves (the folder's entries) to disk, where the OS allows it."""
-    import os
 
     try:
         handle = os.open(folder, os.O_RDONLY)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autofit.errors import ConfigError
 from autofit.families import is_causal_lm
 from autofit.gpus import load_gpu
@@ -229,7 +231,6 @@ def write_margins(
 ) -> Path:
     """The table and the comparison's figures (`figures`: all, held_out and built, each as
     published_figures gives them) as calibration/margins.yaml, written whole, then renamed."""
-    import yaml
 
     path = path or margins_path()
     head = (

@@ -25,8 +25,10 @@ it) that autofit says does not fit there at its margin.
 from __future__ import annotations
 
 import csv
+import os
 import shlex
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,8 +251,6 @@ def simulate_rows(
     """Each row simulated with its closest knobs and compared (in the rows' order) at `margin`
     (`auto`: its class's, calibration/margins.yaml). One warm probe server per family, a few
     probes at a time; `on_done(compared)` as each one finishes."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
 
     outcomes: dict[str, dict[str, Any]] = {}
     jobs = max(1, min(4, os.cpu_count() or 1))

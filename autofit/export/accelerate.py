@@ -12,6 +12,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import yaml
+
 from autofit.export.base import ExportPlan, Target
 from autofit.knobs.allocator import environment as allocator_environment
 
@@ -62,7 +64,6 @@ class Accelerate(Target):
     own_code = True
 
     def build(self, plan: ExportPlan) -> None:
-        import yaml
 
         plan.note("train.py stands for your training script, which uses accelerate's Accelerator")
         # FSDP's distributed_type (FSDP) replaces the one zero_stage says without ZeRO (NO or

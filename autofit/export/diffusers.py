@@ -14,6 +14,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import yaml
+
 from autofit.export.accelerate import accelerate_config, launch_prefix
 from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.families import diffusers_script
@@ -31,7 +33,6 @@ class Diffusers(Target):
     )
 
     def build(self, plan: ExportPlan) -> None:
-        import yaml
 
         point = plan.point
         plan.say("train_mode")  # which script trains it, if any does: first, it decides the rest

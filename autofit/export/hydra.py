@@ -9,6 +9,8 @@ knob is autofit's own, so this target expresses them all.
 
 from __future__ import annotations
 
+import yaml
+
 from autofit.command_line import command, override
 from autofit.export.base import ExportPlan, Target
 from autofit.knobs import asked
@@ -37,7 +39,6 @@ class Hydra(Target):
     summary = "Hydra overrides for `autofit probe`, to measure the run again (on the real GPU)"
 
     def build(self, plan: ExportPlan) -> None:
-        import yaml
 
         lines = overrides(plan)
         plan.add(

@@ -18,6 +18,8 @@ import json
 import shlex
 from typing import Any
 
+import yaml
+
 from autofit.export.base import ExportPlan, Target, knob_text, steps_note
 from autofit.families import REGISTRY, SanaScript
 
@@ -68,7 +70,6 @@ class Sana(Target):
     )
 
     def build(self, plan: ExportPlan) -> None:
-        import yaml
 
         world = plan.point.world_size
         script = REGISTRY[plan.point.family].trainer(self.name)

@@ -43,6 +43,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,6 @@ class KbitPrep(Knob):
 
 def _prepare_with_peft(run: RunState) -> None:
     """peft's preparation of the run's quantized model, before its adapters exist."""
-    import warnings
 
     from peft import prepare_model_for_kbit_training
 

@@ -20,6 +20,9 @@ product per layer), and so does the simulation for such a target.
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,8 +146,6 @@ def kernels_for(gpu: GpuSpec) -> Iterator[None]:
     their fake implementations give the shapes. Before Ampere Triton has no bf16 tensor-core dots
     and the reference runs. A real run's choice is the library's own; `LYCORIS_KERNEL_BACKEND`
     set by the user is honoured either way."""
-    import importlib
-    import os
 
     from lycoris.kernels.select import one_family
 
@@ -183,7 +184,6 @@ def _choosing_as(gpu: GpuSpec, forward: Any) -> Any:
 def add_lycoris_network(run: RunState, value: str) -> None:
     """The LyCORIS network the config declares, built on the frozen model as SimpleTuner builds
     it, and kept in the model (its parameters are the run's trainable ones)."""
-    import logging
 
     from lycoris import LycorisNetwork, create_lycoris
 

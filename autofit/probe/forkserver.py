@@ -19,9 +19,11 @@ still runs, reaps them, and exits: a server never outlives the search that start
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import runpy
+import selectors
 import signal
 import sys
 import threading
@@ -80,7 +82,6 @@ def _kill(pid: int) -> None:
 def _import_watching_parent(preload: list[str], parent: int) -> None:
     """Import the modules (seconds: torch), exiting at once if the parent dies meanwhile; the
     serving loop, which checks it too, cannot run until the imports are done."""
-    import importlib
 
     done = threading.Event()
 
@@ -106,7 +107,6 @@ def _import_watching_parent(preload: list[str], parent: int) -> None:
 
 
 def _serve(preload: list[str]) -> None:
-    import selectors
 
     parent, server = os.getppid(), os.getpid()
     _import_watching_parent(preload, parent)

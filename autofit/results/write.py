@@ -9,6 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autofit.command_line import command, key_of, override
 from autofit.errors import AutofitError
 from autofit.host import budget_words
@@ -230,7 +232,6 @@ def _pareto_text(pareto: list[ProbeResult], knob_names: list[str]) -> str:
 def _best_text(
     best: ProbeResult | None, meta: dict[str, Any], preferred: bool, preset: ModelPreset | None
 ) -> str:
-    import yaml
 
     if best is None:
         return f"# Nothing fits {meta['gpu']} in this space: no best configuration.\n"

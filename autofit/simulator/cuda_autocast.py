@@ -16,6 +16,7 @@ models autofit ships; linear, matmul, mm, bmm and convolutions keep the C++ kern
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -165,7 +166,6 @@ def install() -> None:
         (PROMOTE, "promote"),
         (NO_POLICY, "none"),
     )
-    import warnings
 
     with warnings.catch_warnings():
         # Replacing a C++ autocast kernel is the point; torch warns about each one.

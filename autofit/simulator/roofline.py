@@ -22,6 +22,7 @@ HOST_SECONDS_PER_OP). Results carry `throughput_estimated: true`.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -193,7 +194,6 @@ def exchange_wait(exchanges: Sequence[Exchange], link_gbs: float) -> float:
     from the moment the block it evicts is done; the GPU stalls when a block is needed before its
     exchange ends, and every later moment moves by the stall. Times are the roofline's device
     times, which count no stall."""
-    import bisect
 
     stalled_at: list[float] = []  # device times (unstalled) from which each delay holds
     delays: list[float] = []  # total delay from that time on
