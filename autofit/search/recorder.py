@@ -240,7 +240,10 @@ class StudyRecorder:
         self.refresh()
         rivals = [t for t in self._running.get(key, ()) if t._trial_id < trial_id]
         if rivals or self._usable(key) is not None:
-            self._end(trial_id, "lost")
+            try:
+                self._end(trial_id, "lost")
+            except UpdateFinishedTrialError:
+                pass  # taken over already (its heartbeat came late past the grace): lost as well
             if rivals:
                 raise Busy(key)
             return None
