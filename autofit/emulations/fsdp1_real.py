@@ -4,9 +4,10 @@ compares the two.
 
 Known limitations: a probe runs it in a group of one process, where FSDP1 runs NO_SHARD whatever
 the `fsdp` value (FULL_SHARD and SHARD_GRAD_OP are measured only in tests, in a fake group whose
-collectives move nothing). `fsdp_offload=cpu` is not passed on (no `CPUOffload`), nor
-`sync_module_states`, which the accelerate export sets (its broadcast of the states in 250 MiB
-buckets at wrap time is not measured). 4-bit bases are refused on the real backends (FSDP1
+collectives move nothing). `fsdp_offload=cpu` is passed on as `CPUOffload(offload_params=True)`
+but runs only on a GPU (its pinned shards), where no test holds it to the emulation yet.
+`sync_module_states`, which the accelerate export sets, is not (its broadcast of the states in
+250 MiB buckets at wrap time is not measured). 4-bit bases are refused on the real backends (FSDP1
 cannot flatten their uint8 weights with bf16 norms)."""
 
 from __future__ import annotations
@@ -25,11 +26,16 @@ if TYPE_CHECKING:
 def shard_fsdp1_for_real(run: RunState, reshard_after_forward: bool, group: Any = None) -> None:
     """FullyShardedDataParallel over `run`'s model as accelerate wraps it (the units above,
     BACKWARD_PRE, limit_all_gathers, use_orig_params=False, MixedPrecision from the precision
-    knob), in `group` (default: a group of one, where FSDP1 runs NO_SHARD: NCCL's on a GPU, on the
+    knob, CPUOffload from fsdp_offload), in `group` (default: a group of one, where FSDP1 runs NO_SHARD: NCCL's on a GPU, on the
     CPU a fake one, `fake_group`). `run.model` stays the
     model (the run owns the field), its calls go through the root wrapper, and the optimizer
     steps the flat parameters registered on it and on each unit."""
-    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        MixedPrecision,
+        ShardingStrategy,
+    )
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -60,6 +66,7 @@ def shard_fsdp1_for_real(run: RunState, reshard_after_forward: bool, group: Any 
         sharding_strategy=strategy,
         auto_wrap_policy=lambda module, recurse, nonwrapped_numel: recurse or id(module) in wrapped,
         mixed_precision=policy,
+        cpu_offload=CPUOffload(offload_params=run.knobs.get("fsdp_offload") == "cpu"),
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         limit_all_gathers=True,
         use_orig_params=False,
