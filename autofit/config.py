@@ -6,6 +6,7 @@ Overrides are checked before composition so the user hears about the bad name or
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,9 @@ _MISSING = object()
 _GIVEN_FILES: dict[str, str] = {}
 
 
+@functools.cache  # once a process: the CLI's name check and the composition both ask for it
 def _register_knob_defaults() -> None:
     """Expose every knob's default as the `knobs` config, so YAML files need not repeat them."""
-
     ConfigStore.instance().store(
         name="knobs", node={k.name: k.default for k in registry().values()}
     )

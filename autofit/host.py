@@ -116,11 +116,6 @@ def machine_ram_bytes() -> int:
     raise OSError("cannot read this machine's RAM (no SC_PHYS_PAGES, no MemTotal)")
 
 
-def check_host_memory(value: Any) -> float | None:
-    """`host_memory_gib=` checked (HOST_MEMORY_GIB): GiB, or None."""
-    return HOST_MEMORY_GIB("host_memory_gib", value)  # type: ignore[no-any-return]
-
-
 def host_budget(setting: float | None, backend: str, gpu: GpuSpec) -> tuple[int | None, str | None]:
     """The host budget of a probe (bytes) and where it came from, in words for the search's
     header and the report: the setting, else this machine's RAM when the probe runs on the

@@ -20,7 +20,7 @@ from test_search_engine import space as synthetic_space
 
 from autofit.backends import cpu, simulate
 from autofit.emulations.zero import share
-from autofit.host import GIB, NOT_STATED, check_host_memory, host_memory, loader_shard_bytes
+from autofit.host import GIB, HOST_MEMORY_GIB, NOT_STATED, host_memory, loader_shard_bytes
 from autofit.probe.summary import summarize
 from autofit.probe.worker import execute
 from autofit.records.probe import Outcome, ProbeResult
@@ -367,6 +367,9 @@ def test_a_bad_host_memory_gib_is_a_one_line_error(bad: str, tmp_path: Path) -> 
 
 
 def test_host_memory_gib_takes_positive_numbers() -> None:
+    def check_host_memory(value: object) -> object:
+        return HOST_MEMORY_GIB("host_memory_gib", value)
+
     assert check_host_memory(64) == 64.0 and check_host_memory(0.5) == 0.5
     assert check_host_memory(None) is None
 
