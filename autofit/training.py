@@ -46,7 +46,8 @@ class TrainingRun(RunState):
         # Knobs a spec predates (written by an older autofit) run at their defaults.
         spec = dataclasses.replace(spec, knobs={**defaults(), **spec.knobs})
         preset = ModelPreset.from_dict(spec.model)
-        super().__init__(spec, workload_for(preset), device, tracker, fake, owners=owners())
+        workload = workload_for(preset, spec.knobs["frames"])
+        super().__init__(spec, workload, device, tracker, fake, owners=owners())
         self._order = application_order()
         for knob in self._order:
             for library in knob.libraries(self.knobs[knob.name]):

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from autofit.errors import ConfigError
+from autofit.families import REGISTRY as FAMILIES
 from autofit.families import is_causal_lm
 from autofit.gpus import load_gpu
 from autofit.knobs import registry
@@ -55,6 +56,9 @@ RUN_CLASSES = {
     "llm_full": "language models fine-tuned in full (or freeze-tuned) on one GPU",
     "zero": "runs sharded by DeepSpeed ZeRO (over one GPU or several)",
     "fsdp": "runs sharded by FSDP (FSDP1 or FSDP2) over several GPUs",
+    # Video clips hold activations of tens of thousands of tokens a sample: what an image run's
+    # errors say does not carry over to them until their own published runs do.
+    "video": "video diffusion models (any method) on one GPU",
     "other": "models no published run is of (a custom entry, the test models)",
 }
 # Families of models people publish no runs of: their class is `other`, which no run backs.
@@ -74,6 +78,8 @@ def run_class(family: str, knobs: Mapping[str, Any]) -> str:
     mode = str(value["train_mode"])
     if family in UNPUBLISHED_FAMILIES:
         return "other"
+    if FAMILIES[family].video:
+        return "video"
     if not is_causal_lm(family):
         return "diffusion_full" if mode in ("full", "freeze") else "diffusion_adapter"
     if mode in ("qlora", "qdora"):

@@ -36,10 +36,11 @@ from autofit.families.sd3 import SD3
 from autofit.families.sd3_controlnet import SD3_CONTROLNET
 from autofit.families.sdxl import SDXL
 from autofit.families.sdxl_controlnet import SDXL_CONTROLNET
+from autofit.families.wan import WAN
 
 REGISTRY: dict[str, Family] = {
     family.name: family
-    for family in (SANA, SD3, SD3_CONTROLNET, FLUX, SDXL, SDXL_CONTROLNET, LLM, CUSTOM, MLP)
+    for family in (SANA, SD3, SD3_CONTROLNET, FLUX, SDXL, SDXL_CONTROLNET, WAN, LLM, CUSTOM, MLP)
 }
 
 T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript)

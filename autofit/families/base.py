@@ -13,6 +13,8 @@ declares:
   which a probe's process keeps (None: not known in advance, a user's own code);
 - its loader: the library a trainer loads its weights with (`host.py`'s loader working set);
 - its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
+- whether its samples are video clips (`video`: the `frames` knob sets their length, the preset's
+  `inputs` the native length and the VAE's temporal compression);
 - whether it is a transformers causal language model (`causal_lm`: the loss and k-bit knobs and
   the margins' classes ask);
 - how checkpointing every N blocks groups its blocks (`checkpoint_groups`, the semantics of the
@@ -200,6 +202,9 @@ class Family:
     # The children of each block whose saved tensors SimpleTuner's attention activation offload
     # copies to the host (offload_activations=attention); (): it offers none for the family.
     attention_modules: tuple[str, ...] = ()
+    # Its samples are video clips of `frames` frames (the frames knob), each `resolution` pixels
+    # in size, which its VAE compresses `inputs.temporal_downsample` to one after the first.
+    video: bool = False
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

@@ -30,6 +30,7 @@ from autofit.knobs.checkpointing import Checkpointing
 from autofit.knobs.compile import Compile
 from autofit.knobs.ema import Ema
 from autofit.knobs.encoders import Encoders
+from autofit.knobs.frames import Frames
 from autofit.knobs.fsdp import Fsdp
 from autofit.knobs.fsdp_offload import FsdpOffload
 from autofit.knobs.fsdp_version import FsdpVersion
@@ -73,6 +74,7 @@ REGISTRY: dict[str, Knob] = by_name(
     (
         BatchSize(),
         Resolution(),
+        Frames(),
         Precision(),
         TrainMode(),
         KbitPrep(),

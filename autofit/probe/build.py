@@ -8,9 +8,11 @@ from typing import Any
 from autofit.backends import BACKENDS, resolve
 from autofit.calibration.margins import ChosenMargin, chosen_margin, run_class
 from autofit.errors import ConfigError, shown
+from autofit.families import REGISTRY as FAMILIES
 from autofit.families import check_family
 from autofit.gpus import GpuSpec
 from autofit.knobs import parse_all
+from autofit.knobs.frames import native_frames
 from autofit.models import ModelPreset
 from autofit.records.probe import DEFAULT_MARGIN, ProbeSpec
 from autofit.settings import Rule, choice, is_number, number
@@ -66,7 +68,8 @@ def make_spec(
     host_memory_bytes: int | None = None,
 ) -> ProbeSpec:
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
-    native one when unset and checked against the model's granularity). `host_memory_bytes`:
+    native one when unset and checked against the model's granularity, a video model's clip
+    length likewise). `host_memory_bytes`:
     the host budget, resolved (see `host_budget`); None: no host limit."""
     check_settings(backend, margin, timeout_s)
     if host_memory_bytes is not None and (
@@ -86,6 +89,8 @@ def make_spec(
     if knobs["resolution"] is None:
         knobs["resolution"] = preset.resolution
     preset.check_resolution(knobs["resolution"])
+    if knobs["frames"] is None and FAMILIES[preset.family].video:
+        knobs["frames"] = native_frames(preset)  # a probe's record says the clip it trained
     return ProbeSpec(
         model=preset.to_dict(),
         gpu=gpu.to_dict(),

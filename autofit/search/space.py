@@ -16,6 +16,7 @@ from typing import Any
 
 from autofit.errors import ConfigError, shown
 from autofit.knobs import Knob, registry
+from autofit.knobs.frames import native_frames
 from autofit.models import ModelPreset
 from autofit.paths import named_yaml, search_spaces_dir
 from autofit.search.pareto import BestRule
@@ -199,6 +200,10 @@ def _family_knobs(
         overrides = _knobs(section or {}, path, prefix=f"families.{family}")
         if family == preset.family:  # a family's values replace the common ones
             knobs = {**knobs, **overrides}
+    if FAMILIES[preset.family].video and "frames" not in knobs:
+        # A video model's clips are as long as its native ones unless the space says: the answer
+        # (best.yaml, its re-measure command) names the length it measured.
+        knobs = {**knobs, "frames": (native_frames(preset),)}
     return knobs
 
 

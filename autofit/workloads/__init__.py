@@ -14,10 +14,11 @@ if TYPE_CHECKING:
     from autofit.workloads.base import Workload
 
 
-def workload_for(preset: ModelPreset) -> Workload:
+def workload_for(preset: ModelPreset, frames: int | None = None) -> Workload:
+    """The workload of `preset`'s family; `frames`: a video model's clip length (None: native)."""
     declared = family(preset.family, f"model {preset.name}: ")
     workload_class: type[Workload] = importlib.import_module(declared.workload).WORKLOAD
-    return workload_class(preset)
+    return workload_class(preset, frames)
 
 
 __all__ = ["FAMILIES", "workload_for"]

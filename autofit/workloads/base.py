@@ -38,8 +38,11 @@ class Workload:
     # The companions that encode the prompt (a validation pipeline loads them to encode its own).
     text_encoders: tuple[str, ...] = ()
 
-    def __init__(self, preset: ModelPreset) -> None:
+    def __init__(self, preset: ModelPreset, frames: int | None = None) -> None:
+        # `frames`: a video family's clip length (the frames knob; None: the preset's native
+        # one); an image or language family has none.
         self.preset = preset
+        self.frames = frames
 
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
         """The model, with random weights; a part that stays frozen is built in `frozen_dtype`

@@ -14,7 +14,7 @@ import torch
 
 # Imported here, not inside the builders: a library imported for the first time under fake
 # tensors would make its module-level constant tensors fake.
-from diffusers import AutoencoderDC, AutoencoderKL
+from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLWan
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
@@ -23,6 +23,8 @@ from transformers import (
     Gemma2Model,
     T5Config,
     T5EncoderModel,
+    UMT5Config,
+    UMT5EncoderModel,
 )
 
 from autofit.run_state import default_dtype
@@ -54,6 +56,14 @@ def _autoencoder_kl(architecture: dict[str, Any]) -> torch.nn.Module:
     return AutoencoderKL(**architecture)
 
 
+def _umt5_encoder(architecture: dict[str, Any]) -> torch.nn.Module:
+    return UMT5EncoderModel(UMT5Config(**architecture))
+
+
+def _autoencoder_kl_wan(architecture: dict[str, Any]) -> torch.nn.Module:
+    return AutoencoderKLWan(**architecture)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "gemma2": _gemma2,
     "dc_ae": _dc_ae,
@@ -61,6 +71,8 @@ KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "clip_text_projection": _clip_text_projection,
     "t5_encoder": _t5_encoder,
     "autoencoder_kl": _autoencoder_kl,
+    "umt5_encoder": _umt5_encoder,
+    "autoencoder_kl_wan": _autoencoder_kl_wan,
 }
 
 

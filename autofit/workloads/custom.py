@@ -111,8 +111,8 @@ def check_entry(entry: Any) -> tuple[str, str]:
 
 
 class CustomWorkload(Workload):
-    def __init__(self, preset: Any) -> None:
-        super().__init__(preset)
+    def __init__(self, preset: Any, frames: int | None = None) -> None:
+        super().__init__(preset, frames)
         # Imported now, before any fake-tensor mode: its constants must stay real.
         self.entry = load_entry(preset.entry)
         self.custom: CustomModel | None = None

@@ -93,7 +93,7 @@ class LatentDiffusion(Workload):
     def encode(
         self, raw: Batch, companions: dict[str, torch.nn.Module], dtype: torch.dtype
     ) -> Batch:
-        latents = vae_encode(companions["vae"], raw["images"])
+        latents = self.encode_latents(companions["vae"], raw["images"])
         conditions = self.encode_text(raw["tokens"], companions)
         return {
             "latents": latents.to(dtype),
@@ -136,7 +136,14 @@ class LatentDiffusion(Workload):
         if g == 2:
             uncond, cond = prediction.chunk(2)
             prediction = uncond + 4.5 * (cond - uncond)
-        vae_decode(pipeline.components["vae"], latents - 0.02 * prediction)
+        self.decode_latents(pipeline.components["vae"], latents - 0.02 * prediction)
+
+    def encode_latents(self, vae: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Images to the latents the denoiser trains on, as the family's VAE scales them."""
+        return vae_encode(vae, images)
+
+    def decode_latents(self, vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+        return vae_decode(vae, latents)
 
 
 def _vae_dtype(vae: torch.nn.Module) -> torch.dtype:

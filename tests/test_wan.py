@@ -1,0 +1,107 @@
+"""Wan, the first video family: clips of `frames` frames through the Wan VAE's causal 3-D
+compression, trained on fake tensors as on real ones.
+
+The shipped presets are checked against the published shapes (81 frames at 480x832 are 21 latent
+frames of 60x104, 32,760 tokens after the 1x2x2 patches: the musubi-tuner and Wan configs'
+arithmetic); a Wan model of the presets' code paths at a CPU's size holds the same allocations on
+the `simulate` backend as on the `cpu` one, with cached and with online encoders (umT5 and the
+Wan VAE encoding the clip) and with a validation clip decoded.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+from helpers import assert_refused, assert_same_allocations, spec, with_blocks
+
+from autofit.backends import cpu, simulate
+from autofit.knobs.frames import latent_frames
+from autofit.models import load_preset
+from autofit.records.probe import ProbeSpec
+from autofit.workloads import workload_for
+
+# Wan's block (self- and cross-attention with query-key norms, the gated feed-forward, the
+# timestep modulation) at a width a CPU steps in a second; umT5 and the Wan VAE likewise.
+TINY_WAN = {
+    "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 64, "num_layers": 2,
+    "text_dim": 32, "freq_dim": 32,
+}  # fmt: skip
+TINY_UMT5 = {
+    "vocab_size": 500, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+}  # fmt: skip
+TINY_VAE = {"base_dim": 8}
+
+
+def tiny_wan(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
+    """wan2_1_t2v_1_3b's probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a
+    Wan of TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 and its VAE TINY_VAE."""
+    probe = spec(
+        "wan2_1_t2v_1_3b",
+        backend=backend,
+        **{"batch_size": 2, "resolution": 64, "frames": 5, **knobs},
+    )
+    model = copy.deepcopy(probe.model)
+    model["architecture"].update(TINY_WAN)
+    model["inputs"].update(text_tokens=16, text_dim=TINY_WAN["text_dim"])
+    model["companions"]["text_encoder"]["architecture"].update(TINY_UMT5)
+    model["companions"]["vae"]["architecture"].update(TINY_VAE)
+    return dataclasses.replace(probe, model=model)
+
+
+def test_a_native_clip_is_21_latent_frames_of_32760_tokens() -> None:
+    preset = load_preset("wan2_1_t2v_1_3b")
+    workload = workload_for(preset)
+    assert workload.frames == 81
+    assert workload.latent_shape(1, 832) == (1, 16, 21, 60, 104)
+    assert latent_frames(81, preset) * (60 // 2) * (104 // 2) == 32_760
+    assert workload_for(preset, 17).latent_shape(2, 832) == (2, 16, 5, 60, 104)
+    # The 14B's native 720x1280: 75,600 tokens.
+    big = workload_for(load_preset("wan2_1_t2v_14b"))
+    _, _, f, h, w = big.latent_shape(1, 1280)
+    assert f * (h // 2) * (w // 2) == 75_600
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(train_mode="lora", checkpointing=False),
+        dict(train_mode="lora", checkpointing=True, frames=1),
+        dict(train_mode="full", checkpointing=True, precision="bf16_pure"),
+        dict(train_mode="lora", encoders="online", validation="on"),
+    ],
+    ids=["lora", "lora-ckpt-one-frame", "full-ckpt", "online-validation"],
+)
+def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
+    probe = tiny_wan(**knobs)
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
+    assert_same_allocations(fake, real)
+
+
+def test_a_longer_clip_holds_more_and_checkpointing_holds_less() -> None:
+    """On the 1.3B's own widths (two of its blocks): activations grow with the latent frames."""
+
+    def peak(**knobs: Any) -> int:
+        probe = with_blocks(spec("wan2_1_t2v_1_3b", train_mode="lora", resolution=480, **knobs), 2)
+        _, log = simulate.trace(probe)
+        return log.peak_report().peak_allocated_bytes
+
+    short, long = peak(frames=17), peak(frames=49)
+    assert long > short
+    assert peak(frames=49, checkpointing=True) < long
+
+
+def test_a_clip_length_the_vae_cannot_take_is_refused_naming_the_nearest() -> None:
+    assert_refused(
+        {"frames": 80},
+        "wan2_1_t2v_1_3b",
+        "frames=80 is not valid for wan2_1_t2v_1_3b: its VAE encodes the first frame and then 4 "
+        "at a time, so a clip is 1 + 4k frames (try 77 or 81)",
+    )
+
+
+def test_frames_are_for_video_models_only() -> None:
+    assert_refused({"frames": 17}, "sdxl", "frames=17 is for video models (wan); sdxl trains on images")
