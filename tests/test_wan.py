@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_refused, assert_same_allocations, spec, with_blocks
+from helpers import assert_refused, assert_same_allocations, in_process, spec, with_blocks
 
 from autofit.backends import cpu, simulate
 from autofit.knobs.frames import latent_frames
@@ -104,4 +105,29 @@ def test_a_clip_length_the_vae_cannot_take_is_refused_naming_the_nearest() -> No
 
 
 def test_frames_are_for_video_models_only() -> None:
-    assert_refused({"frames": 17}, "sdxl", "frames=17 is for video models (wan); sdxl trains on images")
+    assert_refused(
+        {"frames": 17}, "sdxl", "frames=17 is for video models (wan); sdxl trains on images"
+    )
+
+
+@pytest.mark.parametrize(
+    "model,frames,line",
+    [
+        (
+            "wan2_1_t2v_1_3b",
+            "80",
+            "target.frames=80 is not valid for wan2_1_t2v_1_3b: its VAE "
+            "encodes the first frame and then 4 at a time, so a clip is 1 + 4k frames (try 77 or 81)",
+        ),
+        ("sdxl", "33", "target.frames=33 is for video models (wan); sdxl trains on images"),
+    ],
+)
+def test_a_search_for_a_clip_length_it_cannot_train_says_so_in_one_line(
+    model: str, frames: str, line: str, tmp_path: Path
+) -> None:
+    done = in_process(
+        "search", f"model={model}", "gpu=rtx4090", f"target.frames={frames}", cwd=tmp_path
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"autofit: error: {line}\n"
+    assert not (tmp_path / "results").exists()  # refused before anything is written

@@ -19,6 +19,7 @@ from autofit.export import target, trainer_stack, trainer_values, unlaunchable
 from autofit.host import HOST_MEMORY_GIB, budget_words
 from autofit.host import host_budget as host_budget_of
 from autofit.knobs import registry
+from autofit.knobs.frames import clip_refusal
 from autofit.paths import ensure_writable
 from autofit.probe.build import (
     BACKEND,
@@ -53,6 +54,7 @@ class TargetSettings:
     """`target.`: where the best run is chosen (conf/search.yaml says what each means)."""
 
     resolution: int | None = setting(None, integer(1).or_null())
+    frames: int | None = setting(None, integer(1).or_null())
     min_batch: int | None = setting(None, integer(1).or_null())
     speed_tolerance: float | None = setting(None, SHARE.or_null())
     memory_gain: float | None = setting(None, SHARE.or_null())
@@ -230,8 +232,9 @@ def _for_trainer(
 
 
 def _with_target(target: TargetSettings, preset: Any, space: SearchSpace) -> SearchSpace:
-    """The space with the `target.` settings in place (the resolution the best is chosen at, the
-    least batch it may have, the best rule's tolerances), checked against the model and space."""
+    """The space with the `target.` settings in place (the resolution the best is chosen at, a
+    video model's clip length, the least batch it may have, the best rule's tolerances), checked
+    against the model and space."""
     if target.resolution is not None:
         preset.check_resolution(target.resolution)
         if target.resolution not in space.resolutions:
@@ -240,6 +243,11 @@ def _with_target(target: TargetSettings, preset: Any, space: SearchSpace) -> Sea
                 f"its resolutions: {', '.join(map(str, space.resolutions))}"
             )
         space = dataclasses.replace(space, target_resolution=target.resolution)
+    if target.frames is not None:
+        space = dataclasses.replace(space, knobs={**space.knobs, "frames": (target.frames,)})
+        reason = clip_refusal(target.frames, preset)
+        if reason is not None:
+            raise ConfigError(f"target.{reason}")
     if target.min_batch is not None:
         space = dataclasses.replace(space, target_min_batch=target.min_batch)
     rule = space.best_rule.replaced(dataclasses.asdict(target), "target.")

@@ -33,6 +33,25 @@ def latent_frames(frames: int, preset: ModelPreset) -> int:
     return 1 + (frames - 1) // int(preset.inputs["temporal_downsample"])
 
 
+def clip_refusal(value: int, preset: ModelPreset) -> str | None:
+    """Why clips of `value` frames cannot be trained on `preset`, in one line, or None."""
+    if not REGISTRY[preset.family].video:
+        video = [name for name, family in REGISTRY.items() if family.video]
+        return (
+            f"frames={value} is for video models ({', '.join(video)}); "
+            f"{preset.name} trains on {'sequences' if preset.unit == 'tokens' else 'images'}"
+        )
+    step = int(preset.inputs["temporal_downsample"])
+    if (value - 1) % step:
+        below = 1 + (value - 1) // step * step
+        return (
+            f"frames={value} is not valid for {preset.name}: its VAE encodes the first frame "
+            f"and then {step} at a time, so a clip is 1 + {step}k frames (try {below} or "
+            f"{below + step})"
+        )
+    return None
+
+
 class Frames(Knob):
     name = "frames"
     depends_on = ()
@@ -47,24 +66,7 @@ class Frames(Knob):
     reach = "pass"  # the batch's size, as resolution is
 
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
-        if value is None:
-            return None
-        preset = context.model
-        if not REGISTRY[preset.family].video:
-            video = [name for name, family in REGISTRY.items() if family.video]
-            return (
-                f"frames={value} is for video models ({', '.join(video)}); "
-                f"{preset.name} trains on {'sequences' if preset.unit == 'tokens' else 'images'}"
-            )
-        step = int(preset.inputs["temporal_downsample"])
-        if (value - 1) % step:
-            below = 1 + (value - 1) // step * step
-            return (
-                f"frames={value} is not valid for {preset.name}: its VAE encodes the first frame "
-                f"and then {step} at a time, so a clip is 1 + {step}k frames (try {below} or "
-                f"{below + step})"
-            )
-        return None
+        return None if value is None else clip_refusal(value, context.model)
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return REGISTRY[preset.family].video
