@@ -21,7 +21,8 @@ from helpers import assert_refused, assert_same_allocations, in_process, spec, w
 from autofit.backends import cpu, simulate
 from autofit.knobs.frames import latent_frames
 from autofit.models import load_preset
-from autofit.records.probe import ProbeSpec
+from autofit.records.probe import Outcome, ProbeResult, ProbeSpec
+from autofit.search.pareto import fastest_and_best, pareto_front, run_size
 from autofit.workloads import workload_for
 
 # Wan's block (self- and cross-attention with query-key norms, the gated feed-forward, the
@@ -131,3 +132,24 @@ def test_a_search_for_a_clip_length_it_cannot_train_says_so_in_one_line(
     assert done.returncode == 2
     assert done.stderr == f"autofit: error: {line}\n"
     assert not (tmp_path / "results").exists()  # refused before anything is written
+
+
+def _clip_run(frames: int, batch: int, samples_per_s: float, peak: int) -> ProbeResult:
+    return ProbeResult(
+        outcome=Outcome.OK, backend="simulate", gpu="rtx4090", model="wan2_1_t2v_1_3b",
+        config={"batch_size": batch, "resolution": 832, "frames": frames}, budget_bytes=100,
+        peak_bytes=peak, samples_per_s=samples_per_s,
+    )  # fmt: skip
+
+
+def test_the_answer_is_at_the_longest_clip_that_fits_and_the_pareto_front_counts_frames() -> None:
+    long, short, shorter_faster = (
+        _clip_run(81, 1, 0.06, 90), _clip_run(33, 2, 0.2, 80), _clip_run(33, 1, 0.21, 50),
+    )  # fmt: skip
+    fastest, best = fastest_and_best([short, long, shorter_faster], 832, 1)
+    assert fastest is long and best is long  # slower per sample, but the longer clip
+    fastest, _ = fastest_and_best([short, shorter_faster], 832, 1)
+    assert fastest is shorter_faster  # where 81 frames fit nothing, the 33-frame runs answer
+    # A clip of 81 frames at batch 1 is a larger run than 33 frames at batch 2.
+    assert run_size(long) > run_size(short)
+    assert pareto_front([long, short, shorter_faster])[832] == [shorter_faster, short, long]

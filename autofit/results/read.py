@@ -90,14 +90,19 @@ class Study:
         return chosen
 
     def fastest_per_resolution(self) -> dict[int, dict[str, Any]]:
-        """The fastest fitting run at each resolution (ties to less memory). The fastest run at a
-        resolution is never dominated, so the Pareto front holds it."""
+        """The fastest fitting run at each resolution (ties to less memory); of a video model, at
+        the longest clip that fits there, as the search's answer is. The fastest run at a
+        resolution (and clip) is never dominated, so the Pareto front holds it."""
+
+        def rank(run: dict[str, Any]) -> tuple[int, float, int]:
+            clip = int(run["config"].get("frames") or 1)
+            return clip, run["samples_per_s"] or 0.0, -(run["peak_bytes"] or 0)
+
         best: dict[int, dict[str, Any]] = {}
         for run in self.pareto:
             resolution = int(run["config"]["resolution"])
-            rank = (run["samples_per_s"] or 0.0, -(run["peak_bytes"] or 0))
             held = best.get(resolution)
-            if held is None or rank > (held["samples_per_s"] or 0.0, -(held["peak_bytes"] or 0)):
+            if held is None or rank(run) > rank(held):
                 best[resolution] = run
         return dict(sorted(best.items()))
 

@@ -362,8 +362,10 @@ class Search:
         if space.best_rule.prefers_lighter:
             # The runs the best rule weighs that the search has not seen: every batch as fast
             # as the floor the fastest run sets, of each combination that may hold one.
-            floor = space.best_rule.floor(self._fastest())
-            to_weigh = unweighed(runnable, floor, space, self._windows, self._reaches)
+            fastest = self._fastest()
+            floor = space.best_rule.floor(fastest)
+            clip = fastest.config.get("frames") if fastest else None
+            to_weigh = unweighed(runnable, floor, space, self._windows, self._reaches, clip)
             weigh = self._announced(lambda g: self._weigh(g[0], floor), "weighing ")
             run_groups(GroupQueue([[c] for c in to_weigh]), weigh, self.jobs)
         results = list(self._results)

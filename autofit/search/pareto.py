@@ -11,8 +11,23 @@ from autofit.settings import SHARE
 
 
 def run_size(result: ProbeResult) -> int:
-    """Pixels per optimizer step: batch x resolution squared."""
-    return int(result.config["batch_size"]) * int(result.config["resolution"]) ** 2
+    """Pixels per optimizer step: batch x resolution squared (x frames, for a video model's
+    clips)."""
+    frames = clip_frames(result)
+    return int(result.config["batch_size"]) * int(result.config["resolution"]) ** 2 * frames
+
+
+def clip_frames(result: ProbeResult) -> int:
+    """The frames of a video run's clips; 1 for an image or a sequence."""
+    return int(result.config.get("frames") or 1)
+
+
+def at_longest_clip(results: list[ProbeResult]) -> list[ProbeResult]:
+    """Of fitting runs, those at the longest clip among them: a video run's clip length is its
+    size as its resolution is, so the answer is at the longest clip that fits (every run of an
+    image or language model is at one clip)."""
+    longest = max(map(clip_frames, results), default=1)
+    return [r for r in results if clip_frames(r) == longest]
 
 
 def _rank(result: ProbeResult) -> tuple[float, int]:
@@ -81,14 +96,17 @@ def fastest_and_best(
     results: list[ProbeResult], resolution: int, min_batch: int, rule: BestRule = BestRule()
 ) -> tuple[ProbeResult | None, ProbeResult | None]:
     """The fastest fitting run at `resolution` with at least `min_batch` (ties to less memory),
-    and the best by `rule`: the same run, or one nearly as fast with clearly more headroom."""
-    candidates = [
-        r
-        for r in results
-        if r.outcome is Outcome.OK
-        and int(r.config["resolution"]) == resolution
-        and int(r.config["batch_size"]) >= min_batch
-    ]
+    and the best by `rule`: the same run, or one nearly as fast with clearly more headroom; of a
+    video model, at the longest clip that fits (`at_longest_clip`)."""
+    candidates = at_longest_clip(
+        [
+            r
+            for r in results
+            if r.outcome is Outcome.OK
+            and int(r.config["resolution"]) == resolution
+            and int(r.config["batch_size"]) >= min_batch
+        ]
+    )
     if not candidates:
         return None, None
     fastest = min(candidates, key=_rank)

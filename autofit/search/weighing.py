@@ -33,6 +33,7 @@ def unweighed(
     space: SearchSpace,
     windows: dict[tuple[Any, ...], float],
     reaches: Callable[[dict[str, Any], float], bool],
+    clip: int | None = None,
 ) -> list[Combination]:
     """The combinations at the target resolution that may hold a run the best rule weighs
     (as fast as `floor`) that the search has not looked at: those probed batch by batch,
@@ -41,10 +42,13 @@ def unweighed(
     scan another search stored, whose fastest run was faster), where their own fastest run
     reaches the floor (`reaches`); and those pruned because a parent already fits the largest
     batch, where that parent reaches it (a memory-saving setting costs speed at every batch, so
-    it cannot run faster than its parent)."""
+    it cannot run faster than its parent). Of a video model, only those at `clip`, the clip
+    length of the fastest run the floor comes from: the best is at that length."""
     found = []
     for combination in runnable:
         if combination.resolution != space.target_resolution:
+            continue
+        if clip is not None and combination.knobs.get("frames") not in (None, clip):
             continue
         key = (frozen(combination.knobs), combination.resolution)
         if windows.get(key, float("inf")) <= floor:
