@@ -6,9 +6,12 @@ A causal language model of any architecture the installed transformers has becom
 the `llm` family, its random weights built by transformers from the config as it stands (its
 `model_type` picks the classes). What a preset file states besides the architecture is read off
 the model built on the meta device: the block list (the module list holding most parameters)
-and the linear layers LoRA adapts (every one in the blocks, as PEFT's `all-linear`). A
-diffusers config (`_class_name`) is refused in one line: a diffusion model needs a family that
-knows its inputs, which autofit's presets are.
+and the linear layers LoRA adapts (every one in the blocks, as PEFT's `all-linear`).
+
+A diffusers config (`_class_name`: its folder's, or a pipeline folder's `transformer/`) builds a
+model of the family that declares that class (`denoiser_class`), whose inputs (latents, text,
+clips), companions, buckets and LoRA targets are its `config_template` preset's: a Wan 14B config
+takes the 1.3B preset's. A class no family declares is refused in one line naming those there are.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.families import REGISTRY
+from autofit.models import SIZE_PREFIXES, SIZE_SUFFIXES, load_preset
 
 HF_PREFIX = "hf:"
 CONFIG_NAME = "config.json"
+# Where a diffusers pipeline's folder keeps its trained model's config (a video or image
+# pipeline as `save_pretrained` and the Hub lay it out).
+DENOISER_CONFIG = ("transformer", CONFIG_NAME)
 # What save_pretrained writes beside the architecture: how the weights were stored and by whom.
 NOT_ARCHITECTURE = (
     "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
@@ -36,10 +43,12 @@ def is_model_file(value: Any) -> bool:
     """Whether `model=<value>` names a config of the user's rather than a shipped preset."""
     if not isinstance(value, str):
         return False
+    folder = Path(value).expanduser()
     return (
         value.startswith(HF_PREFIX)
         or value.endswith(".json")
-        or (Path(value).expanduser() / CONFIG_NAME).is_file()
+        or (folder / CONFIG_NAME).is_file()
+        or folder.joinpath(*DENOISER_CONFIG).is_file()
     )
 
 
@@ -60,8 +69,9 @@ def _cached(repo: str) -> Path:
         (folder / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for snapshot in snapshots:
-        if (snapshot / CONFIG_NAME).is_file():
-            return snapshot / CONFIG_NAME
+        for config in (snapshot / CONFIG_NAME, snapshot.joinpath(*DENOISER_CONFIG)):
+            if config.is_file():
+                return config
     raise ConfigError(
         f"model=hf:{repo}: its {CONFIG_NAME} is not in the local Hugging Face cache (looked in "
         f"{folder}); autofit downloads nothing: fetch it with `hf download {repo} "
@@ -78,7 +88,9 @@ def config_path(value: str) -> Path:
         return _cached(repo)
     path = Path(value).expanduser()
     if path.is_dir():
-        path = path / CONFIG_NAME
+        folder, path = path, path / CONFIG_NAME
+        if not path.is_file() and folder.joinpath(*DENOISER_CONFIG).is_file():
+            path = folder.joinpath(*DENOISER_CONFIG)  # a diffusers pipeline's folder
     if not path.is_file():
         raise ConfigError(
             f"model={value}: no such file (a model's {CONFIG_NAME}, or the folder holding one, "
@@ -98,6 +110,10 @@ def read_config(value: str, path: Path) -> dict[str, Any]:
     return config
 
 
+def _is_size(key: str) -> bool:
+    return key.startswith(SIZE_PREFIXES) or key.endswith(SIZE_SUFFIXES)
+
+
 def _name(value: str) -> str:
     """A preset name for the config: the repository's or folder's name, as a preset is named."""
     if value.startswith(HF_PREFIX):
@@ -108,6 +124,41 @@ def _name(value: str) -> str:
             path.name if path.is_dir() else path.parent.name if path.stem == "config" else path.stem
         )
     return re.sub(r"[^a-z0-9_]+", "_", stem.lower()).strip("_") or "model"
+
+
+def _diffusers_entry(value: str, path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """A diffusers denoiser's config as a preset of the family that declares its class."""
+    name = config["_class_name"]
+    families = {f.denoiser_class: f for f in REGISTRY.values() if f.denoiser_class}
+    if name not in families:
+        known = ", ".join(f"{c} ({f.name})" for c, f in families.items())
+        raise ConfigError(
+            f"model={value}: a diffusers {name} config, which no family of autofit's builds; "
+            f"the classes it builds from a config: {known}; or a causal language model's config"
+        )
+    family = families[name]
+    template = load_preset(str(family.config_template))
+    architecture = {
+        key: v
+        for key, v in config.items()
+        # diffusers' own bookkeeping; and a size set to none, which the class's default is too
+        if not key.startswith("_") and not (v is None and _is_size(key))
+    }
+    entry = template.to_dict()
+    label = _name(value)
+    entry.update(
+        name=label,
+        display=f"{label} ({name}, from {value})",
+        architecture=architecture,
+        published_params_b=None,
+        weights=value[len(HF_PREFIX) :] if value.startswith(HF_PREFIX) else None,
+        notes=f"built from {path}; inputs, companions and buckets as {template.name}'s",
+    )
+    if len(template.blocks) == 1 and "num_layers" in architecture:
+        # as many blocks kept on the GPU as the template keeps, whatever the depth
+        kept = int(template.architecture["num_layers"]) - template.max_swap_blocks
+        entry["max_swap_blocks"] = max(int(architecture["num_layers"]) - kept, 0)
+    return entry
 
 
 def _read_off(kind: str, architecture: dict[str, Any]) -> tuple[str, list[str], int, int]:
@@ -144,12 +195,7 @@ def preset_entry(value: str) -> dict[str, Any]:
     path = config_path(value)
     config = read_config(value, path)
     if "_class_name" in config:
-        raise ConfigError(
-            f"model={value}: a diffusers {config['_class_name']} config; autofit builds diffusion "
-            f"models from its presets (`autofit models` lists them; families: "
-            f"{', '.join(sorted(f for f in REGISTRY if f != 'llm'))}); a config file can name a "
-            "causal language model"
-        )
+        return _diffusers_entry(value, path, config)
     kind = config.get("model_type")
     if not isinstance(kind, str):
         raise ConfigError(f"model={value}: its config names no model_type")

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import autofit, in_process
+from helpers import assert_same_allocations, autofit, in_process
 
 from autofit.backends import cpu, simulate
 from autofit.errors import ConfigError
 from autofit.gpus import load_gpu
 from autofit.model_files import preset_entry
-from autofit.models import ModelPreset
+from autofit.models import ModelPreset, load_preset
 from autofit.probe.build import make_spec
 
 SMALL = {
@@ -156,6 +156,39 @@ def test_a_search_from_a_config_file_prints_commands_naming_the_file(tmp_path: P
     assert "model=cfg" in summary["rerun"] and "file-" not in summary["rerun"]
 
 
+# A Wan transformer as a diffusers pipeline folder holds it (transformer/config.json), at a width
+# a CPU steps in a second; its text width is the template's (umT5-XXL's 4096).
+WAN_CONFIG = {
+    "_class_name": "WanTransformer3DModel", "_diffusers_version": "0.33.0", "patch_size": [1, 2, 2],
+    "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 16, "out_channels": 16,
+    "text_dim": 4096, "freq_dim": 32, "ffn_dim": 64, "num_layers": 3, "cross_attn_norm": True,
+    "qk_norm": "rms_norm_across_heads", "eps": 1e-06, "image_dim": None, "added_kv_proj_dim": None,
+    "rope_max_seq_len": 1024,
+}  # fmt: skip
+
+
+def test_a_diffusers_config_builds_a_model_of_the_family_that_declares_its_class(
+    tmp_path: Path,
+) -> None:
+    pipeline = tmp_path / "Wan-Tiny-Diffusers"
+    (pipeline / "transformer").mkdir(parents=True)
+    (pipeline / "model_index.json").write_text("{}")
+    (pipeline / "transformer" / "config.json").write_text(json.dumps(WAN_CONFIG))
+    entry = preset_entry(str(pipeline))
+    preset = ModelPreset.from_dict(entry)
+    assert (preset.family, preset.name, preset.architecture["num_layers"]) == (
+        "wan", "wan_tiny_diffusers", 3,
+    )  # fmt: skip
+    assert "_class_name" not in preset.architecture and "image_dim" not in preset.architecture
+    assert preset.inputs == load_preset("wan2_1_t2v_1_3b").inputs  # its family's template's
+    assert preset.max_swap_blocks == 2  # the template keeps one block on the GPU; so does it
+    knobs = {"batch_size": 1, "resolution": 64, "frames": 5, "train_mode": "lora"}
+    probe = make_spec(preset, load_gpu("rtx4090"), knobs, backend="simulate")
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(make_spec(preset, load_gpu("rtx4090"), knobs, backend="cpu"))
+    assert_same_allocations(fake, real)
+
+
 def _refusal(tmp_path: Path, *args: str) -> str:
     done = in_process("probe", *args, "gpu=a40", cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
@@ -177,7 +210,8 @@ def test_each_mistake_is_one_line_naming_it(
     unet.mkdir()
     (unet / "config.json").write_text('{"_class_name": "UNet2DConditionModel"}')
     line = _refusal(tmp_path, "model=unet")
-    assert "a diffusers UNet2DConditionModel config" in line and "sdxl" in line
+    assert "a diffusers UNet2DConditionModel config, which no family of autofit's builds" in line
+    assert "WanTransformer3DModel (wan)" in line
     odd = _folder(tmp_path, "odd", {"model_type": "not_a_model"})
     assert "'not_a_model' is not a causal language model" in _refusal(tmp_path, f"model={odd}")
     broken = tmp_path / "broken.json"

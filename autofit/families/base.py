@@ -13,6 +13,9 @@ declares:
   which a probe's process keeps (None: not known in advance, a user's own code);
 - its loader: the library a trainer loads its weights with (`host.py`'s loader working set);
 - its buckets: what a preset's `resolution` counts, image `pixels` or sequence `tokens`;
+- the diffusers class of its trained model (`denoiser_class`), whose config.json a user may give
+  as `model=` (its `_class_name`), and the shipped preset whose inputs, companions and buckets
+  such a config takes (`config_template`);
 - whether its samples are video clips (`video`: the `frames` knob sets their length, the preset's
   `inputs` the native length and the VAE's temporal compression);
 - whether it is a transformers causal language model (`causal_lm`: the loss and k-bit knobs and
@@ -205,6 +208,10 @@ class Family:
     # Its samples are video clips of `frames` frames (the frames knob), each `resolution` pixels
     # in size, which its VAE compresses `inputs.temporal_downsample` to one after the first.
     video: bool = False
+    # A config.json naming this class (`_class_name`) builds a model of this family, with the
+    # inputs, companions, buckets and LoRA targets of the `config_template` preset.
+    denoiser_class: str | None = None
+    config_template: str | None = None
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

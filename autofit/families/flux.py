@@ -49,6 +49,8 @@ FLUX = Family(
     },  # fmt: skip
     checkpoint_groups="segments",
     attention_modules=("attn",),
+    denoiser_class="FluxTransformer2DModel",
+    config_template="flux_dev",
     trainers={
         "diffusers": DiffusersScripts(
             {

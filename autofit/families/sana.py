@@ -22,6 +22,8 @@ SANA = Family(
     companions=("text_encoder", "vae"),
     lora_sets={"attention": DIFFUSION_ATTENTION},
     checkpoint_groups="blocks",
+    denoiser_class="SanaTransformer2DModel",
+    config_template="sana_1600m",
     trainers={
         "diffusers": DiffusersScripts(
             {"lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_sana.py", "dreambooth", True, ("cached", "online"))},

@@ -37,6 +37,8 @@ SD3 = Family(
     },  # fmt: skip
     checkpoint_groups="segments",
     attention_modules=("attn", "attn2"),
+    denoiser_class="SD3Transformer2DModel",
+    config_template="sd35_medium",
     trainers={
         "diffusers": DiffusersScripts(
             {

@@ -24,6 +24,8 @@ WAN = Family(
     lora_sets={"attention": DIFFUSION_ATTENTION, "all_linear": WAN_BLOCK_LINEAR},
     feed_forward=("ffn.net.0.proj", "ffn.net.2"),
     video=True,
+    denoiser_class="WanTransformer3DModel",
+    config_template="wan2_1_t2v_1_3b",
     trainers={
         "diffusers": Refuse("the diffusers examples have no Wan training script"),
         "kohya": Refuse("sd-scripts trains image models; kohya's video trainer is musubi-tuner"),

@@ -57,6 +57,8 @@ def test_every_family_declares_every_fact(declared: Family) -> None:
         m for modules in declared.lora_sets.values() for m in modules
     }
     assert declared.checkpoint_groups is None or declared.checkpoint_groups in CHECKPOINT_GROUPS
+    if declared.denoiser_class is not None:  # a config of that class takes the template's inputs
+        assert load_preset(str(declared.config_template)).family == declared.name
     if declared.checkpoint_groups == "segments":  # a segment runs the model's loop itself
         workload = importlib.import_module(declared.workload).WORKLOAD
         assert "next_block_inputs" in {n for c in workload.__mro__[:-2] for n in vars(c)}
