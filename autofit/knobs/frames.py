@@ -68,6 +68,15 @@ class Frames(Knob):
     def invalid_reason(self, value: Any, context: ProbeContext) -> str | None:
         return None if value is None else clip_refusal(value, context.model)
 
+    def saves_memory_over(self, value: Any, searched: tuple[Any, ...] = ()) -> Any:
+        # The answer is at the longest clip that fits (autofit/search/pareto.py): a shorter one
+        # matters only at the batches the next longer one searched cannot fit, as a memory-saving
+        # setting does, and is searched after it.
+        if value is None:
+            return None
+        longer = sorted(v for v in searched if v is not None and v > value)
+        return longer[0] if longer else None
+
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return REGISTRY[preset.family].video
 
