@@ -104,4 +104,8 @@ def test_a_clip_length_the_vae_cannot_take_is_refused_naming_the_nearest() -> No
 
 
 def test_frames_are_for_video_models_only() -> None:
-    assert_refused({"frames": 17}, "sdxl", "frames=17 is for video models (wan); sdxl trains on images")
+    assert_refused(
+        {"frames": 17},
+        "sdxl",
+        "frames=17 is for video models (wan, hunyuan_video); sdxl trains on images",
+    )
