@@ -107,7 +107,9 @@ def test_a_clip_length_the_vae_cannot_take_is_refused_naming_the_nearest() -> No
 
 def test_frames_are_for_video_models_only() -> None:
     assert_refused(
-        {"frames": 17}, "sdxl", "frames=17 is for video models (wan); sdxl trains on images"
+        {"frames": 17},
+        "sdxl",
+        "frames=17 is for video models (wan, hunyuan_video); sdxl trains on images",
     )
 
 
@@ -120,7 +122,11 @@ def test_frames_are_for_video_models_only() -> None:
             "target.frames=80 is not valid for wan2_1_t2v_1_3b: its VAE "
             "encodes the first frame and then 4 at a time, so a clip is 1 + 4k frames (try 77 or 81)",
         ),
-        ("sdxl", "33", "target.frames=33 is for video models (wan); sdxl trains on images"),
+        (
+            "sdxl",
+            "33",
+            "target.frames=33 is for video models (wan, hunyuan_video); sdxl trains on images",
+        ),
     ],
 )
 def test_a_search_for_a_clip_length_it_cannot_train_says_so_in_one_line(

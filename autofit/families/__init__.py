@@ -29,6 +29,7 @@ from autofit.families.base import (
 )
 from autofit.families.custom import CUSTOM
 from autofit.families.flux import FLUX
+from autofit.families.hunyuan_video import HUNYUAN_VIDEO
 from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
 from autofit.families.sana import SANA
@@ -40,7 +41,19 @@ from autofit.families.wan import WAN
 
 REGISTRY: dict[str, Family] = {
     family.name: family
-    for family in (SANA, SD3, SD3_CONTROLNET, FLUX, SDXL, SDXL_CONTROLNET, WAN, LLM, CUSTOM, MLP)
+    for family in (
+        SANA,
+        SD3,
+        SD3_CONTROLNET,
+        FLUX,
+        SDXL,
+        SDXL_CONTROLNET,
+        WAN,
+        HUNYUAN_VIDEO,
+        LLM,
+        CUSTOM,
+        MLP,
+    )
 }
 
 T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript)

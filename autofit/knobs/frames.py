@@ -1,10 +1,11 @@
 """frames: the length of each training clip of a video model, in frames.
 
-Unset, it is the model's native clip length (its preset's `inputs.frames`: 81 for Wan). A video
-VAE compresses the first frame alone and each following `temporal_downsample` frames into one
-latent frame, so a clip is 1, 1 + k, 1 + 2k, ... frames (k = 4 for Wan's: 1, 5, 9, ..., 81), as
-the video trainers' frame buckets are. Activations grow with the latent frames times the pixels,
-and attention with their square: the length is as much a run's size as its resolution.
+Unset, it is the model's native clip length (its preset's `inputs.frames`: 81 for Wan, 129 for
+HunyuanVideo). A video VAE compresses the first frame alone and each following
+`temporal_downsample` frames into one latent frame, so a clip is 1, 1 + k, 1 + 2k, ... frames
+(k = 4 for Wan's and HunyuanVideo's: 1, 5, 9, ..., 81), as the video trainers' frame buckets are.
+Activations grow with the latent frames times the pixels, and attention with their square: the
+length is as much a run's size as its resolution.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ class Frames(Knob):
     depends_on = ()
     default = None
     default_means = "the model's native clip length"
-    help = "frames per training clip of a video model (null: the model's native length, 81 for Wan)"
+    help = (
+        "frames per training clip of a video model (null: the model's native length, 81 for "
+        "Wan, 129 for HunyuanVideo)"
+    )
     kind = int
     minimum = 1
     # Unset, an image or language model has no clips, and the trainers that train none of the

@@ -14,13 +14,15 @@ import torch
 
 # Imported here, not inside the builders: a library imported for the first time under fake
 # tensors would make its module-level constant tensors fake.
-from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLWan
+from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLHunyuanVideo, AutoencoderKLWan
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
     Gemma2Config,
     Gemma2Model,
+    LlamaConfig,
+    LlamaModel,
     T5Config,
     T5EncoderModel,
     UMT5Config,
@@ -64,6 +66,15 @@ def _autoencoder_kl_wan(architecture: dict[str, Any]) -> torch.nn.Module:
     return AutoencoderKLWan(**architecture)
 
 
+def _llama_model(architecture: dict[str, Any]) -> torch.nn.Module:
+    # A decoder without its LM head, as HunyuanVideo runs LLaVA-Llama-3's language model.
+    return LlamaModel(LlamaConfig(**architecture))
+
+
+def _autoencoder_kl_hunyuan_video(architecture: dict[str, Any]) -> torch.nn.Module:
+    return AutoencoderKLHunyuanVideo(**architecture)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "gemma2": _gemma2,
     "dc_ae": _dc_ae,
@@ -73,6 +84,8 @@ KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "autoencoder_kl": _autoencoder_kl,
     "umt5_encoder": _umt5_encoder,
     "autoencoder_kl_wan": _autoencoder_kl_wan,
+    "llama_model": _llama_model,
+    "autoencoder_kl_hunyuan_video": _autoencoder_kl_hunyuan_video,
 }
 
 

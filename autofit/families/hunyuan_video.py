@@ -1,0 +1,57 @@
+"""HunyuanVideo (Tencent): a video DiT of dual- and single-stream blocks over its causal 3-D VAE's
+latents, conditioned on LLaVA-Llama-3's prompt embedding and CLIP-L's pooled one.
+
+The 13B text-to-video model: 20 dual-stream blocks (the clip's and the prompt's tokens each with
+their own projections, attending jointly) and then 40 single-stream blocks over both together, as
+Flux's, with a small token refiner over the prompt before them.
+"""
+
+from __future__ import annotations
+
+from autofit.families.base import (
+    DIFFUSION_ATTENTION,
+    JOINT_ATTENTION,
+    TRL_LANGUAGE_MODELS,
+    Family,
+)
+from autofit.words import Refuse
+
+# musubi-tuner's LoRA adapts every linear layer of the two block lists (its target modules are
+# the dual- and single-stream block classes) and none of the token refiner's or the embedders':
+# a pattern over full names, since the suffixes alone (to_q, ff.net.2, proj_out) also name the
+# refiner's layers and the model's final projection.
+BLOCK_LINEAR = (
+    r"(single_)?transformer_blocks\.\d+\."
+    r"(attn\.(to_[qkv]|to_out\.0|add_[qkv]_proj|to_add_out)|ff(_context)?\.net\.(0\.proj|2)"
+    r"|norm1(_context)?\.linear|norm\.linear|proj_mlp|proj_out)"
+)
+
+HUNYUAN_VIDEO = Family(
+    name="hunyuan_video",
+    workload="autofit.workloads.hunyuan_video",
+    libraries=(),
+    loader="diffusers",
+    unit="pixels",
+    companions=("text_encoder", "text_encoder_2", "vae"),
+    # attention: the image stream's projections (and the single blocks' and refiner's, which
+    # share their names), the diffusers LoRA's to_q, to_k, to_v, to_out.0; joint_attention adds
+    # the prompt stream's of the dual-stream blocks (the preset's list).
+    lora_sets={
+        "attention": DIFFUSION_ATTENTION,
+        "joint_attention": JOINT_ATTENTION,
+        "all_linear": BLOCK_LINEAR,
+    },
+    # No feed_forward: its dense projections are inside all_linear's pattern, and it has no
+    # experts for them to be told from. No checkpoint_groups: its trainers (musubi-tuner, the
+    # diffusers-based finetrainers) checkpoint every block and none offers an interval.
+    video=True,
+    denoiser_class="HunyuanVideoTransformer3DModel",
+    config_template="hunyuan_video",
+    trainers={
+        "diffusers": Refuse("the diffusers examples have no HunyuanVideo training script"),
+        "kohya": Refuse("sd-scripts trains image models; kohya's video trainer is musubi-tuner"),
+        "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
+    },
+)
