@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import compose_config
-from autofit.models import load_preset
+from autofit.families import REGISTRY as FAMILIES
+from autofit.knobs.frames import native_frames
+from autofit.models import ModelPreset, load_preset
 from autofit.paths import group_options, write_atomically
 from autofit.settings import TEXT, built, setting
 from autofit.units import count
@@ -57,7 +59,7 @@ def count_parameters() -> list[dict[str, Any]]:
                     "display": preset.display,
                     "params": sum(p.numel() for p in model.parameters()),
                     "published_params_b": preset.published_params_b,
-                    "native": f"{preset.resolution} {'tokens' if preset.unit == 'tokens' else 'px'}",
+                    "native": native_size(preset),
                     "companions": {
                         role: {
                             "params": n,
@@ -68,6 +70,16 @@ def count_parameters() -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def native_size(preset: ModelPreset) -> str:
+    """A preset's native sample in its unit: tokens, an image's pixels, or a clip's frames too."""
+    if preset.unit == "tokens":
+        return f"{preset.resolution} tokens"
+    if FAMILIES[preset.family].video:
+        height, width = preset.shape(preset.resolution)
+        return f"{height}x{width} px, {native_frames(preset)} frames"
+    return f"{preset.resolution} px"
 
 
 def run(overrides: list[str]) -> int:
@@ -83,7 +95,7 @@ def run_config(cfg: Any) -> int:
 
 def _render(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'model':<15} {'family':<15} {'params':>10} {'published':>10}  {'native':<12} companions"
+        f"{'model':<17} {'family':<15} {'params':>10} {'published':>10}  {'native':<24} companions"
     )
     for row in rows:
         published = f"{row['published_params_b']:.3f} B" if row["published_params_b"] else "-"
@@ -91,11 +103,12 @@ def _render(rows: list[dict[str, Any]]) -> None:
             f"{role} {count(c['params'])}" for role, c in row["companions"].items()
         )
         print(
-            f"{row['model']:<15} {row['family']:<15} {count(row['params']):>10} {published:>10}  {row['native']:<12} {companions}"
+            f"{row['model']:<17} {row['family']:<15} {count(row['params']):>10} {published:>10}  {row['native']:<24} {companions}"
         )
     print(
         "\nmodel=path/to/config.json (or its folder, or model=hf:org/name from the local Hugging "
-        "Face cache) trains any causal language model transformers has, from its config"
+        "Face cache) trains any causal language model transformers has, from its config, or a "
+        "diffusers model of a family above (its transformer's config; docs/models.md)"
     )
     print(
         "model=custom model.entry=package.module:function trains your own model (see docs/models.md)"
