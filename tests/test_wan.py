@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import assert_refused, assert_same_allocations, in_process, spec, with_blocks
 
 from autofit.backends import cpu, simulate
@@ -37,7 +38,7 @@ TINY_UMT5 = {
 TINY_VAE = {"base_dim": 8}
 
 
-def tiny_wan(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
+def tiny_wan(backend: str = "simulate", image: bool = False, **knobs: Any) -> ProbeSpec:
     """wan2_1_t2v_1_3b's probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a
     Wan of TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 and its VAE TINY_VAE."""
     probe = spec(
@@ -50,6 +51,9 @@ def tiny_wan(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
     model["inputs"].update(text_tokens=16, text_dim=TINY_WAN["text_dim"])
     model["companions"]["text_encoder"]["architecture"].update(TINY_UMT5)
     model["companions"]["vae"]["architecture"].update(TINY_VAE)
+    if image:  # image-to-video: the first frame's mask and latents beside the noisy latents
+        model["inputs"]["condition_channels"] = 20
+        model["architecture"]["in_channels"] = 36
     return dataclasses.replace(probe, model=model)
 
 
@@ -73,14 +77,25 @@ def test_a_native_clip_is_21_latent_frames_of_32760_tokens() -> None:
         dict(train_mode="lora", checkpointing=True, frames=1),
         dict(train_mode="full", checkpointing=True, precision="bf16_pure"),
         dict(train_mode="lora", encoders="online", validation="on"),
+        dict(image=True, train_mode="lora", checkpointing=True),
+        dict(image=True, train_mode="lora", encoders="online", validation="on"),
     ],
-    ids=["lora", "lora-ckpt-one-frame", "full-ckpt", "online-validation"],
+    ids=["lora", "lora-ckpt-one-frame", "full-ckpt", "online-validation", "i2v", "i2v-online"],
 )
 def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
     probe = tiny_wan(**knobs)
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
     assert_same_allocations(fake, real)
+
+
+def test_an_image_to_video_expert_takes_the_first_frame_beside_the_clip() -> None:
+    """Wan 2.2 I2V: the first frame's 4-channel mask and 16-channel latents on the clip's 16."""
+    workload = workload_for(load_preset("wan2_2_i2v_a14b"))
+    batch = workload.make_batch(1, 1280, torch.device("meta"), torch.bfloat16)
+    assert batch["latents"].shape == (1, 16, 21, 90, 160)
+    assert batch["image"].shape == (1, 20, 21, 90, 160)
+    assert load_preset("wan2_2_i2v_a14b").architecture["in_channels"] == 16 + 20
 
 
 def test_a_longer_clip_holds_more_and_checkpointing_holds_less() -> None:
