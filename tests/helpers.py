@@ -81,6 +81,40 @@ def tiny_llama(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
     return dataclasses.replace(probe, model={**probe.model, "architecture": arch})
 
 
+# Wan's block (self- and cross-attention with query-key norms, the gated feed-forward, the
+# timestep modulation) at a width a CPU steps in a second; umT5 and the Wan VAE likewise.
+TINY_WAN = {
+    "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 64, "num_layers": 2,
+    "text_dim": 32, "freq_dim": 32,
+}  # fmt: skip
+TINY_UMT5 = {
+    "vocab_size": 500, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+}  # fmt: skip
+TINY_VAE = {"base_dim": 8}
+
+
+def tiny_wan(backend: str = "simulate", image: bool = False, **knobs: Any) -> ProbeSpec:
+    """wan2_1_t2v_1_3b's probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a
+    Wan of TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 and its VAE TINY_VAE."""
+    import copy
+    import dataclasses
+
+    probe = spec(
+        "wan2_1_t2v_1_3b",
+        backend=backend,
+        **{"batch_size": 2, "resolution": 64, "frames": 5, **knobs},
+    )
+    model = copy.deepcopy(probe.model)
+    model["architecture"].update(TINY_WAN)
+    model["inputs"].update(text_tokens=16, text_dim=TINY_WAN["text_dim"])
+    model["companions"]["text_encoder"]["architecture"].update(TINY_UMT5)
+    model["companions"]["vae"]["architecture"].update(TINY_VAE)
+    if image:  # image-to-video: the first frame's mask and latents beside the noisy latents
+        model["inputs"]["condition_channels"] = 20
+        model["architecture"]["in_channels"] = 36
+    return dataclasses.replace(probe, model=model)
+
+
 def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
     """The same probe on a model with the preset's widths, layer types, inputs and companions but
     only `blocks` of its transformer blocks (per block list): its tensors are as large as the real

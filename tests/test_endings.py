@@ -181,7 +181,7 @@ def test_a_knob_this_autofit_does_not_know_is_refused(workdir: Path, args: list[
     line = only_line(in_process(*args, f"study={SANA}", cwd=workdir))
     assert line.startswith(
         f"autofit: error: results/{SANA}/summary.json: Pareto point 3: unknown knob 'fp8'; "
-        "valid knobs: batch_size, resolution, precision, "
+        "valid knobs: batch_size, resolution, frames, precision, "
     )
     assert line.endswith(EDITED)
 

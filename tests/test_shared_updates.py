@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import spec as make
-from helpers import with_blocks
+from helpers import tiny_wan, with_blocks
 
 from autofit.fastpath import shared_updates
 from autofit.fastpath.batch_curve import canonical_frees
@@ -42,6 +42,8 @@ def _values(name: str) -> list[Any]:
     """Two or more values of a knob that changes only the pass."""
     if name == "resolution":
         return [64, 128]
+    if name == "frames":  # a video model's clip lengths
+        return [5, 9]
     if name in ("checkpoint_interval", "checkpoint_stride"):
         return [1, 2] if name == "checkpoint_interval" else [0, 3]
     choices = registry()[name].choices
@@ -55,13 +57,15 @@ def _probe(name: str, value: Any) -> ProbeSpec:
         knobs = {"checkpointing": True, "checkpoint_interval": 2, **knobs}
     if name == "loss":  # a language model's
         return with_blocks(make("llama3_2_1b", "h100_80", resolution=64, **knobs), 1)
+    if name == "frames":  # a video model's
+        return tiny_wan(**knobs)
     return make("tiny_sana", "a40", **{"resolution": 128, **knobs})
 
 
 def test_the_knobs_that_change_only_the_pass_are_declared() -> None:
     assert PASS_ONLY == [
         "attention", "checkpoint_interval", "checkpoint_policy", "checkpoint_stride",
-        "checkpointing", "compile", "loss", "offload_activations", "resolution",
+        "checkpointing", "compile", "frames", "loss", "offload_activations", "resolution",
     ]  # fmt: skip
 
 
