@@ -50,6 +50,8 @@ SANA = "sana_1600m-a40-default"
 FLUX = "flux_dev-rtx4090-default"
 LLAMA = "llama3_2_1b-a40-offload"  # QLoRA under ZeRO-3 with NVMe and activation offload
 TRL_SEARCH = "llama3_2_1b-rtx4090-quick-trl"  # `autofit search ... space=quick trainer=trl`
+WAN = "wan2_1_t2v_1_3b-rtx4090-quick"  # Wan 2.1 1.3B: LoRA, 81 frames at 480x832
+HUNYUAN = "hunyuan_video-rtx4090-small_cards_lora"  # fp8 base, 18 blocks swapped, 33 frames
 # (target, study, Pareto point or None for the best, target.global_batch, golden case)
 CASES = [
     ("accelerate", SANA, None, None, "sana_best"),
@@ -69,6 +71,9 @@ CASES = [
     ("trl", TRL_SEARCH, None, None, "llama_lora"),
     ("trl", TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
     ("trl", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    ("musubi", WAN, None, None, "wan_1_3b_lora"),
+    ("musubi", WAN, 1, None, "wan_1_3b_lora_33_frames"),
+    ("musubi", HUNYUAN, None, None, "hunyuan_video_fp8_swap"),
     ("hydra", SANA, None, None, "sana_best"),
     ("hydra", FLUX, 4, None, "flux_qlora"),
 ]
@@ -388,6 +393,174 @@ def test_kohya_block_swap_limits_follow_its_formula(workdir: Path) -> None:
     assert kohya_max_blocks_to_swap(point.family, point.preset.architecture) == 35
     assert kohya_max_blocks_to_swap("sd3", {"num_layers": 38}) == 36  # SD3.5 Large
     assert kohya_max_blocks_to_swap("sdxl", {}) is None
+
+
+# --- kohya-ss musubi-tuner: its option names, dataset keys and rules ------------------------------
+
+# Read from kohya-ss/musubi-tuner at MUSUBI_COMMIT (not on PyPI: its parser cannot be run here).
+MUSUBI_COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"  # 2026-06-24, merge of PR #982
+# The option strings of every add_argument in src/musubi_tuner/training/parser_common.py.
+MUSUBI_COMMON = """
+--async_upload --base_weights --base_weights_multiplier --block_swap_h2d_only
+--block_swap_ring_size --blocks_to_swap --compile --compile_backend --compile_cache_size_limit
+--compile_dynamic --compile_fullgraph --compile_mode --config_file --cuda_allow_tf32
+--cuda_cudnn_benchmark --dataset_config --ddp_gradient_as_bucket_view --ddp_static_graph
+--ddp_timeout --dim_from_weights --disable_numpy_memmap --discrete_flow_shift --dit
+--dynamo_backend --dynamo_dynamic --dynamo_fullgraph --dynamo_mode --flash3 --flash_attn
+--fp8_base --gradient_accumulation_steps --gradient_checkpointing
+--gradient_checkpointing_cpu_offload --guidance_scale --huggingface_path_in_repo
+--huggingface_repo_id --huggingface_repo_type --huggingface_repo_visibility --huggingface_token
+--img_in_txt_in_offloading --learning_rate --log_config --log_prefix --log_tracker_config
+--log_tracker_name --log_with --logging_dir --logit_mean --logit_std --lr_decay_steps
+--lr_scheduler --lr_scheduler_args --lr_scheduler_min_lr_ratio --lr_scheduler_num_cycles
+--lr_scheduler_power --lr_scheduler_timescale --lr_scheduler_type --lr_warmup_steps
+--max_data_loader_n_workers --max_grad_norm --max_timestep --max_train_epochs --max_train_steps
+--metadata_arch --metadata_author --metadata_description --metadata_license --metadata_reso
+--metadata_tags --metadata_title --min_timestep --mixed_precision --mode_scale --network_alpha
+--network_args --network_dim --network_dropout --network_module --network_weights --no_metadata
+--num_timestep_buckets --optimizer_args --optimizer_type --output_dir --output_name
+--persistent_data_loader_workers --preserve_distribution_shape --resume
+--resume_from_huggingface --sage_attn --sample_at_first --sample_every_n_epochs
+--sample_every_n_steps --sample_prompts --save_every_n_epochs --save_every_n_steps
+--save_last_n_epochs --save_last_n_epochs_state --save_last_n_steps --save_last_n_steps_state
+--save_precision --save_state --save_state_on_train_end --save_state_to_huggingface
+--scale_weight_norms --sdpa --seed --show_timesteps --sigmoid_scale --split_attn
+--timestep_sampling --training_comment --use_pinned_memory_for_block_swap --vae --vae_dtype
+--wandb_api_key --wandb_run_name --weighting_scheme --xformers
+""".split()
+# Each training script's own add_argument option strings, beside the common ones.
+MUSUBI_SCRIPTS = {
+    "src/musubi_tuner/wan_train_network.py": """--clip --dit_high_noise
+    --force_v2_1_time_embedding --fp8_scaled --fp8_t5 --offload_inactive_dit --one_frame --t5
+    --task --timestep_boundary --vae_cache_cpu""".split(),
+    "src/musubi_tuner/hv_train_network.py": """--dit_dtype --dit_in_channels --fp8_llm
+    --text_encoder1 --text_encoder2 --text_encoder_dtype --vae_chunk_size
+    --vae_spatial_tile_sample_min_size --vae_tiling""".split(),
+}
+# The caching scripts' option strings (Wan's extend cache_latents.py's and
+# cache_text_encoder_outputs.py's setup_parser_common).
+MUSUBI_CACHE_LATENTS = """--batch_size --console_back --console_num_images --console_width
+--dataset_config --debug_mode --device --disable_cudnn_backend --keep_cache --num_workers
+--skip_existing --vae --vae_chunk_size --vae_dtype --vae_spatial_tile_sample_min_size
+--vae_tiling""".split()
+MUSUBI_CACHE_TEXT = """--batch_size --dataset_config --device --fp8_llm --keep_cache
+--num_workers --skip_existing --text_encoder1 --text_encoder2 --text_encoder_dtype""".split()
+MUSUBI_CACHING = {
+    "src/musubi_tuner/cache_latents.py": MUSUBI_CACHE_LATENTS,
+    "src/musubi_tuner/wan_cache_latents.py": [
+        *MUSUBI_CACHE_LATENTS, "--vae_cache_cpu", "--clip", "--i2v", "--one_frame",
+    ],
+    "src/musubi_tuner/cache_text_encoder_outputs.py": MUSUBI_CACHE_TEXT,
+    "src/musubi_tuner/wan_cache_text_encoder_outputs.py": [*MUSUBI_CACHE_TEXT, "--t5", "--fp8_t5"],
+}  # fmt: skip
+# dataset/config_utils.py ConfigSanitizer: [general] takes DATASET_ASCENDABLE_SCHEMA's keys, a
+# video [[datasets]] those and VIDEO_DATASET_DISTINCT_SCHEMA's.
+MUSUBI_GENERAL = [
+    "caption_extension", "batch_size", "num_repeats", "resolution", "enable_bucket",
+    "bucket_no_upscale",
+]  # fmt: skip
+MUSUBI_VIDEO_DATASET = [
+    "video_directory", "video_jsonl_file", "control_directory", "target_frames",
+    "frame_extraction", "frame_stride", "frame_sample", "max_frames", "cache_directory",
+    "source_fps", "fp_latent_window_size",
+]  # fmt: skip
+MUSUBI_FRAME_EXTRACTION = ["head", "chunk", "slide", "uniform", "full"]  # docs/dataset_config.md
+# wan/configs/__init__.py WAN_CONFIGS
+MUSUBI_TASKS = [
+    "t2v-14B", "t2v-1.3B", "i2v-14B", "t2i-14B", "flf2v-14B", "t2v-1.3B-FC", "t2v-14B-FC",
+    "i2v-14B-FC", "i2v-A14B", "t2v-A14B",
+]  # fmt: skip
+ACCELERATE_LAUNCH = ["--num_cpu_threads_per_process", "--num_processes", "--mixed_precision"]
+
+
+def _shell_words(text: str) -> list[str]:
+    """A shell script's words, its continued lines joined and its comments dropped."""
+    return shlex.split(text.replace("\\\n", " "), comments=True)
+
+
+def _options(words: list[str]) -> dict[str, list[str]]:
+    """Each --option of `words` with the words that follow it up to the next option."""
+    options: dict[str, list[str]] = {}
+    current = None
+    for word in words:
+        if word.startswith("--"):
+            current = options.setdefault(word, [])
+        elif current is not None:
+            current.append(word)
+    return options
+
+
+def test_musubi_files_use_musubi_tuners_names(workdir: Path) -> None:
+    """Every key of the written dataset TOML (read with tomllib) and every option of the launch
+    and caching commands is one of musubi-tuner's, as read from kohya-ss/musubi-tuner at
+    30c658c4f4b0bf05038b3346eff9670259b10fc7 (2026-06-24): the option strings of every
+    add_argument of src/musubi_tuner/training/parser_common.py, wan_train_network.py,
+    hv_train_network.py and the caching scripts, the dataset keys of dataset/config_utils.py's
+    ConfigSanitizer, and the --task values of wan/configs/__init__.py."""
+    exports = _all(workdir, "musubi")
+    assert len(exports) == 3
+    for out, point in exports:
+        dataset = tomllib.loads((out / "dataset.toml").read_text())
+        assert set(dataset) == {"general", "datasets"}
+        assert set(dataset["general"]) <= set(MUSUBI_GENERAL)
+        height, width = point.preset.shape(point.config["resolution"])
+        assert dataset["general"]["resolution"] == [width, height]  # musubi's [W, H]
+        assert dataset["general"]["batch_size"] == point.micro_batch
+        frames = point.config["frames"] or point.preset.inputs["frames"]
+        for entry in dataset["datasets"]:
+            assert set(entry) <= set(MUSUBI_GENERAL) | set(MUSUBI_VIDEO_DATASET)
+            assert entry["target_frames"] == [frames] and (frames - 1) % 4 == 0
+            assert entry["frame_extraction"] in MUSUBI_FRAME_EXTRACTION
+            assert not Path(entry["video_directory"]).is_absolute()
+            assert not Path(entry["cache_directory"]).is_absolute()
+
+        words = _shell_words((out / "train.sh").read_text())
+        script = next(w for w in words if w.endswith(".py"))
+        launcher = words[words.index("accelerate") + 2 : words.index(script)]
+        assert set(_options(launcher)) <= set(ACCELERATE_LAUNCH)
+        options = _options(words[words.index(script) + 1 :] + words[: words.index("accelerate")])
+        assert set(options) <= set(MUSUBI_COMMON) | set(MUSUBI_SCRIPTS[script]), script
+        attention = {"--sdpa", "--flash_attn", "--sage_attn", "--xformers", "--flash3"}
+        assert len(attention & set(options)) == 1  # musubi-tuner requires exactly one
+        assert options["--dataset_config"] == [str(out / "dataset.toml")]
+        assert options["--mixed_precision"] == _options(launcher)["--mixed_precision"]
+        assert options["--network_module"] == (
+            ["networks.lora_wan"] if point.family == "wan" else ["networks.lora"]
+        )
+        assert options["--network_dim"] == [str(point.config["lora_rank"])]
+        assert options["--gradient_accumulation_steps"] == [str(point.accumulation)]
+        if point.family == "wan":
+            assert options["--task"][0] in MUSUBI_TASKS
+        swap = int(options.get("--blocks_to_swap", ["0"])[0])
+        assert swap == point.config["swap_blocks"]
+        assert swap <= (point.preset.architecture.get("num_layers", 0) - 1 or 36)
+        for line in (out / "cache.sh").read_text().splitlines():
+            if line.startswith("python "):
+                cached = _shell_words(line)
+                assert set(_options(cached[2:])) <= set(MUSUBI_CACHING[cached[1]]), line
+
+
+def test_musubi_runs_wan_as_measured_and_refuses_what_it_cannot(workdir: Path) -> None:
+    point = point_for("musubi", WAN, None)
+    words = _shell_words(TARGETS["musubi"].run(point, workdir / "out").files["train.sh"])
+    assert words[words.index("--task") + 1] == "t2v-1.3B"
+    assert "--gradient_checkpointing" in words and "--fp8_base" not in words
+    refused = {
+        "precision": "bf16_pure",
+        "offload_activations": "cpu",
+        "encoders": "online",
+        "train_mode": "full",
+        "lora_targets": "qv",
+        "swap_blocks": 30,  # Wan 1.3B's 30 blocks: musubi-tuner swaps 29 at most
+    }
+    for knob, value in refused.items():
+        changed = dataclasses.replace(point, config={**point.config, knob: value})
+        with pytest.raises(Refused, match=f"cannot express {knob}="):
+            TARGETS["musubi"].run(changed, workdir / "out")
+    a14b = dataclasses.replace(point, preset=load_preset("wan2_2_t2v_a14b"))
+    words = _shell_words(TARGETS["musubi"].run(a14b, workdir / "out").files["train.sh"])
+    assert words[words.index("--task") + 1] == "t2v-A14B"
+    assert "--force_v2_1_time_embedding" in words  # the per-clip time embedding measured
 
 
 # --- Sana: its config layout -----------------------------------------------------------------
@@ -873,7 +1046,7 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=kohay"],
             2,
-            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, sana, diffusers, trl, hydra",
+            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, sana, diffusers, trl, hydra",
         ),
         ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (

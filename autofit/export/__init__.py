@@ -18,6 +18,7 @@ from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
+from autofit.export.musubi import TARGET as MUSUBI
 from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
@@ -28,7 +29,8 @@ from autofit.knobs.base import Refuse, Subject
 from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
-    t.name: t for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, SANA, DIFFUSERS, TRL, HYDRA)
+    t.name: t
+    for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, MUSUBI, SANA, DIFFUSERS, TRL, HYDRA)
 }
 
 
@@ -84,7 +86,21 @@ def trainer_values(
     nothing (SimpleTuner trains in bf16 or fp32 weights, never under mixed bf16 with fp32
     masters; diffusers' example scripts train Sana only as LoRA, and keep Flux's text encoders
     on the GPU). A knob left out that the trainer decides itself, asking nothing, is
-    `trainer_stack`'s. Judged on the space's first values of the other knobs."""
+    `trainer_stack`'s. Judged on the space's first values of the other knobs, those replaced
+    included: a value that only matters once another is replaced (the LoRA modules of a trainer
+    that trains LoRA only) is judged again with it."""
+    replaced: dict[str, tuple[Any, ...]] = {}
+    for _ in REGISTRY:  # each round replaces a knob at least, or ends
+        found = _trainer_values(chosen, preset, {**searched, **replaced})
+        if not found:
+            break
+        replaced.update(found)
+    return replaced
+
+
+def _trainer_values(
+    chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
+) -> dict[str, tuple[Any, ...]]:
     given = {**{k: (v,) for k, v in defaults().items()}, **searched}
     given["resolution"] = (preset.resolution,)  # the planner's, not a knob's values to judge
     subject = Subject({k: v[0] for k, v in given.items()}, preset)

@@ -22,6 +22,7 @@ from autofit.families.base import (
     DiffusersScripts,
     Family,
     KohyaScripts,
+    MusubiScripts,
     SanaScript,
     SimpleTunerModel,
     Trainer,
@@ -56,7 +57,7 @@ REGISTRY: dict[str, Family] = {
     )
 }
 
-T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript)
+T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript, MusubiScripts)
 
 
 def family(name: Any, where: str = "model.") -> Family:
@@ -110,6 +111,10 @@ def kohya(name: str) -> KohyaScripts | None:
     return _trainer(name, "kohya", KohyaScripts)
 
 
+def musubi(name: str) -> MusubiScripts | None:
+    return _trainer(name, "musubi", MusubiScripts)
+
+
 def simpletuner(name: str) -> SimpleTunerModel | None:
     return _trainer(name, "simpletuner", SimpleTunerModel)
 
@@ -136,6 +141,7 @@ __all__ = [
     "DiffusersScripts",
     "Family",
     "KohyaScripts",
+    "MusubiScripts",
     "SanaScript",
     "SimpleTunerModel",
     "Trainer",
@@ -147,6 +153,7 @@ __all__ = [
     "family",
     "kohya",
     "kohya_max_blocks_to_swap",
+    "musubi",
     "simpletuner",
     "trained_by",
 ]

@@ -29,9 +29,9 @@ declares:
   (`attention_modules`, empty where it has none for the family);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
-- per export target that trains named families (diffusers, kohya, simpletuner, sana, trl), the
-  trainer's script and names for it, or a `Refuse` with the reason, in the knobs' vocabulary
-  (autofit/words.py).
+- per export target that trains named families (diffusers, kohya, simpletuner, sana, trl,
+  musubi), the trainer's script and names for it, or a `Refuse` with the reason, in the knobs'
+  vocabulary (autofit/words.py).
 
 What belongs to one preset, not to its family (the published weights, SimpleTuner's flavour,
 Sana's shipped config), is data in the preset's file. Nothing here imports torch.
@@ -151,6 +151,41 @@ class SanaScript:
         return self.script
 
 
+# --- kohya-ss musubi-tuner ----------------------------------------------------------------------
+
+# Why musubi's export refuses the other families (musubi-tuner also trains image models, Qwen-Image
+# and FLUX.1 Kontext among them, that autofit has no presets of).
+MUSUBI_VIDEO = "autofit exports musubi-tuner's video LoRA scripts only (Wan, HunyuanVideo)"
+
+
+@dataclass(frozen=True)
+class MusubiScripts:
+    """musubi-tuner's LoRA training script for a video family (src/musubi_tuner/), the network
+    module it trains, its two caching scripts (latents, text-encoder outputs) with the files each
+    loads, its largest `--blocks_to_swap` for an architecture and its `--task` for a preset."""
+
+    script: str  # the LoRA training script
+    network: str  # its --network_module
+    cache_latents: str
+    cache_text: str
+    # The checkpoints each caching script loads: option -> file name (placeholders).
+    latent_files: Mapping[str, str] = field(default_factory=dict)
+    text_files: Mapping[str, str] = field(default_factory=dict)
+    max_blocks_to_swap: Callable[[Mapping[str, Any]], int] | None = None
+    # The --task of a preset, by its name (Wan's configs); empty: the script has no --task.
+    tasks: Mapping[str, str] = field(default_factory=dict)
+    # Flags the script needs for a task to run the model as autofit builds it.
+    task_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # How its LoRA differs from the modules autofit adapts, if it does (lora_targets' words).
+    lora_differs: str = ""
+    # How its --blocks_to_swap differs from autofit's swap_blocks, if it does (swap_blocks' words).
+    swap_differs: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.script
+
+
 # --- TRL (huggingface/trl) ---------------------------------------------------------------------
 
 
@@ -167,7 +202,7 @@ class TrlModel:
         return f"SFTTrainer ({self.auto_class})"
 
 
-Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript | TrlModel
+Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript | TrlModel | MusubiScripts
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
     "diffusers": DiffusersScripts,
@@ -175,6 +210,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "simpletuner": SimpleTunerModel,
     "sana": SanaScript,
     "trl": TrlModel,
+    "musubi": MusubiScripts,
 }
 
 

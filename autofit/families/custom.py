@@ -22,5 +22,6 @@ CUSTOM = Family(
         "simpletuner": OWN_CODE,
         "sana": OWN_CODE,
         "trl": OWN_CODE,
+        "musubi": OWN_CODE,
     },
 )

@@ -13,6 +13,7 @@ from autofit.families.base import (
     JOINT_ATTENTION,
     TRL_LANGUAGE_MODELS,
     Family,
+    MusubiScripts,
 )
 from autofit.words import Refuse
 
@@ -24,6 +25,30 @@ BLOCK_LINEAR = (
     r"(single_)?transformer_blocks\.\d+\."
     r"(attn\.(to_[qkv]|to_out\.0|add_[qkv]_proj|to_add_out)|ff(_context)?\.net\.(0\.proj|2)"
     r"|norm1(_context)?\.linear|norm\.linear|proj_mlp|proj_out)"
+)
+
+MUSUBI = MusubiScripts(
+    script="src/musubi_tuner/hv_train_network.py",
+    network="networks.lora",
+    cache_latents="src/musubi_tuner/cache_latents.py",
+    cache_text="src/musubi_tuner/cache_text_encoder_outputs.py",
+    latent_files={"--vae": "hunyuan-video-t2v-720p/vae/pytorch_model.pt"},
+    text_files={"--text_encoder1": "text_encoder", "--text_encoder2": "text_encoder_2"},
+    # hunyuan_model/models.py enable_block_swap; docs/hunyuan_video.md: "Maximum value is 36"
+    max_blocks_to_swap=lambda architecture: 36,
+    swap_differs=(
+        "musubi-tuner's --blocks_to_swap N swaps N//2 dual-stream and (N - N//2) * 2 + 1 "
+        "single-stream blocks, one single-stream block more than measured: a little less GPU "
+        "memory, one block more to move each step"
+    ),
+    # networks/lora.py: its modules are the dual- and single-stream blocks' linears, less their
+    # modulation (img_mod, txt_mod, modulation), with q, k and v (and a single-stream block's MLP
+    # input) fused in one linear each, as Tencent's model has them
+    lora_differs=(
+        "musubi-tuner's LoRA adapts the blocks' linears without their modulation, with q, k, v "
+        "(and the single-stream MLP input) fused in one linear each as Tencent's model has them: "
+        "fewer adapter weights and saved inputs than the measured all_linear"
+    ),
 )
 
 HUNYUAN_VIDEO = Family(
@@ -53,5 +78,6 @@ HUNYUAN_VIDEO = Family(
         "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "musubi": MUSUBI,
     },
 )

@@ -27,5 +27,6 @@ LLM = Family(
         "simpletuner": Refuse("autofit exports SimpleTuner's image models only"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": TrlModel("AutoModelForCausalLM"),
+        "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
     },
 )  # fmt: skip

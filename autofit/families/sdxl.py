@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
+    MUSUBI_VIDEO,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -38,5 +39,6 @@ SDXL = Family(
         "simpletuner": SimpleTunerModel("sdxl", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "musubi": Refuse(MUSUBI_VIDEO),
     },
 )  # fmt: skip

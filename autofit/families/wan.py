@@ -7,12 +7,40 @@ cross-attention to the prompt, and a feed-forward, modulated by the timestep.
 
 from __future__ import annotations
 
-from autofit.families.base import DIFFUSION_ATTENTION, TRL_LANGUAGE_MODELS, Family
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.families.base import DIFFUSION_ATTENTION, TRL_LANGUAGE_MODELS, Family, MusubiScripts
 from autofit.words import Refuse
 
 # A Wan block's self- and cross-attention projections and its feed-forward (musubi-tuner's LoRA
 # adapts every linear layer of the blocks).
 WAN_BLOCK_LINEAR = DIFFUSION_ATTENTION + ("ffn.net.0.proj", "ffn.net.2")
+
+
+def musubi_blocks_to_swap(architecture: Mapping[str, Any]) -> int:
+    """musubi-tuner swaps every block but one (wan/modules/model.py, WanModel.enable_block_swap)."""
+    return int(architecture["num_layers"]) - 1
+
+
+MUSUBI = MusubiScripts(
+    script="src/musubi_tuner/wan_train_network.py",
+    network="networks.lora_wan",
+    cache_latents="src/musubi_tuner/wan_cache_latents.py",
+    cache_text="src/musubi_tuner/wan_cache_text_encoder_outputs.py",
+    latent_files={"--vae": "wan_2.1_vae.safetensors"},
+    text_files={"--t5": "models_t5_umt5-xxl-enc-bf16.pth"},
+    max_blocks_to_swap=musubi_blocks_to_swap,
+    # its Wan configs (wan/configs/__init__.py WAN_CONFIGS)
+    tasks={
+        "wan2_1_t2v_1_3b": "t2v-1.3B",
+        "wan2_1_t2v_14b": "t2v-14B",
+        "wan2_2_t2v_a14b": "t2v-A14B",
+    },
+    # Wan 2.2 in musubi-tuner expands the timestep embedding to every token unless told to keep
+    # Wan 2.1's per-clip one, which the diffusers model autofit measures keeps.
+    task_flags={"t2v-A14B": ("--force_v2_1_time_embedding",)},
+)
 
 WAN = Family(
     name="wan",
@@ -32,5 +60,6 @@ WAN = Family(
         "simpletuner": Refuse("autofit does not export Wan to SimpleTuner yet"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "musubi": MUSUBI,
     },
 )

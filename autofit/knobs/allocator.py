@@ -104,6 +104,9 @@ class Allocator(Knob):
     trainers = {
         "accelerate": _note(launched=True),
         "diffusers": _note(launched=True),
-        **{v: _note(launched=False) for v in ("deepspeed", "kohya", "sana", "simpletuner")},
+        **{
+            v: _note(launched=False)
+            for v in ("deepspeed", "kohya", "sana", "simpletuner", "musubi")
+        },
         "trl": _note(launched=True),
     }

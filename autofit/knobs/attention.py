@@ -77,4 +77,14 @@ class Attention(Knob):
                 "fp32 (another run than torch's math kernel)"
             ),
         },
+        # musubi-tuner asks for one of its kernels (--sdpa, --flash_attn, --xformers, ...): none
+        # is the unfused path.
+        "musubi": {
+            "sdpa": say(**{"--sdpa": True}),
+            "math": Say(
+                settings={"--sdpa": True},
+                warning="musubi-tuner has no unfused attention: --sdpa runs torch's fused kernels, "
+                "which hold less than the measured math path",
+            ),
+        },
     }

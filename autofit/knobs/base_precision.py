@@ -81,6 +81,22 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     return say(fp8_base=True, fp8_base_unet=True)
 
 
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    """--fp8_base alone casts the DiT to float8 e4m3 without a scale (its norms and embeddings
+    too, a little less than the measured linears alone: training/trainer_base.py, Wan's
+    load_wan_model); --fp8_scaled (Wan only) quantizes the blocks' linears with a scale per 64
+    weights, which no value of autofit's is."""
+    if value == "same":
+        return Say()
+    if value == "fp8":
+        return say(**{"--fp8_base": True})
+    return Refuse(
+        "musubi-tuner's --fp8_base casts the DiT to float8 without a scale and its --fp8_scaled "
+        "scales blocks of 64 weights; neither is this base",
+        "base_precision=same, fp8",
+    )
+
+
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     # Its quanto, SDNQ and TorchAO bases by the libraries' own code (its fp8-native, another
     # float8 matmul, is not modelled); a plain float8 cast is none of them.
@@ -208,4 +224,5 @@ class BasePrecision(Knob):
                 NOT_FP8,
             )
         ),
+        "musubi": _musubi,
     }

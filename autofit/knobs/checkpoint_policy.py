@@ -89,6 +89,7 @@ class CheckpointPolicy(Knob):
         for vocabulary, who in (
             ("simpletuner", "SimpleTuner"),
             ("kohya", "sd-scripts"),
+            ("musubi", "musubi-tuner"),
             ("sana", "Sana's train.py"),
             ("diffusers", "the diffusers example scripts"),
             ("trl", "TRL (transformers' gradient checkpointing)"),

@@ -59,4 +59,5 @@ class Checkpointing(Knob):
         "sana": lambda v, s: say(**{"train.grad_checkpointing": v}),
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         "trl": _trl,
+        "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
     }

@@ -60,6 +60,12 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
     return Refuse(f"{script.file} {script.not_cached}")
 
 
+MUSUBI_CACHES = (
+    "musubi-tuner trains only on the latents and text-encoder outputs its caching scripts wrote "
+    "before training"
+)
+
+
 def _text_encoders(preset: ModelPreset) -> list[str]:
     """The companions that encode the prompt (the family's workload names them)."""
     return [name for name in preset.companions if name.startswith("text_encoder")]
@@ -167,4 +173,11 @@ class Encoders(Knob):
             "text": say(**{"data.load_vae_feat": True, "data.load_text_feat": False}),
         },
         "diffusers": _diffusers,
+        # musubi-tuner trains on latents and text-encoder outputs its caching scripts wrote
+        # beforehand (the export writes their commands); its training loads neither encoder.
+        "musubi": {
+            "cached": Say(),
+            "online": Refuse(MUSUBI_CACHES),
+            "text": Refuse(MUSUBI_CACHES),
+        },
     }

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families import REGISTRY
-from autofit.knobs.base import Knob, ProbeContext, Subject
+from autofit.knobs.base import Knob, ProbeContext, Say, Subject
 from autofit.models import ModelPreset
 
 
@@ -88,3 +88,6 @@ class Frames(Knob):
         if not REGISTRY[subject.family].video:
             return "images, not clips"
         return f"clips of {clip_frames({'frames': value}, subject.preset)} frames"
+
+    # musubi-tuner's clip length is its dataset's target_frames (the export writes dataset.toml).
+    trainers = {"musubi": lambda v, s: Say()}

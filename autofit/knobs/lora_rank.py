@@ -33,4 +33,5 @@ class LoraRank(Knob):
         "kohya": lambda v, s: say(network_dim=v, network_alpha=v),
         "diffusers": lambda v, s: say(**{"--rank": v}),
         "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
+        "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofit.families import REGISTRY, diffusers, simpletuner
+from autofit.families import REGISTRY, diffusers, musubi, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -77,6 +77,33 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    """musubi-tuner's LoRA adapts every linear of the blocks (networks/lora_wan.py: Wan's
+    WanAttentionBlock; networks/lora.py: HunyuanVideo's dual- and single-stream blocks): the
+    family's all_linear, and the values that name the same modules."""
+    scripts = musubi(s.family)
+    if scripts is not None and scripts.lora_differs:
+        if value == "all_linear":
+            return Say(warning=scripts.lora_differs)
+        return Refuse(scripts.lora_differs, "lora_targets=all_linear")
+    own = _sets(s.preset).get("all_linear")
+    names = ("preset", *_sets(s.preset))
+    matching = [
+        v
+        for v in names
+        if own is not None
+        and not isinstance(own, str)
+        and not isinstance(target_modules(v, s.preset), str)
+        and set(target_modules(v, s.preset)) == set(own)
+    ]
+    if value in matching:
+        return Say()
+    return Refuse(
+        f"musubi-tuner's LoRA adapts every linear of {s.model}'s blocks",
+        ", ".join(f"lora_targets={v}" for v in matching) or "lora_targets=all_linear",
+    )
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     depends_on = ("train_mode",)
@@ -134,4 +161,5 @@ class LoraTargets(Knob):
         "kohya": {"preset": Say(), "single_blocks": say(network_args=["train_blocks=single"])},
         "diffusers": _diffusers,
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
+        "musubi": _musubi,
     }

@@ -242,4 +242,15 @@ class OffloadActivations(Knob):
                 "TRL's activation_offloading copies every saved activation, not the attention's"
             ),
         },
+        "musubi": {
+            "off": Say(),
+            "cpu": Refuse(
+                "musubi-tuner's --gradient_checkpointing_cpu_offload moves only each checkpointed "
+                "block's hidden-state input to the host, in pageable memory with blocking copies; "
+                "the blocks' other inputs (Wan 2.2's per-token timestep modulation among them) and "
+                "what is saved outside the blocks stay on the GPU, not every saved activation as "
+                "measured"
+            ),
+            "attention": Refuse("musubi-tuner has no attention activation offload"),
+        },
     }

@@ -202,6 +202,20 @@ KOHYA = {
     "adamw_bf16": ("AdamW", ["fused=True"]),
     "sgd": ("SGD", ["momentum=0.9"]),
 }
+# musubi-tuner's --optimizer_type and --optimizer_args (training/trainer_base.py get_optimizer:
+# AdamW, AdamW8bit and AdaFactor by name, any other as a class of torch.optim or a dotted path).
+MUSUBI = {
+    "adamw": ("AdamW", []),  # its implementation: optimizer_impl's words
+    "adamw8bit": ("AdamW8bit", []),
+    "paged_adamw8bit": ("bitsandbytes.optim.PagedAdamW8bit", []),
+    "adafactor": (
+        "AdaFactor",
+        ["relative_step=False", "scale_parameter=False", "warmup_init=False"],
+    ),
+    "lion8bit": ("bitsandbytes.optim.Lion8bit", []),
+    "paged_lion8bit": ("bitsandbytes.optim.PagedLion8bit", []),
+    "sgd": ("SGD", ["momentum=0.9"]),
+}
 # Sana's optimizer `type` (an mmcv registry name: torch.optim's classes and Sana's wrappers in
 # diffusion/utils/optimizer.py) and the settings that make it the optimizer the probe ran.
 SANA: dict[str, dict[str, Any]] = {
@@ -235,6 +249,23 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         warning="sd-scripts has no stochastic-rounding AdamW; AdamW under full_bf16 keeps the "
         "same bf16 states (the same memory) but rounds its updates to nearest",
     )
+
+
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    if value not in MUSUBI:
+        why = {
+            "adamw_bf16": "its stochastic-rounding AdamW keeps bf16 weights; musubi-tuner's LoRA "
+            "weights are fp32",
+            "lorafa": LORAFA_IN_CODE,
+        }
+        return Refuse(
+            f"musubi-tuner has no {value}: {why.get(value, 'autofit has not matched it')}"
+        )
+    name, options = MUSUBI[value]
+    settings: dict[str, Any] = {"--optimizer_type": name}
+    if options:
+        settings["--optimizer_args"] = options
+    return Say(settings=settings)
 
 
 def _sana(value: Any, s: Subject) -> Say | Refuse:
@@ -385,4 +416,5 @@ class Optimizer(Knob):
         "sana": _sana,
         "diffusers": _diffusers,
         "trl": _trl,
+        "musubi": _musubi,
     }

@@ -102,4 +102,6 @@ class OptimizerImpl(Knob):
                 "default (adamw_torch: foreach on a GPU)"
             ),
         },
+        # musubi-tuner builds torch.optim.AdamW with its --optimizer_args
+        "musubi": _by_default(lambda v: {"--optimizer_args": _words(v, "{k}={v}")}),
     }

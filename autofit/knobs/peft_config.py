@@ -63,6 +63,7 @@ SPARSE = ("FROD", "SHIRA")
 OWN_NETWORKS = (
     ("simpletuner", "SimpleTuner"),
     ("kohya", "sd-scripts"),
+    ("musubi", "musubi-tuner"),
     ("sana", "Sana's train.py"),
     ("diffusers", "the diffusers example scripts"),
     ("trl", "autofit's TRL export"),

@@ -187,6 +187,29 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    """musubi-tuner keeps the DiT in its 16-bit dtype and the LoRA weights in fp32 (its network
+    dtype) under accelerate's autocast (training/trainer_base.py): autofit's mixed precision. Wan's
+    dtype is its checkpoint's (bf16 weights need --mixed_precision bf16, fp16 ones fp16);
+    HunyuanVideo's is --dit_dtype (bf16 by default)."""
+    if value == "bf16":
+        return say(**{"--mixed_precision": "bf16"})
+    if value == "fp16":
+        if s.family == "hunyuan_video":
+            return say(**{"--mixed_precision": "fp16", "--dit_dtype": "float16"})
+        return say(
+            note="precision=fp16: give --dit an fp16 checkpoint (musubi-tuner trains a Wan DiT "
+            "in its checkpoint's dtype and asks --mixed_precision fp16 for fp16 weights)",
+            **{"--mixed_precision": "fp16"},
+        )
+    if value == "fp32":
+        return Refuse(
+            "musubi-tuner keeps the DiT in its 16-bit dtype whatever --mixed_precision says "
+            "(measured: an fp32 model)"
+        )
+    return Refuse("musubi-tuner keeps LoRA weights in fp32 (measured: bf16 ones)")
+
+
 KEEPS_FP32_WEIGHTS = (
     "keeps fp32 weights under accelerate's mixed precision; it has no bf16-weight mode"
 )
@@ -327,4 +350,5 @@ class Precision(Knob):
             ),
         },
         "trl": _trl,
+        "musubi": _musubi,
     }

@@ -22,7 +22,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import REGISTRY, kohya_max_blocks_to_swap, simpletuner
+from autofit.families import REGISTRY, kohya_max_blocks_to_swap, musubi, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
@@ -71,6 +71,22 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
             NONE_OFFERED,
         )
     return say(musubi_blocks_to_swap=value)
+
+
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    """musubi-tuner's --blocks_to_swap keeps the first blocks on the GPU and swaps the last ones,
+    as sd-scripts' does (modules/custom_offloading_utils.py), within its limit per family."""
+    if not value:
+        return Say()
+    scripts = musubi(s.family)
+    if scripts is None or scripts.max_blocks_to_swap is None:
+        return Refuse(f"musubi-tuner has no block swap for {s.family}", NONE_OFFERED)
+    most = scripts.max_blocks_to_swap(s.preset.architecture)
+    if value > most:
+        return Refuse(
+            f"musubi-tuner swaps at most {most} blocks of {s.model}", f"swap_blocks=0..{most}"
+        )
+    return Say(settings={"--blocks_to_swap": value}, warning=scripts.swap_differs)
 
 
 def _loaded_by_another(run: RunState) -> bool:
@@ -187,4 +203,5 @@ class SwapBlocks(Knob):
         "kohya": _kohya,
         "sana": _none("Sana's train.py has no block swap"),
         "diffusers": _none("the diffusers example scripts have no block swap"),
+        "musubi": _musubi,
     }

@@ -35,7 +35,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import diffusers, diffusers_script, kohya
+from autofit.families import diffusers, diffusers_script, kohya, musubi
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
 from autofit.knobs.lycoris_config import LYCORIS_MODE, add_lycoris_network
@@ -79,6 +79,27 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
         return Say()  # the full fine-tune script (the family's check refuses other families)
     # autofit trains the denoiser's adapters only
     return say(network_module=scripts.network, network_train_unet_only=True)
+
+
+def _musubi(value: Any, s: Subject) -> Say | Refuse:
+    """musubi-tuner's *_train_network.py scripts train its own LoRA network on a 16-bit or fp8
+    base (base_precision's words)."""
+    scripts = musubi(s.family)
+    if value == "lora":
+        return say(**{"--network_module": scripts.network}) if scripts else Say()
+    why = {
+        "full": "autofit exports musubi-tuner's LoRA scripts (*_train_network.py), not its "
+        "full fine-tunes",
+        "qlora": "musubi-tuner stores a base in fp8 at most (--fp8_base), not in 4-bit NF4",
+        "dora": "musubi-tuner's networks (LoRA, LoHa, LoKr) have no DoRA",
+        "qdora": "musubi-tuner's networks (LoRA, LoHa, LoKr) have no DoRA",
+        "freeze": "musubi-tuner trains LoRA networks, not the last blocks of the model",
+    }
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("musubi-tuner")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("musubi-tuner")
+    return Refuse(why[value])
 
 
 def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
@@ -269,6 +290,7 @@ class TrainMode(Knob):
         },
         "diffusers": _diffusers,
         "trl": _trl,
+        "musubi": _musubi,
     }
 
 

@@ -1,0 +1,174 @@
+"""`target=musubi`: kohya-ss musubi-tuner's dataset TOML, its caching commands and its LoRA launch.
+
+musubi-tuner (github.com/kohya-ss/musubi-tuner, not on PyPI: run from its folder) trains video
+LoRAs on latents and text-encoder outputs cached before training. The export writes:
+
+- `dataset.toml`: its dataset config ([general] and one [[datasets]] of videos), the clip as
+  measured: `resolution` [width, height] of the run's largest bucket (with buckets of at most that
+  area), `target_frames` [frames] taken from the head of each video, the micro-batch;
+- `cache.sh`: the family's two caching scripts (latents, then text-encoder outputs) over it;
+- `train.sh`: `accelerate launch` of the family's *_train_network.py (wan_train_network.py with
+  its --task, hv_train_network.py) with each knob's musubi words (autofit/knobs/) and, below them,
+  musubi-tuner's documented learning rate, epochs and timestep flags for the family
+  (autofit/export/trainer_defaults.yaml), marked as defaults to review.
+
+Option names and dataset keys are musubi-tuner's own (tests/test_export.py pins them at the
+commit they were read at).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from autofit.export.base import ExportPlan, Target, steps_note
+from autofit.export.defaults import MARK
+from autofit.export.toml import dumps
+from autofit.families import MusubiScripts, musubi
+from autofit.knobs.frames import clip_frames
+from autofit.models import ModelPreset
+
+VIDEO_DIR = "path/to/videos"  # placeholder: autofit never sees the user's data
+CACHE_DIR = "path/to/cache"
+
+
+def _dataset(plan: ExportPlan) -> dict[str, Any]:
+    point = plan.point
+    resolution = plan.value("resolution") or point.preset.resolution
+    height, width = point.preset.shape(resolution)
+    frames = point.config["frames"]  # said by its musubi words: the clip length is here
+    return {
+        "general": {
+            # musubi-tuner's resolution is [width, height]; its buckets keep at most that area
+            # (dataset/bucket.py), so no clip holds more pixels than the measured one.
+            "resolution": [width, height],
+            "caption_extension": ".txt",
+            "batch_size": plan.value("batch_size"),
+            "enable_bucket": True,
+            "bucket_no_upscale": True,
+        },
+        "datasets": [
+            {
+                "video_directory": VIDEO_DIR,
+                "cache_directory": CACHE_DIR,
+                "target_frames": [clip_frames({"frames": frames}, point.preset)],
+                "frame_extraction": "head",
+            }
+        ],
+    }
+
+
+def _task(plan: ExportPlan, scripts: MusubiScripts) -> list[str]:
+    """Its --task (Wan's configs), from the preset, or from the block count for another model."""
+    if not scripts.tasks:
+        return []
+    preset: ModelPreset = plan.point.preset
+    task = scripts.tasks.get(preset.name)
+    if task is None:
+        task = "t2v-1.3B" if int(preset.architecture.get("num_layers", 0)) == 30 else "t2v-14B"
+        plan.note(f"--task {task} is taken from {preset.name}'s block count: check it")
+    return ["--task", task, *scripts.task_flags.get(task, ())]
+
+
+def _words(settings: dict[str, Any]) -> list[str]:
+    """Settings as command-line words: a flag for True, its values for a list."""
+    words: list[str] = []
+    for key, value in settings.items():
+        if value is False or value is None:
+            continue
+        words.append(key)
+        if value is True:
+            continue
+        values = value if isinstance(value, list) else [value]
+        words += [shlex.quote(str(v)) for v in values]
+    return words
+
+
+def _lines(words: list[str]) -> str:
+    """Words as continued shell lines, one option with its values per line."""
+    lines: list[list[str]] = []
+    for word in words:
+        if word.startswith("--") or not lines:  # an option begins a line; its values follow
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return " \\\n  ".join(" ".join(line) for line in lines)
+
+
+class Musubi(Target):
+    name = "musubi"
+    summary = (
+        "kohya-ss musubi-tuner's dataset TOML, caching commands and LoRA launch (Wan, HunyuanVideo)"
+    )
+
+    def build(self, plan: ExportPlan) -> None:
+        point = plan.point
+        scripts = musubi(point.family)
+        assert scripts is not None  # the family's check refused it otherwise
+        dataset = plan.add(
+            "dataset.toml", dumps(_dataset(plan)), "musubi-tuner dataset config (--dataset_config)"
+        )
+        config = shlex.quote(str(dataset))
+        cache = [
+            f"python {scripts.cache_latents} --dataset_config {config} "
+            + " ".join(f"{k} path/to/{v}" for k, v in scripts.latent_files.items()),
+            f"python {scripts.cache_text} --dataset_config {config} "
+            + " ".join(f"{k} path/to/{v}" for k, v in scripts.text_files.items())
+            + " --batch_size 16",
+        ]
+        cache_file = plan.add(
+            "cache.sh",
+            "#!/usr/bin/env bash\n# musubi-tuner caches latents and text-encoder outputs before "
+            "training (encoders=cached)\nset -e\n" + "\n".join(cache),
+            "musubi-tuner caching commands (latents, text-encoder outputs)",
+        )
+        world = plan.value("world_size")  # the launcher's --num_processes
+        said = plan.say_rest()
+        args: dict[str, Any] = {
+            "--dit": f"path/to/{point.model}.safetensors",
+            "--dataset_config": str(dataset),
+            **said,
+            "--gradient_accumulation_steps": point.accumulation,
+            "--output_dir": "output",
+            "--output_name": point.study,
+        }
+        defaults = {k: v for k, v in plan.training_defaults(args).items() if k not in args}
+        launch = (
+            f"accelerate launch --num_cpu_threads_per_process 1 --num_processes {world} "
+            f"--mixed_precision {args['--mixed_precision']} {scripts.script}"
+        )
+        options = _task(plan, scripts) + _words(args)
+        text = "#!/usr/bin/env bash\n# musubi-tuner LoRA training, as autofit measured it\nset -e\n"
+        if defaults:
+            text += (
+                f"# {plan.defaults_heading}\nDEFAULTS=(\n"
+                + "".join(f"  {' '.join(_words({k: v}))}  # {MARK}\n" for k, v in defaults.items())
+                + ")\n"
+            )
+        text += f"{launch} \\\n  " + _lines(options)
+        if defaults:
+            text += ' \\\n  "${DEFAULTS[@]}"'
+        train_file = plan.add("train.sh", text, f"musubi-tuner launch of {scripts.script}")
+        plan.note(
+            f"replace the 'path/to/...' placeholders: --dit in train.sh is {point.model}'s DiT "
+            "as one .safetensors file of the original (non-diffusers) layout musubi-tuner loads; "
+            "cache.sh names the VAE and text encoders"
+        )
+        plan.note(
+            f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each trains "
+            'on its first frames (frame_extraction = "head")'
+        )
+        if point.preset.name.startswith("wan2_2"):
+            plan.note(
+                "Wan 2.2: --dit is the one expert autofit measured (low- or high-noise); "
+                "--dit_high_noise would hold both experts, which was not measured"
+            )
+        steps_note(
+            plan,
+            "an epoch is your videos / that many steps, for --max_train_epochs of train.sh",
+        )
+        plan.note("run cache.sh and train.sh from musubi-tuner's folder")
+        plan.command = f"bash {shlex.quote(str(cache_file))} && bash {shlex.quote(str(train_file))}"
+
+
+TARGET = Musubi()
