@@ -438,9 +438,9 @@ MUSUBI_SCRIPTS = {
     --vae_spatial_tile_sample_min_size --vae_tiling""".split(),
 }
 # The caching scripts' option strings (Wan's extend cache_latents.py's and
-# cache_text_encoder_outputs.py's setup_parser_common).
+# cache_text_encoder_outputs.py's setup_parser_common; --i2v is wan_cache_latents.py's own).
 MUSUBI_CACHE_LATENTS = """--batch_size --console_back --console_num_images --console_width
---dataset_config --debug_mode --device --disable_cudnn_backend --keep_cache --num_workers
+--dataset_config --debug_mode --device --disable_cudnn_backend --i2v --keep_cache --num_workers
 --skip_existing --vae --vae_chunk_size --vae_dtype --vae_spatial_tile_sample_min_size
 --vae_tiling""".split()
 MUSUBI_CACHE_TEXT = """--batch_size --dataset_config --device --fp8_llm --keep_cache
@@ -561,6 +561,18 @@ def test_musubi_runs_wan_as_measured_and_refuses_what_it_cannot(workdir: Path) -
     words = _shell_words(TARGETS["musubi"].run(a14b, workdir / "out").files["train.sh"])
     assert words[words.index("--task") + 1] == "t2v-A14B"
     assert "--force_v2_1_time_embedding" in words  # the per-clip time embedding measured
+    # Wan 2.2's image-to-video expert: its task, and the first frame's latents cached too.
+    i2v = dataclasses.replace(point, preset=load_preset("wan2_2_i2v_a14b"))
+    files = TARGETS["musubi"].run(i2v, workdir / "out").files
+    words = _shell_words(files["train.sh"])
+    assert words[words.index("--task") + 1] == "i2v-A14B"
+    assert "--force_v2_1_time_embedding" in words
+    cache = [line.split() for line in files["cache.sh"].splitlines() if "wan_cache_latents" in line]
+    assert (
+        len(cache) == 1
+        and "--i2v" in cache[0]
+        and set(w for w in cache[0] if w.startswith("--")) <= set(MUSUBI_CACHE_LATENTS)
+    )
 
 
 # --- Sana: its config layout -----------------------------------------------------------------

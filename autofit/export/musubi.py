@@ -58,16 +58,17 @@ def _dataset(plan: ExportPlan) -> dict[str, Any]:
     }
 
 
-def _task(plan: ExportPlan, scripts: MusubiScripts) -> list[str]:
-    """Its --task (Wan's configs), from the preset, or from the block count for another model."""
+def _task(plan: ExportPlan, scripts: MusubiScripts) -> str | None:
+    """Its --task (Wan's configs), from the preset, or from the block count for another model;
+    None where the script has no --task."""
     if not scripts.tasks:
-        return []
+        return None
     preset: ModelPreset = plan.point.preset
     task = scripts.tasks.get(preset.name)
     if task is None:
         task = "t2v-1.3B" if int(preset.architecture.get("num_layers", 0)) == 30 else "t2v-14B"
         plan.note(f"--task {task} is taken from {preset.name}'s block count: check it")
-    return ["--task", task, *scripts.task_flags.get(task, ())]
+    return task
 
 
 def _words(settings: dict[str, Any]) -> list[str]:
@@ -109,9 +110,13 @@ class Musubi(Target):
             "dataset.toml", dumps(_dataset(plan)), "musubi-tuner dataset config (--dataset_config)"
         )
         config = shlex.quote(str(dataset))
+        task = _task(plan, scripts)
         cache = [
             f"python {scripts.cache_latents} --dataset_config {config} "
-            + " ".join(f"{k} path/to/{v}" for k, v in scripts.latent_files.items()),
+            + " ".join(
+                [f"{k} path/to/{v}" for k, v in scripts.latent_files.items()]
+                + list(scripts.cache_flags.get(task or "", ()))
+            ),
             f"python {scripts.cache_text} --dataset_config {config} "
             + " ".join(f"{k} path/to/{v}" for k, v in scripts.text_files.items())
             + " --batch_size 16",
@@ -137,7 +142,8 @@ class Musubi(Target):
             f"accelerate launch --num_cpu_threads_per_process 1 --num_processes {world} "
             f"--mixed_precision {args['--mixed_precision']} {scripts.script}"
         )
-        options = _task(plan, scripts) + _words(args)
+        task_options = [] if task is None else ["--task", task, *scripts.task_flags.get(task, ())]
+        options = task_options + _words(args)
         text = "#!/usr/bin/env bash\n# musubi-tuner LoRA training, as autofit measured it\nset -e\n"
         if defaults:
             text += (

@@ -176,6 +176,9 @@ class MusubiScripts:
     tasks: Mapping[str, str] = field(default_factory=dict)
     # Flags the script needs for a task to run the model as autofit builds it.
     task_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Flags its latent caching needs for a task (an image-to-video task caches the first frame's
+    # latents beside the clip's).
+    cache_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # How its LoRA differs from the modules autofit adapts, if it does (lora_targets' words).
     lora_differs: str = ""
     # How its --blocks_to_swap differs from autofit's swap_blocks, if it does (swap_blocks' words).

@@ -36,10 +36,16 @@ MUSUBI = MusubiScripts(
         "wan2_1_t2v_1_3b": "t2v-1.3B",
         "wan2_1_t2v_14b": "t2v-14B",
         "wan2_2_t2v_a14b": "t2v-A14B",
+        "wan2_2_i2v_a14b": "i2v-A14B",
     },
     # Wan 2.2 in musubi-tuner expands the timestep embedding to every token unless told to keep
     # Wan 2.1's per-clip one, which the diffusers model autofit measures keeps.
-    task_flags={"t2v-A14B": ("--force_v2_1_time_embedding",)},
+    task_flags={
+        "t2v-A14B": ("--force_v2_1_time_embedding",),
+        "i2v-A14B": ("--force_v2_1_time_embedding",),
+    },
+    # its I2V caching encodes each clip's first frame too (docs/wan.md: wan_cache_latents.py --i2v)
+    cache_flags={"i2v-A14B": ("--i2v",)},
 )
 
 WAN = Family(
