@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,6 +15,19 @@ if TYPE_CHECKING:
 
 CheckpointFn = Callable[..., Any]
 Batch = dict[str, Any]
+
+
+@contextmanager
+def replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` inside, and what it was after: a library's check that reads
+    tensor values (which fake tensors lack) answered as the probe's batch makes it answer, on
+    every backend alike."""
+    own = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, own)
 
 
 class Workload:

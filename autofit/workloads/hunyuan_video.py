@@ -6,14 +6,13 @@ hands them to it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 import transformers.masking_utils as masking_utils
 from diffusers import HunyuanVideoTransformer3DModel
 
-from autofit.workloads.base import Batch
+from autofit.workloads.base import Batch, replaced
 from autofit.workloads.diffusion import token_ids, vocab
 from autofit.workloads.latent import Conditions
 from autofit.workloads.video import VideoDiffusion
@@ -34,15 +33,9 @@ def _padded(*args: object, **kwargs: object) -> bool:
     return False
 
 
-@contextmanager
-def padded_prompts() -> Iterator[None]:
+def padded_prompts() -> AbstractContextManager[None]:
     """The LLM's mask check answered for a padded prompt, on every backend."""
-    check = masking_utils._ignore_causal_mask_sdpa
-    masking_utils._ignore_causal_mask_sdpa = _padded
-    try:
-        yield
-    finally:
-        masking_utils._ignore_causal_mask_sdpa = check
+    return replaced(masking_utils, "_ignore_causal_mask_sdpa", _padded)
 
 
 class HunyuanVideoWorkload(VideoDiffusion):

@@ -15,7 +15,7 @@ every expert takes an equal share of the rows (`equal_share_grouped_mm`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -29,7 +29,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from autofit.errors import ConfigError
 from autofit.techniques.fused_linear_ce import IGNORE_INDEX, FusedLinearCrossEntropy
-from autofit.workloads.base import Batch, CheckpointFn, Workload
+from autofit.workloads.base import Batch, CheckpointFn, Workload, replaced
 from autofit.workloads.diffusion import token_ids
 
 # What a config names its experts by, in the architectures transformers has (Mixtral, Qwen MoE,
@@ -260,15 +260,9 @@ def _unpacked(position_ids: torch.Tensor) -> None:
     return None
 
 
-@contextmanager
-def one_sequence_per_row() -> Iterator[None]:
+def one_sequence_per_row() -> AbstractContextManager[None]:
     """transformers' packed-sequence check answered for a probe's batch, on every backend."""
-    finder = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = _unpacked
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = finder
+    return replaced(masking_utils, "find_packed_sequence_indices", _unpacked)
 
 
 class CausalLMWorkload(Workload):
