@@ -69,8 +69,8 @@ def make_spec(
 ) -> ProbeSpec:
     """A validated spec: every knob parsed (defaults filled, resolution resolved to the model's
     native one when unset and checked against the model's granularity, a video model's clip
-    length likewise). `host_memory_bytes`:
-    the host budget, resolved (see `host_budget`); None: no host limit."""
+    length likewise). `host_memory_bytes`: the host budget, resolved (see `host_budget`); None:
+    no host limit."""
     check_settings(backend, margin, timeout_s)
     if host_memory_bytes is not None and (
         isinstance(host_memory_bytes, bool)

@@ -13,11 +13,11 @@ from autofit.settings import SHARE
 def run_size(result: ProbeResult) -> int:
     """Pixels per optimizer step: batch x resolution squared (x frames, for a video model's
     clips)."""
-    frames = clip_frames(result)
+    frames = run_frames(result)
     return int(result.config["batch_size"]) * int(result.config["resolution"]) ** 2 * frames
 
 
-def clip_frames(result: ProbeResult) -> int:
+def run_frames(result: ProbeResult) -> int:
     """The frames of a video run's clips; 1 for an image or a sequence."""
     return int(result.config.get("frames") or 1)
 
@@ -26,8 +26,8 @@ def at_longest_clip(results: list[ProbeResult]) -> list[ProbeResult]:
     """Of fitting runs, those at the longest clip among them: a video run's clip length is its
     size as its resolution is, so the answer is at the longest clip that fits (every run of an
     image or language model is at one clip)."""
-    longest = max(map(clip_frames, results), default=1)
-    return [r for r in results if clip_frames(r) == longest]
+    longest = max(map(run_frames, results), default=1)
+    return [r for r in results if run_frames(r) == longest]
 
 
 def _rank(result: ProbeResult) -> tuple[float, int]:
