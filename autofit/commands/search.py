@@ -244,10 +244,10 @@ def _with_target(target: TargetSettings, preset: Any, space: SearchSpace) -> Sea
             )
         space = dataclasses.replace(space, target_resolution=target.resolution)
     if target.frames is not None:
-        space = dataclasses.replace(space, knobs={**space.knobs, "frames": (target.frames,)})
         reason = clip_refusal(target.frames, preset)
         if reason is not None:
             raise ConfigError(f"target.{reason}")
+        space = dataclasses.replace(space, knobs={**space.knobs, "frames": (target.frames,)})
     if target.min_batch is not None:
         space = dataclasses.replace(space, target_min_batch=target.min_batch)
     rule = space.best_rule.replaced(dataclasses.asdict(target), "target.")
