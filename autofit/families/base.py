@@ -194,6 +194,9 @@ class MusubiScripts:
 
 # Why TRL's export refuses the image families (its SFTTrainer trains language models).
 TRL_LANGUAGE_MODELS = "TRL's SFTTrainer trains language models only"
+# Why the kohya target refuses the video families: sd-scripts trains images (musubi's export is
+# kohya's video trainer).
+KOHYA_VIDEO = "sd-scripts trains image models; kohya's video trainer is musubi-tuner"
 
 
 @dataclass(frozen=True)

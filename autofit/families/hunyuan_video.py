@@ -11,6 +11,7 @@ from __future__ import annotations
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
+    KOHYA_VIDEO,
     TRL_LANGUAGE_MODELS,
     Family,
     MusubiScripts,
@@ -74,7 +75,7 @@ HUNYUAN_VIDEO = Family(
     config_template="hunyuan_video",
     trainers={
         "diffusers": Refuse("the diffusers examples have no HunyuanVideo training script"),
-        "kohya": Refuse("sd-scripts trains image models; kohya's video trainer is musubi-tuner"),
+        "kohya": Refuse(KOHYA_VIDEO),
         "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofit.families.base import DIFFUSION_ATTENTION, TRL_LANGUAGE_MODELS, Family, MusubiScripts
+from autofit.families.base import (
+    DIFFUSION_ATTENTION,
+    KOHYA_VIDEO,
+    TRL_LANGUAGE_MODELS,
+    Family,
+    MusubiScripts,
+)
 from autofit.words import Refuse
 
 # A Wan block's self- and cross-attention projections and its feed-forward (musubi-tuner's LoRA
@@ -62,7 +68,7 @@ WAN = Family(
     config_template="wan2_1_t2v_1_3b",
     trainers={
         "diffusers": Refuse("the diffusers examples have no Wan training script"),
-        "kohya": Refuse("sd-scripts trains image models; kohya's video trainer is musubi-tuner"),
+        "kohya": Refuse(KOHYA_VIDEO),
         "simpletuner": Refuse("autofit does not export Wan to SimpleTuner yet"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
