@@ -24,7 +24,7 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.families import REGISTRY
-from autofit.models import SIZE_PREFIXES, SIZE_SUFFIXES, load_preset
+from autofit.models import is_size, load_preset
 
 HF_PREFIX = "hf:"
 CONFIG_NAME = "config.json"
@@ -110,10 +110,6 @@ def read_config(value: str, path: Path) -> dict[str, Any]:
     return config
 
 
-def _is_size(key: str) -> bool:
-    return key.startswith(SIZE_PREFIXES) or key.endswith(SIZE_SUFFIXES)
-
-
 def _name(value: str) -> str:
     """A preset name for the config: the repository's or folder's name, as a preset is named."""
     if value.startswith(HF_PREFIX):
@@ -142,7 +138,7 @@ def _diffusers_entry(value: str, path: Path, config: dict[str, Any]) -> dict[str
         key: v
         for key, v in config.items()
         # diffusers' own bookkeeping; and a size set to none, which the class's default is too
-        if not key.startswith("_") and not (v is None and _is_size(key))
+        if not key.startswith("_") and not (v is None and is_size(key))
     }
     entry = template.to_dict()
     label = _name(value)

@@ -235,6 +235,11 @@ SIZE_SUFFIXES = (
 MAY_BE_ZERO = ("extra_conditioning_channels",)  # an SD3 ControlNet's: none by default
 
 
+def is_size(key: str) -> bool:
+    """Whether an architecture or input field is a size (a count or width the checks hold to)."""
+    return key.startswith(SIZE_PREFIXES) or key.endswith(SIZE_SUFFIXES)
+
+
 def _check_sizes(section: dict[str, Any], source: str | None, path: str) -> None:
     """Every size in `section` and the mappings under it a whole number >= 1 (a list of them,
     one per level), or a ConfigError naming it."""
@@ -243,9 +248,7 @@ def _check_sizes(section: dict[str, Any], source: str | None, path: str) -> None
         if isinstance(value, dict):
             _check_sizes(value, source, where)
             continue
-        if not isinstance(key, str) or not (
-            key.startswith(SIZE_PREFIXES) or key.endswith(SIZE_SUFFIXES)
-        ):
+        if not isinstance(key, str) or not is_size(key):
             continue
         least = 0 if key in MAY_BE_ZERO else 1
         many = isinstance(value, list)  # one per level, as block_out_channels

@@ -164,7 +164,7 @@ class Musubi(Target):
             f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each trains "
             'on its first frames (frame_extraction = "head")'
         )
-        if point.preset.name.startswith("wan2_2"):
+        if task is not None and task.endswith("A14B"):  # Wan 2.2's two-expert models
             plan.note(
                 "Wan 2.2: --dit is the one expert autofit measured (low- or high-noise); "
                 "--dit_high_noise would hold both experts, which was not measured"
