@@ -155,7 +155,7 @@ class SanaScript:
 
 # Why musubi's export refuses the other families (musubi-tuner also trains image models, FLUX.1
 # Kontext among them, that autofit has no presets of).
-MUSUBI_FAMILIES = (
+MUSUBI_ONLY = (
     "autofit exports musubi-tuner's LoRA scripts for Wan, HunyuanVideo and Qwen-Image only"
 )
 
