@@ -1,14 +1,16 @@
 """`target=musubi`: kohya-ss musubi-tuner's dataset TOML, its caching commands and its LoRA launch.
 
 musubi-tuner (github.com/kohya-ss/musubi-tuner, not on PyPI: run from its folder) trains video
-LoRAs on latents and text-encoder outputs cached before training. The export writes:
+and image LoRAs on latents and text-encoder outputs cached before training. The export writes:
 
-- `dataset.toml`: its dataset config ([general] and one [[datasets]] of videos), the clip as
-  measured: `resolution` [width, height] of the run's largest bucket (with buckets of at most that
-  area), `target_frames` [frames] taken from the head of each video, the micro-batch;
+- `dataset.toml`: its dataset config ([general] and one [[datasets]] of videos, or of images for
+  an image family), the sample as measured: `resolution` [width, height] of the run's largest
+  bucket (with buckets of at most that area), for a video `target_frames` [frames] taken from the
+  head of each video, the micro-batch;
 - `cache.sh`: the family's two caching scripts (latents, then text-encoder outputs) over it;
 - `train.sh`: `accelerate launch` of the family's *_train_network.py (wan_train_network.py with
-  its --task, hv_train_network.py) with each knob's musubi words (autofit/knobs/) and, below them,
+  its --task, hv_train_network.py, qwen_image_train_network.py) with each knob's musubi words
+  (autofit/knobs/) and, below them,
   musubi-tuner's documented learning rate, epochs and timestep flags for the family
   (autofit/export/trainer_defaults.yaml), marked as defaults to review.
 
@@ -24,19 +26,36 @@ from typing import Any
 from autofit.export.base import ExportPlan, Target, steps_note
 from autofit.export.defaults import MARK
 from autofit.export.toml import dumps
-from autofit.families import MusubiScripts, musubi
+from autofit.families import REGISTRY, MusubiScripts, musubi
 from autofit.knobs.frames import clip_frames
 from autofit.models import ModelPreset
 
-VIDEO_DIR = "path/to/videos"  # placeholder: autofit never sees the user's data
+# placeholders: autofit never sees the user's data
+VIDEO_DIR = "path/to/videos"
+IMAGE_DIR = "path/to/images"
 CACHE_DIR = "path/to/cache"
+
+
+def _samples(plan: ExportPlan) -> dict[str, Any]:
+    """The [[datasets]] entry: a video family's clips of the measured length, taken from the head
+    of each video (dataset/config_utils.py VIDEO_DATASET_DISTINCT_SCHEMA), or an image family's
+    images (IMAGE_DATASET_DISTINCT_SCHEMA)."""
+    point = plan.point
+    if not REGISTRY[point.family].video:
+        return {"image_directory": IMAGE_DIR, "cache_directory": CACHE_DIR}
+    frames = point.config["frames"]  # said by its musubi words: the clip length is here
+    return {
+        "video_directory": VIDEO_DIR,
+        "cache_directory": CACHE_DIR,
+        "target_frames": [clip_frames({"frames": frames}, point.preset)],
+        "frame_extraction": "head",
+    }
 
 
 def _dataset(plan: ExportPlan) -> dict[str, Any]:
     point = plan.point
     resolution = plan.value("resolution") or point.preset.resolution
     height, width = point.preset.shape(resolution)
-    frames = point.config["frames"]  # said by its musubi words: the clip length is here
     return {
         "general": {
             # musubi-tuner's resolution is [width, height]; its buckets keep at most that area
@@ -47,14 +66,7 @@ def _dataset(plan: ExportPlan) -> dict[str, Any]:
             "enable_bucket": True,
             "bucket_no_upscale": True,
         },
-        "datasets": [
-            {
-                "video_directory": VIDEO_DIR,
-                "cache_directory": CACHE_DIR,
-                "target_frames": [clip_frames({"frames": frames}, point.preset)],
-                "frame_extraction": "head",
-            }
-        ],
+        "datasets": [_samples(plan)],
     }
 
 
@@ -99,7 +111,8 @@ def _lines(words: list[str]) -> str:
 class Musubi(Target):
     name = "musubi"
     summary = (
-        "kohya-ss musubi-tuner's dataset TOML, caching commands and LoRA launch (Wan, HunyuanVideo)"
+        "kohya-ss musubi-tuner's dataset TOML, caching commands and LoRA launch (Wan, "
+        "HunyuanVideo, Qwen-Image)"
     )
 
     def build(self, plan: ExportPlan) -> None:
@@ -160,10 +173,14 @@ class Musubi(Target):
             "as one .safetensors file of the original (non-diffusers) layout musubi-tuner loads; "
             "cache.sh names the VAE and text encoders"
         )
-        plan.note(
-            f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each trains "
-            'on its first frames (frame_extraction = "head")'
-        )
+        video = REGISTRY[point.family].video
+        if video:
+            plan.note(
+                f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each "
+                'trains on its first frames (frame_extraction = "head")'
+            )
+        else:
+            plan.note(f"put your images (with .txt captions) in '{IMAGE_DIR}' of dataset.toml")
         if task is not None and task.endswith("A14B"):  # Wan 2.2's two-expert models
             plan.note(
                 "Wan 2.2: --dit is the one expert autofit measured (low- or high-noise); "
@@ -171,7 +188,8 @@ class Musubi(Target):
             )
         steps_note(
             plan,
-            "an epoch is your videos / that many steps, for --max_train_epochs of train.sh",
+            f"an epoch is your {'videos' if video else 'images'} / that many steps, for "
+            "--max_train_epochs of train.sh",
         )
         plan.note("run cache.sh and train.sh from musubi-tuner's folder")
         plan.command = f"bash {shlex.quote(str(cache_file))} && bash {shlex.quote(str(train_file))}"

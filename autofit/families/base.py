@@ -153,14 +153,16 @@ class SanaScript:
 
 # --- kohya-ss musubi-tuner ----------------------------------------------------------------------
 
-# Why musubi's export refuses the other families (musubi-tuner also trains image models, Qwen-Image
-# and FLUX.1 Kontext among them, that autofit has no presets of).
-MUSUBI_VIDEO = "autofit exports musubi-tuner's video LoRA scripts only (Wan, HunyuanVideo)"
+# Why musubi's export refuses the other families (musubi-tuner also trains image models, FLUX.1
+# Kontext among them, that autofit has no presets of).
+MUSUBI_ONLY = (
+    "autofit exports musubi-tuner's LoRA scripts for Wan, HunyuanVideo and Qwen-Image only"
+)
 
 
 @dataclass(frozen=True)
 class MusubiScripts:
-    """musubi-tuner's LoRA training script for a video family (src/musubi_tuner/), the network
+    """musubi-tuner's LoRA training script for a family (src/musubi_tuner/), the network
     module it trains, its two caching scripts (latents, text-encoder outputs) with the files each
     loads, its largest `--blocks_to_swap` for an architecture and its `--task` for a preset."""
 

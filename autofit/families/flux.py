@@ -10,7 +10,7 @@ from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -77,6 +77,6 @@ FLUX = Family(
         "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

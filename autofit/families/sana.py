@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -34,6 +34,6 @@ SANA = Family(
         "simpletuner": SimpleTunerModel("sana", lora_targets=DIFFUSION_ATTENTION),
         "sana": SanaScript("train_scripts/train.py"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -9,7 +9,7 @@ from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -56,6 +56,6 @@ SD3 = Family(
         "simpletuner": SimpleTunerModel("sd3", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

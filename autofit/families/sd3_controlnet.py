@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     COMPANION_LIBRARIES,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -28,6 +28,6 @@ SD3_CONTROLNET = Family(
         "simpletuner": SimpleTunerModel("sd3", controlnet=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -39,6 +39,6 @@ SDXL = Family(
         "simpletuner": SimpleTunerModel("sdxl", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofit.families.base import (
     COMPANION_LIBRARIES,
-    MUSUBI_VIDEO,
+    MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
@@ -30,6 +30,6 @@ SDXL_CONTROLNET = Family(
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "musubi": Refuse(MUSUBI_VIDEO),
+        "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -84,7 +84,7 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
 def _musubi(value: Any, s: Subject) -> Say | Refuse:
     """--fp8_base alone casts the DiT to float8 e4m3 without a scale (its norms and embeddings
     too, a little less than the measured linears alone: training/trainer_base.py, Wan's
-    load_wan_model); --fp8_scaled (Wan only) quantizes the blocks' linears with a scale per 64
+    load_wan_model); --fp8_scaled (Wan's and Qwen-Image's) quantizes the blocks' linears with a scale per 64
     weights, which no value of autofit's is."""
     if value == "same":
         return Say()

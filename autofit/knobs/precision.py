@@ -191,10 +191,17 @@ def _musubi(value: Any, s: Subject) -> Say | Refuse:
     """musubi-tuner keeps the DiT in its 16-bit dtype and the LoRA weights in fp32 (its network
     dtype) under accelerate's autocast (training/trainer_base.py): autofit's mixed precision. Wan's
     dtype is its checkpoint's (bf16 weights need --mixed_precision bf16, fp16 ones fp16);
-    HunyuanVideo's is --dit_dtype (bf16 by default)."""
+    HunyuanVideo's is --dit_dtype (bf16 by default); Qwen-Image's is bf16 always."""
     if value == "bf16":
         return say(**{"--mixed_precision": "bf16"})
     if value == "fp16":
+        if s.family == "qwen_image":
+            return Say(
+                settings={"--mixed_precision": "fp16"},
+                warning="musubi-tuner keeps Qwen-Image's DiT in bf16 whatever --mixed_precision "
+                "says (qwen_image_train_network.py sets its dit_dtype): the same bytes as the "
+                "fp16 weights measured, each layer's cast to fp16 by autocast as it runs",
+            )
         if s.family == "hunyuan_video":
             return say(**{"--mixed_precision": "fp16", "--dit_dtype": "float16"})
         return say(

@@ -14,7 +14,13 @@ import torch
 
 # Imported here, not inside the builders: a library imported for the first time under fake
 # tensors would make its module-level constant tensors fake.
-from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLHunyuanVideo, AutoencoderKLWan
+from diffusers import (
+    AutoencoderDC,
+    AutoencoderKL,
+    AutoencoderKLHunyuanVideo,
+    AutoencoderKLQwenImage,
+    AutoencoderKLWan,
+)
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
@@ -23,6 +29,8 @@ from transformers import (
     Gemma2Model,
     LlamaConfig,
     LlamaModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     T5Config,
     T5EncoderModel,
     UMT5Config,
@@ -75,6 +83,16 @@ def _autoencoder_kl_hunyuan_video(architecture: dict[str, Any]) -> torch.nn.Modu
     return AutoencoderKLHunyuanVideo(**architecture)
 
 
+def _qwen2_5_vl(architecture: dict[str, Any]) -> torch.nn.Module:
+    # The whole vision-language model with its LM head, as Qwen-Image's trainers load its text
+    # encoder: a text prompt runs the language model and the head, the vision tower stays idle.
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**architecture))
+
+
+def _autoencoder_kl_qwen_image(architecture: dict[str, Any]) -> torch.nn.Module:
+    return AutoencoderKLQwenImage(**architecture)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "gemma2": _gemma2,
     "dc_ae": _dc_ae,
@@ -86,6 +104,8 @@ KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "autoencoder_kl_wan": _autoencoder_kl_wan,
     "llama_model": _llama_model,
     "autoencoder_kl_hunyuan_video": _autoencoder_kl_hunyuan_video,
+    "qwen2_5_vl": _qwen2_5_vl,
+    "autoencoder_kl_qwen_image": _autoencoder_kl_qwen_image,
 }
 
 

@@ -1,8 +1,14 @@
-"""What the diffusion families share: noising for their training objectives, and token ids."""
+"""What the diffusion families share: noising for their training objectives, token ids, and
+their language-model text encoders' padded prompts."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
+import transformers.masking_utils as masking_utils
+
+from autofit.workloads.base import replaced
 
 
 def flow_matching(latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -15,9 +21,37 @@ def flow_matching(latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return noisy, noise - latents, t
 
 
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) latents as (B, H/2 * W/2, 4C) tokens of 2x2 patches, as the Flux and Qwen-Image
+    pipelines pack them."""
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Packed tokens back in the (B, C, H, W) layout of `shape`, to compare with the target."""
+    b, c, h, w = shape
+    return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
 def token_ids(batch_size: int, tokens: int, vocab_size: int, device: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab_size, (batch_size, tokens), device=device)
 
 
 def vocab(companion: dict) -> int:
     return int(companion["architecture"]["vocab_size"])
+
+
+def _padded(*args: object, **kwargs: object) -> bool:
+    """transformers' check whether SDPA may skip a decoder's causal mask
+    (masking_utils._ignore_causal_mask_sdpa) as it answers a padded prompt: it may not. The check
+    reads the mask's values, which fake tensors lack (there it answers the same without reading
+    them); on real ones it makes two scalar temporaries the fake step would not."""
+    return False
+
+
+def padded_prompts() -> AbstractContextManager[None]:
+    """A language-model text encoder's mask check answered for a padded prompt, on every backend
+    (HunyuanVideo's LLaVA-Llama-3, Qwen-Image's Qwen2.5-VL)."""
+    return replaced(masking_utils, "_ignore_causal_mask_sdpa", _padded)

@@ -8,17 +8,10 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from autofit.workloads.base import Batch
-from autofit.workloads.diffusion import token_ids, vocab
+from autofit.workloads.diffusion import pack, token_ids, unpack, vocab
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
 GUIDANCE = 3.5
-
-
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) latents as (B, H/2 * W/2, 4C) tokens, as the Flux pipeline packs them."""
-    b, c, h, w = latents.shape
-    patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return patches.reshape(b, (h // 2) * (w // 2), c * 4)
 
 
 class FluxWorkload(LatentDiffusion):
@@ -52,7 +45,7 @@ class FluxWorkload(LatentDiffusion):
     def predict(
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
-        b, c, h, w = noisy.shape
+        b, _, h, w = noisy.shape
         tokens, device = (h // 2) * (w // 2), noisy.device
         prediction = model(
             hidden_states=pack(noisy),
@@ -64,12 +57,7 @@ class FluxWorkload(LatentDiffusion):
             img_ids=torch.zeros(tokens, 3, device=device, dtype=noisy.dtype),
             return_dict=False,
         )[0]
-        # Back from packed tokens to the latents' layout, to compare with the target.
-        return (
-            prediction.view(b, h // 2, w // 2, c, 2, 2)
-            .permute(0, 3, 1, 4, 2, 5)
-            .reshape(b, c, h, w)
-        )
+        return unpack(prediction, noisy.shape)
 
 
 WORKLOAD = FluxWorkload

@@ -6,14 +6,11 @@ hands them to it."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import torch
-import transformers.masking_utils as masking_utils
 from diffusers import HunyuanVideoTransformer3DModel
 
-from autofit.workloads.base import Batch, replaced
-from autofit.workloads.diffusion import token_ids, vocab
+from autofit.workloads.base import Batch
+from autofit.workloads.diffusion import padded_prompts, token_ids, vocab
 from autofit.workloads.latent import Conditions
 from autofit.workloads.video import VideoDiffusion
 
@@ -23,19 +20,6 @@ GUIDANCE = 6.0
 # The prompt embedding is the LLM's hidden state this many layers before its last output (the
 # pipeline's num_hidden_layers_to_skip=2, as HunyuanVideo's hidden_state_skip_layer).
 SKIPPED_LAYERS = 2
-
-
-def _padded(*args: object, **kwargs: object) -> bool:
-    """transformers' check whether SDPA may skip the LLM's causal mask
-    (masking_utils._ignore_causal_mask_sdpa) as it answers a padded prompt: it may not. The check
-    reads the mask's values, which fake tensors lack (there it answers the same without reading
-    them); on real ones it makes two scalar temporaries the fake step would not."""
-    return False
-
-
-def padded_prompts() -> AbstractContextManager[None]:
-    """The LLM's mask check answered for a padded prompt, on every backend."""
-    return replaced(masking_utils, "_ignore_causal_mask_sdpa", _padded)
 
 
 class HunyuanVideoWorkload(VideoDiffusion):

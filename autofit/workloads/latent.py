@@ -163,3 +163,12 @@ def vae_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
     return vae.decode(
         latents.to(_vae_dtype(vae)) / vae.config.scaling_factor + shift, return_dict=False
     )[0]
+
+
+def channel_stats(vae: torch.nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel latent mean and standard deviation a Wan-layout VAE's (B, C, T, H, W)
+    latents are scaled by (Wan's, Qwen-Image's: `latents_mean`, `latents_std` in its config)."""
+    shape = (1, -1, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=like.dtype)
+    std = torch.tensor(vae.config.latents_std, device=like.device, dtype=like.dtype)
+    return mean.view(shape), std.view(shape)

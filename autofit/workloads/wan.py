@@ -15,16 +15,8 @@ from diffusers import WanTransformer3DModel
 
 from autofit.workloads.base import Batch
 from autofit.workloads.diffusion import token_ids, vocab
-from autofit.workloads.latent import Conditions
+from autofit.workloads.latent import Conditions, channel_stats
 from autofit.workloads.video import VideoDiffusion
-
-
-def _channel_stats(vae: torch.nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-channel latent mean and standard deviation the Wan VAE's latents are scaled by."""
-    shape = (1, -1, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=like.dtype)
-    std = torch.tensor(vae.config.latents_std, device=like.device, dtype=like.dtype)
-    return mean.view(shape), std.view(shape)
 
 
 class WanWorkload(VideoDiffusion):
@@ -97,12 +89,12 @@ class WanWorkload(VideoDiffusion):
     def encode_latents(self, vae: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
         dtype = next(vae.parameters()).dtype
         latents = vae.encode(images.to(dtype)).latent_dist.sample()
-        mean, std = _channel_stats(vae, latents)
+        mean, std = channel_stats(vae, latents)
         return (latents - mean) / std
 
     def decode_latents(self, vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
         dtype = next(vae.parameters()).dtype
-        mean, std = _channel_stats(vae, latents)
+        mean, std = channel_stats(vae, latents)
         return vae.decode((latents * std + mean).to(dtype), return_dict=False)[0]
 
 

@@ -1,0 +1,85 @@
+"""Qwen-Image (Qwen): a 20B MMDiT of 60 dual-stream blocks over its VAE's 16-channel latents in
+2x2 patches, prompted by Qwen2.5-VL-7B's last hidden state, not guidance-distilled.
+
+Every block has the image's and the prompt's own projections, feed-forwards and modulation,
+attending jointly (Flux's dual-stream block, with no single-stream blocks after them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autofit.families.base import (
+    DIFFUSION_ATTENTION,
+    JOINT_ATTENTION,
+    TRL_LANGUAGE_MODELS,
+    DiffusersScript,
+    DiffusersScripts,
+    Family,
+    MusubiScripts,
+    SimpleTunerModel,
+)
+from autofit.words import Refuse
+
+# Both streams' feed-forwards (diffusers' FeedForward: net.0.proj in, net.2 out).
+FEED_FORWARD = ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+# Every linear of a block but its modulation (img_mod, txt_mod): musubi-tuner's LoRA
+# (networks/lora_qwen_image.py adapts the blocks' linears and excludes "_mod_" ones).
+BLOCK_LINEAR = JOINT_ATTENTION + FEED_FORWARD
+
+
+def musubi_blocks_to_swap(architecture: Mapping[str, Any]) -> int:
+    """musubi-tuner swaps every block but one (qwen_image/qwen_image_model.py,
+    QwenImageTransformer2DModel.enable_block_swap, kohya-ss/musubi-tuner 30c658c4)."""
+    return int(architecture["num_layers"]) - 1
+
+
+MUSUBI = MusubiScripts(
+    script="src/musubi_tuner/qwen_image_train_network.py",
+    network="networks.lora_qwen_image",
+    cache_latents="src/musubi_tuner/qwen_image_cache_latents.py",
+    cache_text="src/musubi_tuner/qwen_image_cache_text_encoder_outputs.py",
+    # docs/qwen_image.md's files (Comfy-Org's single-file VAE and Qwen2.5-VL)
+    latent_files={"--vae": "qwen_image_vae.safetensors"},
+    text_files={"--text_encoder": "qwen_2.5_vl_7b.safetensors"},
+    max_blocks_to_swap=musubi_blocks_to_swap,
+)
+
+QWEN_IMAGE = Family(
+    name="qwen_image",
+    workload="autofit.workloads.qwen_image",
+    libraries=(),
+    loader="diffusers",
+    unit="pixels",
+    companions=("text_encoder", "vae"),
+    lora_sets={
+        "attention": DIFFUSION_ATTENTION,
+        "joint_attention": JOINT_ATTENTION,
+        "all_linear": BLOCK_LINEAR,
+    },
+    feed_forward=FEED_FORWARD,
+    # SimpleTuner's Qwen-Image transformer checkpoints block by block (should_checkpoint_block
+    # in its qwen_image/transformer.py forward), Sana's grouping.
+    checkpoint_groups="blocks",
+    denoiser_class="QwenImageTransformer2DModel",
+    config_template="qwen_image",
+    trainers={
+        "diffusers": DiffusersScripts(
+            {
+                # With --cache_latents and one --instance_prompt it encodes the prompt, caches
+                # the latents and frees the text encoder and VAE before training; its validation
+                # loads a pipeline without a text encoder, on embeddings computed beforehand.
+                "lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_qwen_image.py", "dreambooth", True, ("cached",)),
+            },
+            lora_layers=True,
+        ),
+        "kohya": Refuse("sd-scripts has no Qwen-Image trainer (musubi-tuner trains it)"),
+        # its model's DEFAULT_LORA_TARGET, and musubi block swap up to 59 blocks
+        # (qwen_image/model.py max_swappable_blocks)
+        "simpletuner": SimpleTunerModel("qwen_image", block_swap=True, lora_targets=DIFFUSION_ATTENTION),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "musubi": MUSUBI,
+    },
+)  # fmt: skip
