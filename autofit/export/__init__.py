@@ -13,6 +13,7 @@ from typing import Any
 from autofit.config import suggest
 from autofit.errors import ConfigError
 from autofit.export.accelerate import TARGET as ACCELERATE
+from autofit.export.axolotl import TARGET as AXOLOTL
 from autofit.export.base import ExportPlan, Refused, Target
 from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
@@ -30,7 +31,18 @@ from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
     t.name: t
-    for t in (ACCELERATE, DEEPSPEED, SIMPLETUNER, KOHYA, MUSUBI, SANA, DIFFUSERS, TRL, HYDRA)
+    for t in (
+        ACCELERATE,
+        DEEPSPEED,
+        SIMPLETUNER,
+        KOHYA,
+        MUSUBI,
+        SANA,
+        DIFFUSERS,
+        TRL,
+        AXOLOTL,
+        HYDRA,
+    )
 }
 
 

@@ -14,7 +14,19 @@ import shlex
 from typing import Any
 
 from autofit.export.base import ExportPlan, Target
+from autofit.knobs.zero3_params import ZERO3_SETTINGS
 from autofit.knobs.zero_stage import GRADIENT_CLIPPING
+
+# The knobs whose DeepSpeed words make the JSON of a trainer that builds the model and optimizer
+# itself (the Hugging Face Trainer axolotl runs): precision and ZeRO blocks; the optimizer's only
+# where ZeRO-Offload has DeepSpeed build its CPU Adam.
+SHARDING = (
+    "precision",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_params",
+    *(knob.name for knob in ZERO3_SETTINGS),
+)
 
 
 def ds_config(batch: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
@@ -25,6 +37,15 @@ def ds_config(batch: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
 def ds_config_of(plan: ExportPlan) -> dict[str, Any]:
     """The run's DeepSpeed JSON for another trainer's export (nothing recorded in its README)."""
     return ds_config(plan.settings_in("deepspeed", ["batch_size"]), plan.settings_in("deepspeed"))
+
+
+def trainer_ds_config(plan: ExportPlan) -> dict[str, Any]:
+    """The run's DeepSpeed JSON for a trainer that builds its own optimizer, unless ZeRO-Offload
+    has DeepSpeed build it (nothing recorded in the export's README)."""
+    knobs = [*SHARDING, *(["optimizer"] if plan.point.config["offload_optimizer"] == "cpu" else [])]
+    return ds_config(
+        plan.settings_in("deepspeed", ["batch_size"]), plan.settings_in("deepspeed", knobs)
+    )
 
 
 class DeepSpeed(Target):

@@ -18,6 +18,7 @@ from autofit.errors import ConfigError, shown, suggest
 from autofit.families.base import (
     COMPANION_LIBRARIES,
     TRAINERS,
+    AxolotlModel,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -148,6 +149,7 @@ __all__ = [
     "SimpleTunerModel",
     "Trainer",
     "TrlModel",
+    "AxolotlModel",
     "check_family",
     "declaring",
     "diffusers",

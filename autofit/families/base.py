@@ -210,7 +210,31 @@ class TrlModel:
         return f"SFTTrainer ({self.auto_class})"
 
 
-Trainer = DiffusersScripts | KohyaScripts | SimpleTunerModel | SanaScript | TrlModel | MusubiScripts
+# --- axolotl (axolotl-ai-cloud/axolotl) ---------------------------------------------------------
+
+
+# Why axolotl's export refuses the image and video families (autofit exports its language models).
+AXOLOTL_LANGUAGE_MODELS = "autofit exports axolotl's language-model fine-tunes only"
+
+
+@dataclass(frozen=True)
+class AxolotlModel:
+    auto_class: str  # the transformers class axolotl loads the model with (its `type_of_model`)
+
+    @property
+    def name(self) -> str:
+        return f"axolotl ({self.auto_class})"
+
+
+Trainer = (
+    DiffusersScripts
+    | KohyaScripts
+    | SimpleTunerModel
+    | SanaScript
+    | TrlModel
+    | MusubiScripts
+    | AxolotlModel
+)
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
     "diffusers": DiffusersScripts,
@@ -219,6 +243,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "sana": SanaScript,
     "trl": TrlModel,
     "musubi": MusubiScripts,
+    "axolotl": AxolotlModel,
 }
 
 

@@ -22,6 +22,7 @@ CUSTOM = Family(
         "simpletuner": OWN_CODE,
         "sana": OWN_CODE,
         "trl": OWN_CODE,
+        "axolotl": OWN_CODE,
         "musubi": OWN_CODE,
     },
 )

@@ -9,6 +9,7 @@ Flux's, with a small token refiner over the prompt before them.
 from __future__ import annotations
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     KOHYA_VIDEO,
@@ -79,6 +80,7 @@ HUNYUAN_VIDEO = Family(
         "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )

@@ -17,6 +17,7 @@ MLP = Family(
         "simpletuner": Refuse("a test model: no trainer's script trains it"),
         "sana": Refuse("a test model: no trainer's script trains it"),
         "trl": Refuse("a test model: no trainer's script trains it"),
+        "axolotl": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
     },
 )

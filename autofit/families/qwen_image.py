@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     TRL_LANGUAGE_MODELS,
@@ -80,6 +81,7 @@ QWEN_IMAGE = Family(
         "simpletuner": SimpleTunerModel("qwen_image", block_swap=True, lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
@@ -34,6 +35,7 @@ SANA = Family(
         "simpletuner": SimpleTunerModel("sana", lora_targets=DIFFUSION_ATTENTION),
         "sana": SanaScript("train_scripts/train.py"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     COMPANION_LIBRARIES,
     MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
@@ -28,6 +29,7 @@ SD3_CONTROLNET = Family(
         "simpletuner": SimpleTunerModel("sd3", controlnet=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     COMPANION_LIBRARIES,
     MUSUBI_ONLY,
     TRL_LANGUAGE_MODELS,
@@ -30,6 +31,7 @@ SDXL_CONTROLNET = Family(
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
+    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     KOHYA_VIDEO,
     TRL_LANGUAGE_MODELS,
@@ -72,6 +73,7 @@ WAN = Family(
         "simpletuner": Refuse("autofit does not export Wan to SimpleTuner yet"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )

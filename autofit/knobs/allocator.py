@@ -109,4 +109,5 @@ class Allocator(Knob):
             for v in ("deepspeed", "kohya", "sana", "simpletuner", "musubi")
         },
         "trl": _note(launched=True),
+        "axolotl": _note(launched=True),
     }

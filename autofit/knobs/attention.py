@@ -77,6 +77,14 @@ class Attention(Knob):
                 "fp32 (another run than torch's math kernel)"
             ),
         },
+        # axolotl's attn_implementation, passed to transformers as its own name.
+        "axolotl": {
+            "sdpa": say(attn_implementation="sdpa"),
+            "math": Refuse(
+                "axolotl's unfused choice is transformers' eager attention, whose softmax runs "
+                "in fp32 (another run than torch's math kernel)"
+            ),
+        },
         # musubi-tuner asks for one of its kernels (--sdpa, --flash_attn, --xformers, ...): none
         # is the unfused path.
         "musubi": {

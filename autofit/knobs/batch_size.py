@@ -46,4 +46,5 @@ class BatchSize(Knob):
         "trl": lambda v, s: say(
             per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
         ),
+        "axolotl": lambda v, s: say(micro_batch_size=v, gradient_accumulation_steps=s.accumulation),
     }

@@ -41,6 +41,21 @@ if TYPE_CHECKING:
 EVERY_BLOCK = "checkpoint_interval=1"
 
 
+def _every_layer(who: str) -> Any:
+    """The words of a trainer on transformers' gradient checkpointing: every layer or none."""
+
+    def words(value: Any, s: Subject) -> Say | Refuse:
+        if value == 1:
+            return Say()
+        return Refuse(
+            f"{who}'s gradient_checkpointing checkpoints every layer (transformers' own); "
+            "every N-th layer is torchtitan's and torchtune's",
+            EVERY_BLOCK,
+        )
+
+    return words
+
+
 class CheckpointPlan:
     """The checkpoint function a run hands its model when it checkpoints every N blocks."""
 
@@ -174,13 +189,6 @@ class CheckpointInterval(Knob):
     trainers = {
         "simpletuner": lambda v, s: Say() if v == 1 else say(gradient_checkpointing_interval=v),
         "sana": _sana,
-        "trl": lambda v, s: (
-            Say()
-            if v == 1
-            else Refuse(
-                "TRL's gradient_checkpointing checkpoints every layer (transformers' own); "
-                "every N-th layer is torchtitan's and torchtune's",
-                EVERY_BLOCK,
-            )
-        ),
+        "trl": _every_layer("TRL"),
+        "axolotl": _every_layer("axolotl"),
     }

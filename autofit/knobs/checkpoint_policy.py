@@ -93,5 +93,6 @@ class CheckpointPolicy(Knob):
             ("sana", "Sana's train.py"),
             ("diffusers", "the diffusers example scripts"),
             ("trl", "TRL (transformers' gradient checkpointing)"),
+            ("axolotl", "axolotl (transformers' gradient checkpointing)"),
         )
     }

@@ -32,6 +32,14 @@ def _trl(value: Any, s: Subject) -> Say:
     )
 
 
+def _axolotl(value: Any, s: Subject) -> Say:
+    """Said when off too; non-reentrant as measured, said outright: axolotl's normalize_config
+    makes it reentrant when no kwargs are given (utils/config/__init__.py, 0.19)."""
+    if not value:
+        return say(gradient_checkpointing=False)
+    return say(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
     depends_on = ("train_mode", "zero_stage")
@@ -59,5 +67,6 @@ class Checkpointing(Knob):
         "sana": lambda v, s: say(**{"train.grad_checkpointing": v}),
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         "trl": _trl,
+        "axolotl": _axolotl,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
     }

@@ -141,6 +141,13 @@ class Compile(Knob):
 
     trainers = {
         "simpletuner": _simpletuner,
+        "axolotl": {
+            "off": Say(),
+            "regional": Refuse(
+                "axolotl's torch_compile is the Trainer's, which compiles the whole model at once; "
+                "autofit has measured compiling each block"
+            ),
+        },
         "trl": {
             "off": Say(),
             "regional": Refuse(

@@ -235,6 +235,14 @@ FSDP1_ONLY = Refuse(
     NOT_FSDP,
 )
 NO_FSDP = "sd-scripts has no FSDP (it shards with DeepSpeed)"
+# axolotl 0.19 loads the model in its 16-bit dtype, keeps norms in fp32 where fp32_norms asks and
+# shards through accelerate with policies of its own (loaders/model.py, monkeypatch/accelerate/
+# fsdp2.py): autofit has not matched that layout to the FSDP2 one it measures.
+AXOLOTL_FSDP = Refuse(
+    "autofit has not matched axolotl's FSDP setup (a 16-bit load sharded by its own accelerate "
+    "patches) to the FSDP2 layout it measures",
+    "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
+)
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 
@@ -330,4 +338,5 @@ class Fsdp(Knob):
         "kohya": {"off": Say(), "full_shard": Refuse(NO_FSDP), "shard_grad_op": Refuse(NO_FSDP)},
         # The accelerate config TRL's train.py is launched with carries it.
         "trl": checked(lambda v, s: Say()),
+        "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
     }

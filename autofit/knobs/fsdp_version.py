@@ -87,4 +87,5 @@ class FsdpVersion(Knob):
         "deepspeed": lambda v, s: Say(),
         "kohya": lambda v, s: Say(),
         "trl": lambda v, s: Say(),
+        "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
     }

@@ -75,6 +75,27 @@ NO_LANGUAGE_MODELS = Refuse(
 )
 
 
+# axolotl 0.19 (loaders/model.py _configure_embedding_dtypes) calls prepare_model_for_kbit_training
+# on a 4-bit base (not under ZeRO-3), then casts the norms, token embedding and output head back to
+# the model's 16-bit dtype before the adapters come: the fp32 copies never stay.
+AXOLOTL_CAST_BACK = (
+    "axolotl casts the norms, token embedding and output head back to 16-bit after "
+    "prepare_model_for_kbit_training (loaders/model.py _configure_embedding_dtypes)"
+)
+
+
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    if value == "peft":
+        return Refuse(f"{AXOLOTL_CAST_BACK}: the fp32 copies measured do not stay")
+    if s.config.get("checkpointing") and s.config.get("zero_stage") != 3:
+        return Say(
+            warning=f"{AXOLOTL_CAST_BACK}, so the weights are the measured ones; with "
+            "checkpointing its enable_input_require_grads adds the embedding output's gradient "
+            "(one batch x sequence x hidden tensor) to the measured step"
+        )
+    return Say()
+
+
 class KbitPrep(Knob):
     name = "kbit_prep"
     depends_on = ("checkpointing", "fsdp", "swap_blocks", "train_mode", "zero_stage")
@@ -131,6 +152,7 @@ class KbitPrep(Knob):
         "kohya": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "sana": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "diffusers": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
+        "axolotl": _axolotl,
         # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
         "trl": {
             "none": Say(),

@@ -161,5 +161,7 @@ class LoraTargets(Knob):
         "kohya": {"preset": Say(), "single_blocks": say(network_args=["train_blocks=single"])},
         "diffusers": _diffusers,
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
+        # the modules named, not lora_target_linear (every linear layer but the output head)
+        "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         "musubi": _musubi,
     }

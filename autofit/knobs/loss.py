@@ -79,6 +79,30 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
     return Refuse("TRL 1.16's SFTTrainer scores every token through its own fused LM head")
 
 
+# axolotl 0.19's AxolotlTrainer takes the Trainer's loss (transformers' own) unless a plugin or
+# patch replaces it (core/trainers/base.py compute_loss).
+AXOLOTL_LIGER = "axolotl.integrations.liger.LigerPlugin"
+
+
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    if value == "full":
+        return Say()
+    if value == "fused_linear":
+        return Say(
+            settings={"plugins": [AXOLOTL_LIGER], "liger_fused_linear_cross_entropy": True},
+            warning="axolotl 0.19 pins liger-kernel 0.8.1; autofit modelled 0.8.5's fused loss",
+        )
+    if value == "chunked":
+        return Refuse(
+            "axolotl's chunked_cross_entropy chunks the logits of one whole-sequence output "
+            "projection (monkeypatch/loss/chunked.py), whose backward gathers every chunk's "
+            "gradient into one full logits gradient; the measured run projected chunk by chunk"
+        )
+    return Refuse(
+        "axolotl computes transformers' own loss, or Liger's fused loss through its plugin"
+    )
+
+
 class Loss(Knob):
     name = "loss"
     depends_on = ("compile",)
@@ -117,7 +141,7 @@ class Loss(Knob):
     per_sample_memory = True  # the logits grow with every sequence in the batch
     reach = "pass"  # how the forward computes the loss
 
-    trainers = {"trl": _trl}
+    trainers = {"trl": _trl, "axolotl": _axolotl}
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return is_causal_lm(preset.family)

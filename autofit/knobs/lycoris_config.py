@@ -108,6 +108,7 @@ class LycorisConfigKnob(AdapterFileKnob):
                 ("sana", "Sana's train.py trains the whole model"),
                 ("diffusers", "the diffusers example scripts train peft's LoRA"),
                 ("trl", "TRL trains peft's adapters"),
+                ("axolotl", "axolotl trains peft's adapters"),
             )  # fmt: skip
         },
     }

@@ -41,7 +41,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import declaring, family
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, say
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
     import torch
@@ -158,9 +158,29 @@ class AttentionOffload:
                     attention.register_forward_hook(self.leave, always_call=True)
 
 
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    """axolotl 0.19's activation_offloading: TRL's OffloadActivations around each step
+    (core/trainers/mixins/activation_checkpointing.py). On adapters it offloads what forward saves
+    (with the model's own checkpointing where gradient_checkpointing asks); on a full fine-tune it
+    always wraps every layer in a non-reentrant checkpoint too (loaders/model.py
+    _apply_activation_checkpointing)."""
+    if value == "off":
+        return Say()
+    if value == "attention":
+        return Refuse(
+            "axolotl's activation_offloading copies every saved activation, not the attention's"
+        )
+    if s.config.get("train_mode", "full") == "full" and not s.config.get("checkpointing"):
+        return Refuse(
+            "axolotl checkpoints every layer of a full fine-tune whose activations it offloads",
+            "offload_activations=cpu with checkpointing=true",
+        )
+    return say(activation_offloading=True)
+
+
 class OffloadActivations(Knob):
     name = "offload_activations"
-    depends_on = ("fsdp",)
+    depends_on = ("checkpointing", "fsdp", "train_mode")
     default = "off"
     help = (
         "saved activations copied to pinned host memory in forward, back in backward: off | cpu "
@@ -242,6 +262,7 @@ class OffloadActivations(Knob):
                 "TRL's activation_offloading copies every saved activation, not the attention's"
             ),
         },
+        "axolotl": _axolotl,
         "musubi": {
             "off": Say(),
             "cpu": Refuse(

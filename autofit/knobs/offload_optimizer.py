@@ -48,6 +48,7 @@ class OffloadOptimizer(Knob):
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
         # accelerate swaps the Trainer's AdamW for DeepSpeed's CPU Adam (the optimizer's words).
         "trl": zero_checked(),
+        "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
     }
 
 

@@ -40,4 +40,5 @@ class OffloadParams(Knob):
         "diffusers": zero_checked(),
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
         "trl": zero_checked(),  # in the accelerate config it is launched with
+        "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
     }

@@ -337,6 +337,18 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
     return say(optim=name, **({"optim_args": arguments} if arguments else {}))
 
 
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    """axolotl 0.19 hands its `optimizer` to transformers as `optim` (core/builders/base.py), so
+    transformers' names are TRL's words; of its own names, came_pytorch builds the CAME measured."""
+    if value == "came" and s.config.get("offload_optimizer", "none") == "none":
+        return say(optimizer="came_pytorch")
+    words = _trl(value, s)
+    if isinstance(words, Refuse):
+        return words
+    settings = dict(words.settings)
+    return Say(settings={"optimizer": settings.pop("optim"), **settings}, note=words.note)
+
+
 def _lorafa_reason(context: ProbeContext) -> str | None:
     knobs = context.knobs
     mode = knobs.get("train_mode", "full")
@@ -417,4 +429,5 @@ class Optimizer(Knob):
         "diffusers": _diffusers,
         "trl": _trl,
         "musubi": _musubi,
+        "axolotl": _axolotl,
     }

@@ -94,6 +94,14 @@ class OptimizerImpl(Knob):
         "sana": _by_default(lambda v: {f"train.optimizer.{k}": x for k, x in ARGUMENTS[v].items()}),
         "diffusers": _diffusers,
         # The optimizer's words name transformers' adamw_torch_fused or adamw_torch (foreach).
+        "axolotl": {
+            "fused": Say(),
+            "foreach": Say(),
+            "for_loop": Refuse(
+                "axolotl's AdamW names are transformers' (adamw_torch_fused, adamw_torch: "
+                "foreach on a GPU)"
+            ),
+        },
         "trl": {
             "fused": Say(),
             "foreach": Say(),

@@ -67,6 +67,7 @@ OWN_NETWORKS = (
     ("sana", "Sana's train.py"),
     ("diffusers", "the diffusers example scripts"),
     ("trl", "autofit's TRL export"),
+    ("axolotl", "autofit's axolotl export"),
 )
 
 

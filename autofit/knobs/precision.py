@@ -265,6 +265,50 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
     return say(dtype=TRL_DTYPES[value], **autocast)
 
 
+# axolotl 0.19 (utils/config/__init__.py resolve_dtype, core/builders/base.py): `bf16` loads the
+# model in bf16 and turns on the Trainer's bf16 autocast, `fp16` the same in fp16 with loss
+# scaling, `bfloat16` alone loads bf16 with no autocast, neither loads fp32. PEFT keeps the
+# adapters of a 16-bit model in fp32 unless peft_autocast_adapter_dtype is false.
+AXOLOTL_AUTOCAST = {
+    "fp32": {"bf16": False, "fp16": False, "tf32": False},
+    "fp16": {"bf16": False, "fp16": True},
+    "bf16": {"bf16": True},
+    "bf16_autocast": {"bf16": True},
+    "bf16_pure": {"bf16": False, "bfloat16": True},
+}
+AXOLOTL_FULL = (
+    "axolotl fine-tunes a model in full in the 16-bit dtype it loads it in, with its token "
+    "embedding, output head and norms upcast to fp32 (loaders/model.py "
+    "_configure_embedding_dtypes): neither fp32 master weights nor an all-bf16 model as measured"
+)
+
+
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    mode = s.config.get("train_mode", "full")
+    if s.config.get("zero_stage"):
+        # DeepSpeed casts the model to 16-bit at initialize and keeps fp32 masters, as measured
+        if value not in ("bf16", "fp16"):
+            return Refuse(
+                "ZeRO runs a 16-bit model with fp32 master weights (precision bf16 or fp16); "
+                "autofit measured no other precision with zero_stage >= 1"
+            )
+        return say(**AXOLOTL_AUTOCAST[value])
+    if mode in ("full", "freeze"):
+        if value != "fp32":
+            return Refuse(AXOLOTL_FULL, "precision=fp32, or bf16 and fp16 with zero_stage >= 1")
+        return say(**AXOLOTL_AUTOCAST[value])
+    if value == "fp32" and mode in ("qlora", "qdora"):
+        return Refuse(
+            "axolotl computes a 4-bit base in the dtype it loads the model in (fp32 here: "
+            "bnb_4bit_compute_dtype), where the measured run computed it in bf16",
+            "precision=bf16, fp16, bf16_autocast, bf16_pure",
+        )
+    settings = dict(AXOLOTL_AUTOCAST[value])
+    if value in BF16_WEIGHTS:  # bf16 adapters, as measured
+        settings["peft_autocast_adapter_dtype"] = False
+    return Say(settings=settings)
+
+
 class Precision(Knob):
     name = "precision"
     depends_on = ("encoders", "train_mode", "zero_stage")
@@ -358,4 +402,5 @@ class Precision(Knob):
         },
         "trl": _trl,
         "musubi": _musubi,
+        "axolotl": _axolotl,
     }

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families import REGISTRY, diffusers_script
-from autofit.knobs.base import Knob, Subject, say
+from autofit.knobs.base import Knob, Say, Subject, say
 
 
 def _diffusers(value: Any, s: Subject) -> Any:
@@ -49,4 +49,12 @@ class Resolution(Knob):
         "sana": lambda v, s: say(**{"data.image_size": v, "model.image_size": v}),
         "diffusers": _diffusers,
         "trl": lambda v, s: say(max_length=v),  # every sample cut (or packed) to it
+        "axolotl": lambda v, s: Say(
+            # one example per row padded to sequence_len: the probe's full rows every step;
+            # axolotl 0.19 warns that packing under SDPA and bf16 before Hopper can lose the loss
+            # (utils/schemas/config.py check_sample_packing_w_sdpa_bf16)
+            settings={"sequence_len": v, "sample_packing": False, "pad_to_sequence_len": True},
+            warning="axolotl pads each example to sequence_len, so transformers hands SDPA a "
+            "padding mask (batch x sequence x sequence booleans) the measured full rows had none of",
+        ),
     }

@@ -173,6 +173,43 @@ def _trl(value: Any, s: Subject) -> Say | Refuse:
     return Say(settings=settings, warning=warning)
 
 
+# axolotl 0.19 turns its fused LoRA kernels on for LoRA and QLoRA unless told (utils/schemas/
+# config.py check_auto_enable_lora_kernels): off, so peft's layers run as measured.
+AXOLOTL_NO_KERNELS = {
+    "lora_mlp_kernel": False,
+    "lora_qkv_kernel": False,
+    "lora_o_kernel": False,
+    "lora_embedding_kernel": False,
+}
+
+
+def _axolotl(value: Any, s: Subject) -> Say | Refuse:
+    """axolotl's adapter settings (loaders/adapter.py builds peft's LoraConfig from them; loaders/
+    model.py the BitsAndBytesConfig): no dropout, alpha = rank as measured (lora_rank's words); a
+    4-bit base in NF4 with double quantization, its compute dtype the model's (precision's)."""
+    if value == "full":
+        return Say()
+    if value == "freeze":
+        return Refuse(
+            "autofit exports axolotl's adapters and full fine-tunes; its unfrozen_parameters "
+            "patterns are not mapped to the last blocks"
+        )
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("autofit's axolotl export")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("axolotl")
+    settings: dict[str, Any] = {"adapter": "lora", "lora_dropout": 0.0, **AXOLOTL_NO_KERNELS}
+    if value in FOUR_BIT_MODES:
+        settings.update(
+            adapter="qlora",
+            load_in_4bit=True,
+            bnb_config_kwargs={"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True},
+        )
+    if value in DORA_MODES:
+        settings["peft_use_dora"] = True
+    return Say(settings=settings)
+
+
 class TrainMode(Knob):
     name = "train_mode"
     depends_on = (
@@ -291,6 +328,7 @@ class TrainMode(Knob):
         "diffusers": _diffusers,
         "trl": _trl,
         "musubi": _musubi,
+        "axolotl": _axolotl,
     }
 
 

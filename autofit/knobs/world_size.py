@@ -44,4 +44,5 @@ class WorldSize(Knob):
         "sana": _sana,
         "diffusers": lambda v, s: Say(),  # the accelerate config's num_processes
         "trl": lambda v, s: Say(),  # the accelerate config's num_processes
+        "axolotl": lambda v, s: Say(),  # the launch line's --num-processes
     }

@@ -42,7 +42,12 @@ class Zero3Setting(Knob):
     # zero_stage's DeepSpeed block writes it, in the JSON these trainers take. Trainers that
     # build DeepSpeed's config from their own few settings have no words: they run the default,
     # and refuse another value (one's own code under accelerate is told, in a note).
-    trainers = {"deepspeed": lambda v, s: Say(), "simpletuner": lambda v, s: Say()}
+    # in the DeepSpeed JSON each of these targets writes
+    trainers = {
+        "deepspeed": lambda v, s: Say(),
+        "simpletuner": lambda v, s: Say(),
+        "axolotl": lambda v, s: Say(),
+    }
 
 
 class Zero3PrefetchBucket(Zero3Setting):

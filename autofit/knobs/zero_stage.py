@@ -351,6 +351,8 @@ class ZeroStage(Knob):
         ),
         # The accelerate config TRL's train.py is launched with carries it (its accelerate words).
         "trl": zero_checked(lambda v, s: Say()),
+        # axolotl's `deepspeed` names the DeepSpeed JSON written beside its config (the layout's).
+        "axolotl": zero_checked(lambda v, s: Say()),
     }
 
 
