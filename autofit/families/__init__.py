@@ -35,6 +35,7 @@ from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
 from autofit.families.sana import SANA
 from autofit.families.sd3 import SD3
+from autofit.families.sd import SD
 from autofit.families.sd3_controlnet import SD3_CONTROLNET
 from autofit.families.sdxl import SDXL
 from autofit.families.sdxl_controlnet import SDXL_CONTROLNET
@@ -49,6 +50,7 @@ REGISTRY: dict[str, Family] = {
         FLUX,
         SDXL,
         SDXL_CONTROLNET,
+        SD,
         WAN,
         HUNYUAN_VIDEO,
         LLM,
