@@ -953,7 +953,7 @@ def test_a_documented_default_never_replaces_what_the_configuration_sets(
             "kohya",
             SANA,
             None,
-            "target=kohya cannot train sana_1600m (Sana 1600M, family sana): kohya supports the families flux, sd3, sdxl",
+            "target=kohya cannot train sana_1600m (Sana 1600M, family sana): kohya supports the families flux, sd, sd3, sdxl",
         ),
         ("sana", SANA, 6, "target=sana cannot express zero_stage=2 of sana_1600m"),
         ("sana", SANA, 4, "target=sana cannot express train_mode=lora"),

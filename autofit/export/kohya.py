@@ -4,7 +4,8 @@ Keys are sd-scripts' argument names (its config file holds them without the dash
 kohya words (autofit/knobs/) give them, sd-scripts' rules included (its block-swap limits, fp8 at
 most for a quantized base, no EMA). The trainer is the family's script in sd-scripts:
 `flux_train.py` / `flux_train_network.py`, `sd3_train.py` / `sd3_train_network.py`,
-`sdxl_train.py` / `sdxl_train_network.py`, as each family declares it (autofit/families/);
+`sdxl_train.py` / `sdxl_train_network.py`, `train_db.py` / `train_network.py` (SD 1.x/2.x, with
+`v2` and `v_parameterization` for 2.x), as each family declares it (autofit/families/);
 sd-scripts has no Sana trainer and no SD3 ControlNet trainer. Below what the run measured,
 train.toml holds sd-scripts' documented learning rate, epochs or steps and FLUX.1's timestep and
 guidance flags for the family and mode (autofit/export/trainer_defaults.yaml), each marked as a
@@ -56,7 +57,7 @@ def _dataset(batch_size: int, resolution: int) -> dict[str, Any]:
 
 class Kohya(Target):
     name = "kohya"
-    summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, SD3, SDXL)"
+    summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, SD3, SDXL, SD 1.x/2.x)"
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point
@@ -74,8 +75,13 @@ class Kohya(Target):
             output_name=point.study,
             save_model_as="safetensors",
         )
-        script = scripts.full if point.config["train_mode"] == "full" else scripts.lora
+        full = point.config["train_mode"] == "full"
+        script = scripts.full if full else scripts.lora
         world = plan.value("world_size")  # the launcher's --num_processes
+        if scripts.model_flags is not None:
+            args.update(scripts.model_flags(point.preset.architecture, point.preset.inputs))
+        if full:
+            args.update(scripts.full_flags)
         args.update(plan.say_rest())
         args["gradient_accumulation_steps"] = point.accumulation
         text = dumps(args)

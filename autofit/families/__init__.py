@@ -36,6 +36,7 @@ from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
 from autofit.families.qwen_image import QWEN_IMAGE
 from autofit.families.sana import SANA
+from autofit.families.sd import SD
 from autofit.families.sd3 import SD3
 from autofit.families.sd3_controlnet import SD3_CONTROLNET
 from autofit.families.sdxl import SDXL
@@ -52,6 +53,7 @@ REGISTRY: dict[str, Family] = {
         QWEN_IMAGE,
         SDXL,
         SDXL_CONTROLNET,
+        SD,
         WAN,
         HUNYUAN_VIDEO,
         LLM,

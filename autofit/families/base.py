@@ -116,6 +116,14 @@ class KohyaScripts:
     always_fused_attention: bool = True
     # Its sampling moves the VAE to the GPU before the denoising, not only for the decode.
     sampling_moves_vae_first: bool = False
+    # Its scripts can cache the text encoders' outputs (cache_text_encoder_outputs); without it
+    # the text encoder stays on the GPU and encodes every step, cached latents or not.
+    text_encoder_cache: bool = True
+    # What its full fine-tune script needs to train the model alone, as autofit measures it.
+    full_flags: Mapping[str, Any] = field(default_factory=dict)
+    # The flags its scripts need to load and train a preset as autofit builds it, from the
+    # preset's architecture and inputs (SD 2.x's v2 and v_parameterization).
+    model_flags: Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -133,6 +141,8 @@ class SimpleTunerModel:
     # The modules its LoRA adapts by default (its model's DEFAULT_LORA_TARGET, Flux's for its
     # default flux_lora_target=all), of those the model has; None: the preset's list.
     lora_targets: tuple[str, ...] | None = None
+    # Presets of the family it cannot train, by name, each with the reason.
+    refused_presets: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

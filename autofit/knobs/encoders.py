@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import COMPANION_LIBRARIES, diffusers_script
+from autofit.families import COMPANION_LIBRARIES, diffusers_script, kohya
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 from autofit.trainers import DATA_DIR
@@ -58,6 +58,25 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
         # The script frees (some) encoders the measured run kept: less memory, same training.
         return Say(warning=f"{script.file} precomputes text embeddings and frees the text encoders")
     return Refuse(f"{script.file} {script.not_cached}")
+
+
+def _kohya(value: Any, s: Subject) -> Say | Refuse:
+    """Cached: latents and text-encoder outputs computed before training and kept on disk, where
+    the family's scripts cache text-encoder outputs; SD 1.x/2.x's keep the text encoder on the
+    GPU (encoders=text)."""
+    scripts = kohya(s.family)
+    if value == "cached" and scripts is not None and not scripts.text_encoder_cache:
+        return Refuse(
+            f"sd-scripts' {scripts.lora} and {scripts.full} have no text-encoder output cache: "
+            "the text encoder stays on the GPU (encoders=text caches the latents only)"
+        )
+    cache_text = value == "cached"
+    return say(
+        cache_latents=value != "online",
+        cache_latents_to_disk=value != "online",
+        **({"cache_text_encoder_outputs": cache_text, "cache_text_encoder_outputs_to_disk": cache_text}
+           if scripts is None or scripts.text_encoder_cache else {}),
+    )  # fmt: skip
 
 
 MUSUBI_CACHES = (
@@ -152,16 +171,7 @@ class Encoders(Knob):
             "online": say(vae_cache_ondemand=True, text_cache_ondemand=True),
             "text": say(vae_cache_ondemand=False, text_cache_ondemand=True),
         },
-        # Cached: latents and text-encoder outputs computed before training and kept on disk.
-        "kohya": {
-            value: say(
-                cache_latents=value != "online",
-                cache_latents_to_disk=value != "online",
-                cache_text_encoder_outputs=value == "cached",
-                cache_text_encoder_outputs_to_disk=value == "cached",
-            )
-            for value in ("cached", "online", "text")
-        },
+        "kohya": _kohya,
         # Precomputed DC-AE latents and Gemma features: no VAE or text encoder on the GPU.
         "sana": {
             "cached": say(

@@ -1,37 +1,20 @@
 """SDXL: `UNet2DConditionModel` trained to predict the noise (DDPM, epsilon) on 4-channel VAE
 latents, conditioned on CLIP-L and CLIP-G (77 tokens, penultimate layers concatenated), CLIP-G's
-pooled embedding and the six size-and-crop conditioning values."""
+pooled embedding and the six size-and-crop conditioning values (autofit/workloads/unet.py holds
+what it shares with SD 1.x/2.x)."""
 
 from __future__ import annotations
 
 import torch
-from diffusers import UNet2DConditionModel
 
 from autofit.workloads.base import Batch
 from autofit.workloads.diffusion import token_ids, vocab
-from autofit.workloads.latent import Conditions, LatentDiffusion
-
-STEPS = 1000
-
-
-def _alphas_cumprod(device: torch.device) -> torch.Tensor:
-    """SDXL's scaled-linear beta schedule."""
-    betas = torch.linspace(0.00085**0.5, 0.012**0.5, STEPS, device=device, dtype=torch.float32) ** 2
-    return torch.cumprod(1 - betas, dim=0)
+from autofit.workloads.latent import Conditions
+from autofit.workloads.unet import UNetDiffusion
 
 
-class SDXLWorkload(LatentDiffusion):
+class SDXLWorkload(UNetDiffusion):
     text_encoders = ("text_encoder", "text_encoder_2")
-
-    def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
-        return self.unet()
-
-    def unet(self) -> torch.nn.Module:
-        """The preset's UNet (diffusers takes its per-level lists as tuples)."""
-        architecture = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in self.preset.architecture.items()
-        }
-        return UNet2DConditionModel(**architecture)
 
     def conditions(
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
@@ -63,26 +46,8 @@ class SDXLWorkload(LatentDiffusion):
             ),
         }
 
-    def noising(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        noise = torch.randn_like(latents)
-        steps = torch.randint(0, STEPS, (latents.shape[0],), device=latents.device)
-        alpha = _alphas_cumprod(latents.device)[steps].view(-1, 1, 1, 1).to(latents.dtype)
-        noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
-        return noisy, noise, steps.to(latents.dtype) / STEPS
-
-    def predict(
-        self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
-    ) -> torch.Tensor:
-        return model(
-            noisy,
-            (t * (STEPS - 1)).long(),
-            encoder_hidden_states=conditions["text"],
-            added_cond_kwargs={
-                "text_embeds": conditions["pooled"],
-                "time_ids": conditions["time_ids"],
-            },
-            return_dict=False,
-        )[0]
+    def added_conditions(self, conditions: Conditions) -> dict[str, torch.Tensor]:
+        return {"text_embeds": conditions["pooled"], "time_ids": conditions["time_ids"]}
 
 
 WORKLOAD = SDXLWorkload

@@ -35,7 +35,8 @@ from autofit.workloads.sd3_controlnet import (
     ControlNetTraining,
     pipeline_text_encoders,
 )
-from autofit.workloads.sdxl import STEPS, SDXLWorkload
+from autofit.workloads.sdxl import SDXLWorkload
+from autofit.workloads.unet import STEPS
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
