@@ -8,7 +8,7 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from autofit.workloads.base import Batch
-from autofit.workloads.diffusion import token_ids, vocab
+from autofit.workloads.diffusion import epsilon_noising, token_ids, vocab
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
 STEPS = 1000
@@ -64,11 +64,7 @@ class SDXLWorkload(LatentDiffusion):
         }
 
     def noising(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        noise = torch.randn_like(latents)
-        steps = torch.randint(0, STEPS, (latents.shape[0],), device=latents.device)
-        alpha = _alphas_cumprod(latents.device)[steps].view(-1, 1, 1, 1).to(latents.dtype)
-        noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
-        return noisy, noise, steps.to(latents.dtype) / STEPS
+        return epsilon_noising(latents, _alphas_cumprod(latents.device))
 
     def predict(
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
