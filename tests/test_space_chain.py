@@ -21,7 +21,7 @@ from autofit.search.space import load_space
 SMALLEST = {
     "sana": "sana_600m", "sd3": "sd35_medium", "sd3_controlnet": "sd3_controlnet",
     "sdxl": "sdxl", "sdxl_controlnet": "sdxl_controlnet", "flux": "flux_dev", "llm": "llama3_2_1b",
-    "wan": "wan2_1_t2v_1_3b", "hunyuan_video": "hunyuan_video",
+    "wan": "wan2_1_t2v_1_3b", "hunyuan_video": "hunyuan_video", "pixart_sigma": "pixart_sigma_512",
 }  # fmt: skip
 
 

@@ -33,6 +33,7 @@ from autofit.families.flux import FLUX
 from autofit.families.hunyuan_video import HUNYUAN_VIDEO
 from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
+from autofit.families.pixart import PIXART_SIGMA
 from autofit.families.sana import SANA
 from autofit.families.sd3 import SD3
 from autofit.families.sd3_controlnet import SD3_CONTROLNET
@@ -44,6 +45,7 @@ REGISTRY: dict[str, Family] = {
     family.name: family
     for family in (
         SANA,
+        PIXART_SIGMA,
         SD3,
         SD3_CONTROLNET,
         FLUX,

@@ -133,6 +133,8 @@ class SimpleTunerModel:
     # The modules its LoRA adapts by default (its model's DEFAULT_LORA_TARGET, Flux's for its
     # default flux_lora_target=all), of those the model has; None: the preset's list.
     lora_targets: tuple[str, ...] | None = None
+    # The --base_model_precision values its model refuses for the family (its check_user_config).
+    refused_bases: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
