@@ -839,6 +839,26 @@ def test_simpletuner_adapts_its_models_default_modules(
         assert refused.why.startswith("SimpleTuner's LoRA adapts to_q, to_k, to_v, to_out.0")
 
 
+def test_simpletuner_trains_pixart_sigma_under_the_family_name_its_parser_takes(
+    workdir: Path,
+) -> None:
+    """SimpleTuner's --model_family choices are its model_metadata.json's keys (its model
+    folders): PixArt Sigma's is `pixart`; the `pixart_sigma` of its quickstart is registered only
+    when the model's module is imported (helpers/models/registry.py, bghira/SimpleTuner bc8e6ab)."""
+    parser = _simpletuner_parser(
+        json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
+    )
+    sana = point_for("simpletuner", SANA, 4)  # LoRA, in bf16 under autocast as SimpleTuner runs it
+    sana = dataclasses.replace(sana, config={**sana.config, "precision": "bf16_autocast"})
+    for preset, flavour in (("pixart_sigma_1024", "600M-1024"), ("pixart_sigma_512", "600M-512")):
+        point = dataclasses.replace(sana, preset=load_preset(preset))
+        out = TARGETS["simpletuner"].run(point, workdir / preset)
+        config = json.loads(out.files["config.json"])
+        parser.parse_args(_simpletuner_cli(config))
+        assert (config["model_family"], config["model_flavour"]) == ("pixart", flavour)
+        assert config["model_type"] == "lora"
+
+
 def test_simpletuners_parser_reads_its_checkpointing_schedule_offload_and_torchao_base(
     workdir: Path,
 ) -> None:

@@ -34,6 +34,7 @@ from autofit.families.flux import FLUX
 from autofit.families.hunyuan_video import HUNYUAN_VIDEO
 from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
+from autofit.families.pixart import PIXART_SIGMA
 from autofit.families.qwen_image import QWEN_IMAGE
 from autofit.families.sana import SANA
 from autofit.families.sd import SD
@@ -47,6 +48,7 @@ REGISTRY: dict[str, Family] = {
     family.name: family
     for family in (
         SANA,
+        PIXART_SIGMA,
         SD3,
         SD3_CONTROLNET,
         FLUX,

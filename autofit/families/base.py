@@ -143,6 +143,8 @@ class SimpleTunerModel:
     lora_targets: tuple[str, ...] | None = None
     # Presets of the family it cannot train, by name, each with the reason.
     refused_presets: Mapping[str, str] = field(default_factory=dict)
+    # The --base_model_precision values its model refuses for the family (its check_user_config).
+    refused_bases: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
@@ -109,7 +110,13 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
             "layer's input for backward), not a plain cast",
             "base_precision=same, fp8_quanto, fp8wo_torchao",
         )
-    return say(base_model_precision="no_change" if value == "same" else value.replace("_", "-"))
+    word = "no_change" if value == "same" else value.replace("_", "-")
+    model = simpletuner(s.family)
+    if model is not None and word in model.refused_bases:
+        return Refuse(
+            f"SimpleTuner's {model.model_family} model refuses base_model_precision={word}"
+        )
+    return say(base_model_precision=word)
 
 
 class BasePrecision(Knob):

@@ -35,6 +35,23 @@ def unpack(tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
+def ddpm_noising(
+    latents: torch.Tensor, alphas_cumprod: torch.Tensor, velocity: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The DDPM objective the UNet families and PixArt train with: a uniform timestep index per
+    sample into the schedule's cumulative alphas, the noisy latents sqrt(a) x + sqrt(1 - a) noise,
+    the target (the noise, or with `velocity` sqrt(a) noise - sqrt(1 - a) x, DDPMScheduler's
+    get_velocity, which the scripts take for v_prediction), and the timesteps as fractions of the
+    schedule."""
+    steps_total = alphas_cumprod.shape[0]
+    noise = torch.randn_like(latents)
+    steps = torch.randint(0, steps_total, (latents.shape[0],), device=latents.device)
+    alpha = alphas_cumprod[steps].view(-1, *([1] * (latents.dim() - 1))).to(latents.dtype)
+    noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+    target = alpha.sqrt() * noise - (1 - alpha).sqrt() * latents if velocity else noise
+    return noisy, target, steps.to(latents.dtype) / steps_total
+
+
 def token_ids(batch_size: int, tokens: int, vocab_size: int, device: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab_size, (batch_size, tokens), device=device)
 
@@ -44,10 +61,11 @@ def vocab(companion: dict) -> int:
 
 
 def _padded(*args: object, **kwargs: object) -> bool:
-    """transformers' check whether SDPA may skip a decoder's causal mask
-    (masking_utils._ignore_causal_mask_sdpa) as it answers a padded prompt: it may not. The check
-    reads the mask's values, which fake tensors lack (there it answers the same without reading
-    them); on real ones it makes two scalar temporaries the fake step would not."""
+    """transformers' check whether SDPA may skip a text encoder's attention mask
+    (masking_utils._ignore_causal_mask_sdpa for a decoder, _ignore_bidirectional_mask_sdpa for an
+    encoder) as it answers a padded prompt: it may not. The check reads the mask's values, which
+    fake tensors lack (there it answers the same without reading them); on real ones it makes
+    scalar temporaries the fake step would not."""
     return False
 
 
@@ -55,3 +73,8 @@ def padded_prompts() -> AbstractContextManager[None]:
     """A language-model text encoder's mask check answered for a padded prompt, on every backend
     (HunyuanVideo's LLaVA-Llama-3, Qwen-Image's Qwen2.5-VL)."""
     return replaced(masking_utils, "_ignore_causal_mask_sdpa", _padded)
+
+
+def padded_captions() -> AbstractContextManager[None]:
+    """T5's mask check answered for a padded caption, on every backend (PixArt-Sigma's)."""
+    return replaced(masking_utils, "_ignore_bidirectional_mask_sdpa", _padded)

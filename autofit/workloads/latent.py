@@ -1,10 +1,11 @@
 """Latent diffusion families: a denoiser trained on VAE latents, conditioned on text embeddings.
 
-`LatentDiffusion` holds what Sana, SD3, Flux, SDXL and the SD3 ControlNet share: the batch (cached
-latents and embeddings, or images and token ids for the encoders to run on), the training
+`LatentDiffusion` holds what Sana, PixArt, SD3, Flux, SDXL and the SD3 ControlNet share: the batch
+(cached latents and embeddings, or images and token ids for the encoders to run on), the training
 objective, and the validation pass (the pipeline's denoiser step with guidance, then the decode).
 A family says how it builds its model, what its text conditioning is and how its encoders make
-it, and how its denoiser is called.
+it, and how its denoiser is called; `CaptionDiffusion` says the conditioning of those with one
+text encoder whose caption embedding and mask the denoiser takes (Sana, PixArt).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from autofit.knobs.validation_resolution import validation_pixels
 from autofit.workloads.base import Batch, CheckpointFn, Workload
-from autofit.workloads.diffusion import flow_matching
+from autofit.workloads.diffusion import flow_matching, token_ids, vocab
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -144,6 +145,41 @@ class LatentDiffusion(Workload):
 
     def decode_latents(self, vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(vae, latents)
+
+
+class CaptionDiffusion(LatentDiffusion):
+    """A denoiser conditioned on one text encoder's per-token caption embedding and its attention
+    mask (Sana's Gemma-2, PixArt's T5), padded to the preset's `text_tokens`."""
+
+    def conditions(
+        self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
+    ) -> Conditions:
+        tokens, width = self.preset.inputs["text_tokens"], self.preset.inputs["text_dim"]
+        return {
+            "text": torch.randn(batch_size, tokens, width, device=device, dtype=dtype),
+            "text_mask": torch.ones(batch_size, tokens, device=device, dtype=dtype),
+        }
+
+    def tokens(self, batch_size: int, device: torch.device) -> Batch:
+        count = self.preset.inputs["text_tokens"]
+        return {
+            "ids": token_ids(
+                batch_size, count, vocab(self.preset.companions["text_encoder"]), device
+            ),
+            "mask": torch.ones(batch_size, count, device=device, dtype=torch.long),
+        }
+
+    def encode_text(self, tokens: Batch, companions: dict[str, torch.nn.Module]) -> Conditions:
+        text = companions["text_encoder"](
+            input_ids=tokens["ids"], attention_mask=tokens["mask"]
+        ).last_hidden_state
+        return {"text": text, "text_mask": tokens["mask"].to(text.dtype)}
+
+    def next_block_inputs(self, output: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        # Their blocks (SanaTransformerBlock, BasicTransformerBlock) return the hidden states
+        # alone; the rest of their inputs (the masks, the captions, the timestep embedding, the
+        # patch grid) are the same for every block.
+        return (output, *inputs[1:])
 
 
 def _vae_dtype(vae: torch.nn.Module) -> torch.dtype:

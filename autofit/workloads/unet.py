@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from diffusers import UNet2DConditionModel
 
+from autofit.workloads.diffusion import ddpm_noising
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
 STEPS = 1000
@@ -43,16 +44,8 @@ class UNetDiffusion(LatentDiffusion):
         return str(self.preset.inputs.get("prediction_type", "epsilon"))
 
     def noising(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        noise = torch.randn_like(latents)
-        steps = torch.randint(0, STEPS, (latents.shape[0],), device=latents.device)
-        alpha = _alphas_cumprod(latents.device)[steps].view(-1, 1, 1, 1).to(latents.dtype)
-        noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
-        if self.prediction_type == "v_prediction":
-            # DDPMScheduler.get_velocity, the target the training scripts take for v_prediction
-            target = alpha.sqrt() * noise - (1 - alpha).sqrt() * latents
-        else:
-            target = noise
-        return noisy, target, steps.to(latents.dtype) / STEPS
+        velocity = self.prediction_type == "v_prediction"
+        return ddpm_noising(latents, _alphas_cumprod(latents.device), velocity)
 
     def added_conditions(self, conditions: Conditions) -> dict[str, torch.Tensor] | None:
         """What the UNet takes beside the text embeddings (`added_cond_kwargs`), if anything."""
