@@ -75,6 +75,8 @@ class Kohya(Target):
             save_model_as="safetensors",
         )
         script = scripts.full if point.config["train_mode"] == "full" else scripts.lora
+        assert script is not None  # train_mode's words refused a full fine-tune it has not
+        args.update(scripts.flags)  # the family's model type, before what the run says
         world = plan.value("world_size")  # the launcher's --num_processes
         args.update(plan.say_rest())
         args["gradient_accumulation_steps"] = point.accumulation

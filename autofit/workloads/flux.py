@@ -1,6 +1,7 @@
 """FLUX.1: `FluxTransformer2DModel` trained with flow matching on 16-channel VAE latents packed
-into 2x2 patches, conditioned on T5-XXL (512 tokens) and CLIP-L's pooled embedding, with the
-guidance value Flux.1-dev is distilled on."""
+into 2x2 patches, conditioned on T5-XXL (the preset's `t5_tokens`) and CLIP-L's pooled embedding,
+with the guidance value FLUX.1 [dev] is distilled on where the model embeds one
+(`guidance_embeds`; FLUX.1 [schnell] has none)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,22 @@ from autofit.workloads.latent import Conditions, LatentDiffusion
 GUIDANCE = 3.5
 
 
+def position_ids(count: int, like: torch.Tensor) -> torch.Tensor:
+    """Rotary position ids (count, 3) for a run of tokens; their values change no shape."""
+    return torch.zeros(count, 3, device=like.device, dtype=like.dtype)
+
+
 def pack(latents: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) latents as (B, H/2 * W/2, 4C) tokens, as the Flux pipeline packs them."""
     b, c, h, w = latents.shape
     patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
     return patches.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Packed tokens back in the layout of the latents `like`, to compare with the target."""
+    b, c, h, w = like.shape
+    return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
 class FluxWorkload(LatentDiffusion):
@@ -52,24 +64,21 @@ class FluxWorkload(LatentDiffusion):
     def predict(
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
-        b, c, h, w = noisy.shape
-        tokens, device = (h // 2) * (w // 2), noisy.device
+        b, _, h, w = noisy.shape
+        guidance = None  # FLUX.1 [schnell] embeds no guidance (and its model takes none)
+        if self.preset.architecture.get("guidance_embeds", False):
+            guidance = torch.full((b,), GUIDANCE, device=noisy.device, dtype=noisy.dtype)
         prediction = model(
             hidden_states=pack(noisy),
             timestep=t,
-            guidance=torch.full((b,), GUIDANCE, device=device, dtype=noisy.dtype),
+            guidance=guidance,
             pooled_projections=conditions["pooled"],
             encoder_hidden_states=conditions["text"],
-            txt_ids=torch.zeros(conditions["text"].shape[1], 3, device=device, dtype=noisy.dtype),
-            img_ids=torch.zeros(tokens, 3, device=device, dtype=noisy.dtype),
+            txt_ids=position_ids(conditions["text"].shape[1], noisy),
+            img_ids=position_ids((h // 2) * (w // 2), noisy),
             return_dict=False,
         )[0]
-        # Back from packed tokens to the latents' layout, to compare with the target.
-        return (
-            prediction.view(b, h // 2, w // 2, c, 2, 2)
-            .permute(0, 3, 1, 4, 2, 5)
-            .reshape(b, c, h, w)
-        )
+        return unpack(prediction, noisy)
 
 
 WORKLOAD = FluxWorkload
