@@ -3,7 +3,8 @@
 Keys are sd-scripts' argument names (its config file holds them without the dashes); each knob's
 kohya words (autofit/knobs/) give them, sd-scripts' rules included (its block-swap limits, fp8 at
 most for a quantized base, no EMA). The trainer is the family's script in sd-scripts:
-`flux_train.py` / `flux_train_network.py`, `sd3_train.py` / `sd3_train_network.py`,
+`flux_train.py` / `flux_train_network.py` (Chroma: `flux_train_network.py` with the family's
+flags, `--model_type chroma`), `sd3_train.py` / `sd3_train_network.py`,
 `sdxl_train.py` / `sdxl_train_network.py`, as each family declares it (autofit/families/);
 sd-scripts has no Sana trainer and no SD3 ControlNet trainer. Below what the run measured,
 train.toml holds sd-scripts' documented learning rate, epochs or steps and FLUX.1's timestep and
@@ -56,7 +57,7 @@ def _dataset(batch_size: int, resolution: int) -> dict[str, Any]:
 
 class Kohya(Target):
     name = "kohya"
-    summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, SD3, SDXL)"
+    summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, Chroma, SD3, SDXL)"
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point
@@ -74,11 +75,11 @@ class Kohya(Target):
             output_name=point.study,
             save_model_as="safetensors",
         )
-        script = scripts.full if point.config["train_mode"] == "full" else scripts.lora
-        assert script is not None  # train_mode's words refused a full fine-tune it has not
         args.update(scripts.flags)  # the family's model type, before what the run says
         world = plan.value("world_size")  # the launcher's --num_processes
         args.update(plan.say_rest())
+        script = scripts.full if point.config["train_mode"] == "full" else scripts.lora
+        assert script is not None  # train_mode's words refused a full fine-tune it has not
         args["gradient_accumulation_steps"] = point.accumulation
         text = dumps(args)
         # A default the run already says, with the same value, stays where it is (a TOML key is
