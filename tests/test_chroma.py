@@ -53,7 +53,9 @@ def tiny_chroma(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
     probe = spec("chroma", backend=backend, **{"batch_size": 2, "resolution": 64, **knobs})
     model = copy.deepcopy(probe.model)
     model["architecture"].update(TINY_CHROMA)
-    model["inputs"].update(t5_tokens=16, text_dim=TINY_CHROMA["joint_attention_dim"], latent_downsample=2)
+    model["inputs"].update(
+        t5_tokens=16, text_dim=TINY_CHROMA["joint_attention_dim"], latent_downsample=2
+    )
     companions = model["companions"]
     companions["text_encoder"]["architecture"].update(TINY_T5)
     companions["vae"]["architecture"].update(TINY_VAE)
@@ -80,7 +82,9 @@ def test_chroma_is_built_with_the_published_shapes() -> None:
     names = {name for name, _ in model.named_modules()}
     assert "transformer_blocks.0.norm1.linear" not in names
     assert "single_transformer_blocks.0.norm.linear" not in names
-    assert not any(n.endswith(("guidance_embedder", "time_text_embed.text_embedder")) for n in names)
+    assert not any(
+        n.endswith(("guidance_embedder", "time_text_embed.text_embedder")) for n in names
+    )
     params = sum(p.numel() for p in model.parameters())
     assert params == 8_899_983_424  # SimpleTuner's quickstart: "an 8.9B-parameter" model
     assert sum(p.numel() for p in layer.parameters()) == 278_285_312
@@ -105,7 +109,9 @@ def test_schnell_is_dev_without_the_guidance_embedding() -> None:
     schnell, dev = _meta("flux_schnell"), _meta("flux_dev")
     assert not hasattr(schnell.time_text_embed, "guidance_embedder")
     assert hasattr(dev.time_text_embed, "guidance_embedder")
-    count = {m: sum(p.numel() for p in model.parameters()) for m, model in (("s", schnell), ("d", dev))}
+    count = {
+        m: sum(p.numel() for p in model.parameters()) for m, model in (("s", schnell), ("d", dev))
+    }
     guidance = sum(p.numel() for p in dev.time_text_embed.guidance_embedder.parameters())
     assert count["s"] == count["d"] - guidance == 11_891_178_560
     assert load_preset("flux_schnell").inputs["t5_tokens"] == 256  # sd-scripts' and SimpleTuner's
