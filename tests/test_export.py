@@ -817,6 +817,67 @@ def test_simpletuner_flux_gets_its_rate_and_guidance_or_says_none_is_documented(
     assert any(n.startswith("choose learning_rate for flux (full): ") for n in full.notes)
 
 
+# --- the Flux-derived presets: Chroma's family and schnell's own names -------------------------
+
+
+def _as(model: str, point: int | None = None, **config: Any) -> Any:
+    """The Flux study's point, trained on another preset of the same shapes' kind."""
+    loaded = _flux(point, **config)
+    return dataclasses.replace(loaded, preset=load_preset(model))
+
+
+def test_kohya_trains_chroma_as_flux_network_lora_with_its_model_type(workdir: Path) -> None:
+    documented = json.loads((FIXTURES / "sd_scripts_options.json").read_text())["options"]
+    plan = TARGETS["kohya"].run(_as("chroma", precision="bf16_autocast"), workdir / "chroma")
+    train = tomllib.loads(plan.files["train.toml"])
+    assert " flux_train_network.py --config_file " in plan.command
+    assert set(train) <= set(documented["flux_train_network"])
+    # sd-scripts' Chroma: --model_type chroma, its T5 mask asserted, no CLIP-L.
+    assert train["model_type"] == "chroma" and train["apply_t5_attn_mask"] is True
+    assert "clip_l" not in train and train["t5xxl"] == "path/to/t5xxl_fp16.safetensors"
+    assert train["network_module"] == "networks.lora_flux"
+    # Chroma's documented flags, its learning rate undocumented.
+    assert train["guidance_scale"] == 0.0 and train["timestep_sampling"] == "sigmoid"
+    assert "learning_rate" not in train
+    assert any(n.startswith("choose learning_rate for chroma (lora): ") for n in plan.notes)
+    with pytest.raises(Refused, match=re.escape("sd-scripts fine-tunes no chroma model in full")):
+        TARGETS["kohya"].run(_as("chroma", 3), workdir / "full")
+
+
+def test_simpletuner_trains_chroma_as_its_chroma_family(workdir: Path) -> None:
+    parser = _simpletuner_parser(
+        json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
+    )
+    point = _as("chroma", precision="bf16_autocast", lora_targets="joint_attention")
+    config = json.loads(TARGETS["simpletuner"].run(point, workdir).files["config.json"])
+    parsed = parser.parse_args(_simpletuner_cli(config))
+    assert parsed.model_family == "chroma" and parsed.model_flavour == "base"
+    assert "pretrained_model_name_or_path" not in config and config["learning_rate"] == 2e-4
+    assert "flux_guidance_value" not in config  # FLUX.1 [dev]'s distilled guidance only
+
+
+def test_schnell_tells_its_trainers_what_they_need_for_it(workdir: Path) -> None:
+    parser = _simpletuner_parser(
+        json.loads((FIXTURES / "simpletuner_4.10.1.json").read_text())["options"]
+    )
+    point = _as("flux_schnell", precision="bf16_autocast", lora_targets="joint_attention")
+    config = json.loads(TARGETS["simpletuner"].run(point, workdir / "st").files["config.json"])
+    parsed = parser.parse_args(_simpletuner_cli(config))
+    assert parsed.model_flavour == "schnell" and parsed.flux_fast_schedule is True
+    documented = json.loads((FIXTURES / "diffusers_examples_options.json").read_text())["scripts"]
+    plan = TARGETS["diffusers"].run(_as("flux_schnell", encoders="online"), workdir / "diffusers")
+    assert "--max_sequence_length=256" in shlex.split(plan.command)  # the scripts' own is 512
+    assert "max_sequence_length" in documented["examples/dreambooth/train_dreambooth_lora_flux.py"]
+
+
+def test_diffusers_refuses_chroma_in_one_line(workdir: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        TARGETS["diffusers"].run(_as("chroma"), workdir / "out")
+    assert "\n" not in str(refused.value)
+    assert "diffusers supports the families" in str(refused.value)
+    assert "chroma" not in str(refused.value).split("supports the families")[1]
+
+
 @pytest.mark.parametrize(
     ("model", "own", "other"),
     [
@@ -973,7 +1034,7 @@ def test_a_documented_default_never_replaces_what_the_configuration_sets(
             "kohya",
             SANA,
             None,
-            "target=kohya cannot train sana_1600m (Sana 1600M, family sana): kohya supports the families flux, sd, sd3, sdxl",
+            "target=kohya cannot train sana_1600m (Sana 1600M, family sana): kohya supports the families chroma, flux, sd, sd3, sdxl",
         ),
         ("sana", SANA, 6, "target=sana cannot express zero_stage=2 of sana_1600m"),
         ("sana", SANA, 4, "target=sana cannot express train_mode=lora"),

@@ -20,9 +20,9 @@ from autofit.search.space import load_space
 # The smallest preset of each family autofit ships (the toys aside).
 SMALLEST = {
     "sana": "sana_600m", "sd3": "sd35_medium", "sd3_controlnet": "sd3_controlnet",
-    "sdxl": "sdxl", "sdxl_controlnet": "sdxl_controlnet", "flux": "flux_dev", "llm": "llama3_2_1b",
-    "wan": "wan2_1_t2v_1_3b", "hunyuan_video": "hunyuan_video", "qwen_image": "qwen_image",
-    "sd": "sd15", "pixart_sigma": "pixart_sigma_512",
+    "sdxl": "sdxl", "sdxl_controlnet": "sdxl_controlnet", "flux": "flux_dev", "chroma": "chroma",
+    "llm": "llama3_2_1b", "wan": "wan2_1_t2v_1_3b", "hunyuan_video": "hunyuan_video",
+    "qwen_image": "qwen_image", "sd": "sd15", "pixart_sigma": "pixart_sigma_512",
 }  # fmt: skip
 
 

@@ -55,6 +55,10 @@ class Diffusers(Target):
         if script.kind != "dreambooth":
             plan.note(f"'{DATA_DIR}' is an imagefolder dataset with the script's columns")
         args += [_argument(flag, value) for flag, value in settings.items()]
+        # what the script must be told to train the preset as measured (its text length)
+        args += [
+            f"--{key}={value}" for key, value in point.preset.trainers.get(self.name, {}).items()
+        ]
         defaults = [
             _argument(flag, value) for flag, value in plan.training_defaults(settings).items()
         ]

@@ -3,7 +3,8 @@
 Keys are sd-scripts' argument names (its config file holds them without the dashes); each knob's
 kohya words (autofit/knobs/) give them, sd-scripts' rules included (its block-swap limits, fp8 at
 most for a quantized base, no EMA). The trainer is the family's script in sd-scripts:
-`flux_train.py` / `flux_train_network.py`, `sd3_train.py` / `sd3_train_network.py`,
+`flux_train.py` / `flux_train_network.py` (Chroma: `flux_train_network.py` with the family's
+flags, `--model_type chroma`), `sd3_train.py` / `sd3_train_network.py`,
 `sdxl_train.py` / `sdxl_train_network.py`, `train_db.py` / `train_network.py` (SD 1.x/2.x, with
 `v2` and `v_parameterization` for 2.x), as each family declares it (autofit/families/);
 sd-scripts has no Sana trainer and no SD3 ControlNet trainer. Below what the run measured,
@@ -57,7 +58,9 @@ def _dataset(batch_size: int, resolution: int) -> dict[str, Any]:
 
 class Kohya(Target):
     name = "kohya"
-    summary = "kohya sd-scripts' training TOML and dataset TOML (Flux, SD3, SDXL, SD 1.x/2.x)"
+    summary = (
+        "kohya sd-scripts' training TOML and dataset TOML (Flux, Chroma, SD3, SDXL, SD 1.x/2.x)"
+    )
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point
@@ -75,8 +78,10 @@ class Kohya(Target):
             output_name=point.study,
             save_model_as="safetensors",
         )
+        args.update(scripts.flags)  # the family's model type, before what the run says
         full = point.config["train_mode"] == "full"
         script = scripts.full if full else scripts.lora
+        assert script is not None  # train_mode's words refused a full fine-tune it has not
         world = plan.value("world_size")  # the launcher's --num_processes
         if scripts.model_flags is not None:
             args.update(scripts.model_flags(point.preset.architecture, point.preset.inputs))

@@ -28,10 +28,10 @@ def _model(plan: ExportPlan) -> dict[str, Any]:
     model = simpletuner(point.family)
     assert model is not None  # the family's check refused it otherwise
     config: dict[str, Any] = {"model_family": model.model_family}
-    flavour = point.preset.trainers.get("simpletuner", {}).get("model_flavour")
-    if flavour:
-        config["model_flavour"] = flavour
-    else:
+    # The preset's own names: its model_flavour (SimpleTuner then knows the weights) and what
+    # SimpleTuner requires of that flavour.
+    config.update(point.preset.trainers.get("simpletuner", {}))
+    if "model_flavour" not in config:
         config["pretrained_model_name_or_path"] = weights(plan)
     if model.controlnet:
         config["controlnet"] = True

@@ -30,7 +30,7 @@ from autofit.families.base import (
     TrlModel,
 )
 from autofit.families.custom import CUSTOM
-from autofit.families.flux import FLUX
+from autofit.families.flux import CHROMA, FLUX
 from autofit.families.hunyuan_video import HUNYUAN_VIDEO
 from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
@@ -52,6 +52,7 @@ REGISTRY: dict[str, Family] = {
         SD3,
         SD3_CONTROLNET,
         FLUX,
+        CHROMA,
         QWEN_IMAGE,
         SDXL,
         SDXL_CONTROLNET,

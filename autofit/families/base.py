@@ -104,11 +104,14 @@ class DiffusersScripts:
 
 @dataclass(frozen=True)
 class KohyaScripts:
-    full: str  # the full fine-tune script
+    full: str | None  # the full fine-tune script; None: sd-scripts fine-tunes none of the family
     lora: str  # the LoRA (network) script
     network: str  # its LoRA network module
     # The single-file checkpoints its scripts load besides the model itself: key -> file name.
     files: Mapping[str, str] = field(default_factory=dict)
+    # Arguments its scripts need to build and feed the family's model as autofit does (a model
+    # type beside FLUX.1 in the same script): key -> value, written with the run's own.
+    flags: Mapping[str, Any] = field(default_factory=dict)
     # The largest `blocks_to_swap` its scripts accept for an architecture; None: they have none.
     max_blocks_to_swap: Callable[[Mapping[str, Any]], int] | None = None
     # Its model runs torch's fused attention whatever the flags say (SDXL's runs the math path
@@ -127,7 +130,7 @@ class KohyaScripts:
 
     @property
     def name(self) -> str:
-        return self.full
+        return self.full or self.lora
 
 
 # --- SimpleTuner 4.10 ---------------------------------------------------------------------------

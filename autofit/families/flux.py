@@ -1,9 +1,19 @@
 """FLUX.1: double- and single-stream transformer blocks over 16-channel latents, with CLIP-L and
-T5-XXL."""
+T5-XXL; and Chroma, the family declared from it.
+
+Chroma (lodestones/Chroma1) is FLUX.1 [schnell]'s architecture with its per-block modulation
+replaced by one small network (diffusers' `ChromaTransformer2DModel`, its "distilled guidance
+layer") and its CLIP-L dropped: T5-XXL alone, with its attention mask. It is a family of its own
+because each trainer runs it apart from FLUX.1 (SimpleTuner's `chroma` model family, sd-scripts'
+`--model_type chroma`, no diffusers example), with its own documented settings; what it shares
+with FLUX.1 (its blocks, their LoRA sets and checkpointing, sd-scripts' block swap) it takes from
+FLUX's declaration (`dataclasses.replace`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from autofit.families.base import (
@@ -76,6 +86,49 @@ FLUX = Family(
             max_blocks_to_swap=kohya_blocks_to_swap,
         ),
         "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+        "trl": Refuse(TRL_LANGUAGE_MODELS),
+        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
+        "musubi": Refuse(MUSUBI_ONLY),
+    },
+)  # fmt: skip
+
+
+# Chroma's blocks have no modulation of their own (their norms are diffusers' "pruned" ones, fed
+# by the distilled guidance layer), so its sets hold FLUX.1's less the modulation linears.
+CHROMA_BLOCK_LINEAR = tuple(m for m in JOINT_BLOCK_LINEAR if not m.startswith("norm1"))
+
+CHROMA = replace(
+    FLUX,
+    name="chroma",
+    workload="autofit.workloads.chroma",
+    companions=("text_encoder", "vae"),  # ChromaPipeline's: T5-XXL and FLUX.1's VAE, no CLIP
+    lora_sets={
+        "attention": DIFFUSION_ATTENTION, "joint_attention": JOINT_ATTENTION,
+        "all_linear": CHROMA_BLOCK_LINEAR + ("proj_mlp", "proj_out"),
+        "single_blocks": r"single_transformer_blocks\.\d+\.(attn\.to_[qkv]|proj_mlp|proj_out)",
+    },
+    denoiser_class="ChromaTransformer2DModel",
+    config_template="chroma",
+    trainers={
+        "diffusers": Refuse(
+            "the diffusers examples have no Chroma training script (examples/ at 58eb52c0 train "
+            "FLUX.1, FLUX.1 Kontext and FLUX.2)"
+        ),
+        # sd-scripts at 48d368fa: flux_train_network.py builds library/chroma_models.py's Chroma
+        # for --model_type chroma, asserts --apply_t5_attn_mask for it and loads no CLIP-L; its
+        # block swap is FLUX.1's (Chroma subclasses Flux, same block counts). flux_train.py loads
+        # its model with model_type="flux" whatever is asked: no full fine-tune.
+        "kohya": KohyaScripts(
+            None, "flux_train_network.py", "networks.lora_flux",
+            files={"t5xxl": "t5xxl_fp16.safetensors", "ae": "ae.safetensors"},
+            max_blocks_to_swap=kohya_blocks_to_swap,
+            flags={"model_type": "chroma", "apply_t5_attn_mask": True},
+        ),
+        # SimpleTuner at bc8e6ab7: helpers/models/chroma/model.py, its flavours base, hd, flash;
+        # LoRA on flux_lora_target's default `all` (the field registry's default, for every
+        # family), of which Chroma has both streams' attention projections.
+        "simpletuner": SimpleTunerModel("chroma", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": Refuse(TRL_LANGUAGE_MODELS),
         "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),

@@ -75,6 +75,11 @@ def _kohya(value: Any, s: Subject) -> Say | Refuse:
     if value == LYCORIS_MODE:
         return NO_LYCORIS_FILE("sd-scripts")
     scripts = kohya(s.family)
+    if value == "full" and scripts is not None and scripts.full is None:
+        return Refuse(
+            f"sd-scripts fine-tunes no {s.family} model in full (its full fine-tune loads "
+            f"FLUX.1 only); it trains {s.family} as LoRA ({scripts.lora})"
+        )
     if value == "full" or scripts is None:
         return Say()  # the full fine-tune script (the family's check refuses other families)
     # autofit trains the denoiser's adapters only

@@ -1,6 +1,7 @@
 """FLUX.1: `FluxTransformer2DModel` trained with flow matching on 16-channel VAE latents packed
-into 2x2 patches, conditioned on T5-XXL (512 tokens) and CLIP-L's pooled embedding, with the
-guidance value Flux.1-dev is distilled on."""
+into 2x2 patches, conditioned on T5-XXL (the preset's `t5_tokens`) and CLIP-L's pooled embedding,
+with the guidance value FLUX.1 [dev] is distilled on where the model embeds one
+(`guidance_embeds`; FLUX.1 [schnell] has none)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from autofit.workloads.diffusion import pack, token_ids, unpack, vocab
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
 GUIDANCE = 3.5
+
+
+def position_ids(count: int, like: torch.Tensor) -> torch.Tensor:
+    """Rotary position ids (count, 3) for a run of tokens; their values change no shape."""
+    return torch.zeros(count, 3, device=like.device, dtype=like.dtype)
 
 
 class FluxWorkload(LatentDiffusion):
@@ -46,15 +52,17 @@ class FluxWorkload(LatentDiffusion):
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
         b, _, h, w = noisy.shape
-        tokens, device = (h // 2) * (w // 2), noisy.device
+        guidance = None  # FLUX.1 [schnell] embeds no guidance (and its model takes none)
+        if self.preset.architecture.get("guidance_embeds", False):
+            guidance = torch.full((b,), GUIDANCE, device=noisy.device, dtype=noisy.dtype)
         prediction = model(
             hidden_states=pack(noisy),
             timestep=t,
-            guidance=torch.full((b,), GUIDANCE, device=device, dtype=noisy.dtype),
+            guidance=guidance,
             pooled_projections=conditions["pooled"],
             encoder_hidden_states=conditions["text"],
-            txt_ids=torch.zeros(conditions["text"].shape[1], 3, device=device, dtype=noisy.dtype),
-            img_ids=torch.zeros(tokens, 3, device=device, dtype=noisy.dtype),
+            txt_ids=position_ids(conditions["text"].shape[1], noisy),
+            img_ids=position_ids((h // 2) * (w // 2), noisy),
             return_dict=False,
         )[0]
         return unpack(prediction, noisy.shape)

@@ -36,7 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = list(REGISTRY.values())
 PRESETS = [load_preset(name) for name in group_options("model")]
 # What each target reads of a preset's own `trainers` names (the rest is the family's).
-PRESET_NAMES = {"simpletuner": {"model_flavour"}, "sana": {"config"}}
+PRESET_NAMES = {
+    "simpletuner": {"model_flavour", "flux_fast_schedule"},
+    "sana": {"config"},
+    "diffusers": {"max_sequence_length"},
+}
 
 
 def _ids(families: list[Family]) -> list[str]:
