@@ -11,6 +11,8 @@ over the image tokens, which the model expands to a (B, 1, S, S) mask in every b
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from diffusers import ChromaTransformer2DModel
 
@@ -33,7 +35,11 @@ class ChromaWorkload(FluxWorkload):
     text_encoders = ("text_encoder",)  # T5-XXL, ChromaPipeline's text_encoder
 
     def build_model(self, frozen_dtype: torch.dtype) -> torch.nn.Module:
-        return ChromaTransformer2DModel(**self.preset.architecture)
+        with warnings.catch_warnings():
+            # diffusers' own Chroma module builds FluxPosEmbed from its deprecated home, and
+            # diffusers warns the user about its own import (diffusers 0.42.1): not theirs to fix.
+            warnings.filterwarnings("ignore", message=".*FluxPosEmbed.*", category=FutureWarning)
+            return ChromaTransformer2DModel(**self.preset.architecture)
 
     def conditions(
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
