@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from autofit.families import REGISTRY as FAMILIES
 from autofit.gpus import load_gpu
 from autofit.knobs import REGISTRY, invalid_reason
 from autofit.models import ModelPreset, load_preset
@@ -176,3 +177,34 @@ def test_every_knob_value_runs_where_what_it_does_not_declare_is_left_out() -> N
         for probe, answer in zip(probes, said["answers"], strict=True):
             assert answer["outcome"] != Outcome.CRASH.value, (probe.knobs, answer["error"])
             assert _comparable(answer) == _comparable(execute(probe)), probe.knobs
+
+
+IMPORT_LEAVING_OUT = r"""
+import importlib, json, sys
+left, modules = json.loads(sys.argv[1])
+for name in left:
+    sys.modules[name] = None
+for module in modules:
+    importlib.import_module(module)
+"""
+
+
+@pytest.mark.long
+def test_every_familys_workload_imports_where_what_its_defaults_do_not_use_is_left_out() -> None:
+    """A run at a family's defaults (cached encoders: no text encoder runs) leaves out every
+    optional library its family does not declare: its workload module must import without them,
+    as a fresh probe's process and a search's fork server import it. Families grouped by what
+    they keep, one fresh process per group."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, family in FAMILIES.items():
+        kept = libraries_of(name, {})
+        if kept is not None:
+            groups.setdefault(tuple(sorted(kept)), []).append(family.workload)
+    assert len(sum(groups.values(), [])) >= 14  # every shipped family but the user's own
+    for kept, modules in groups.items():
+        left = [name for name in OPTIONAL if name not in kept]
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_LEAVING_OUT, json.dumps([left, modules])],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, f"left out {left}: {done.stderr[-2000:]}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 import torch
-import transformers.masking_utils as masking_utils
 
 from autofit.workloads.base import replaced
 
@@ -69,12 +68,22 @@ def _padded(*args: object, **kwargs: object) -> bool:
     return False
 
 
+def _answered_padded(check: str) -> AbstractContextManager[None]:
+    # Imported here, when a text encoder runs: a run with cached encoders leaves transformers
+    # out of its process (autofit/probe/libraries.py), and this module is every diffusion
+    # workload's.
+    import transformers.masking_utils as masking_utils
+
+    return replaced(masking_utils, check, _padded)
+
+
 def padded_prompts() -> AbstractContextManager[None]:
     """A language-model text encoder's mask check answered for a padded prompt, on every backend
     (HunyuanVideo's LLaVA-Llama-3, Qwen-Image's Qwen2.5-VL)."""
-    return replaced(masking_utils, "_ignore_causal_mask_sdpa", _padded)
+    return _answered_padded("_ignore_causal_mask_sdpa")
 
 
 def padded_captions() -> AbstractContextManager[None]:
-    """T5's mask check answered for a padded caption, on every backend (PixArt-Sigma's)."""
-    return replaced(masking_utils, "_ignore_bidirectional_mask_sdpa", _padded)
+    """T5's mask check answered for a padded caption, on every backend (PixArt-Sigma's,
+    Chroma's)."""
+    return _answered_padded("_ignore_bidirectional_mask_sdpa")
