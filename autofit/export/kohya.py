@@ -80,14 +80,14 @@ class Kohya(Target):
         )
         args.update(scripts.flags)  # the family's model type, before what the run says
         full = point.config["train_mode"] == "full"
-        script = scripts.full if full else scripts.lora
-        assert script is not None  # train_mode's words refused a full fine-tune it has not
         world = plan.value("world_size")  # the launcher's --num_processes
         if scripts.model_flags is not None:
             args.update(scripts.model_flags(point.preset.architecture, point.preset.inputs))
         if full:
             args.update(scripts.full_flags)
-        args.update(plan.say_rest())
+        args.update(plan.say_rest())  # train_mode's words refuse a full fine-tune it has not
+        script = scripts.full if full else scripts.lora
+        assert script is not None
         args["gradient_accumulation_steps"] = point.accumulation
         text = dumps(args)
         # A default the run already says, with the same value, stays where it is (a TOML key is
