@@ -87,6 +87,10 @@ def configuration(target: str, knob: str, value: Any, out: Path) -> tuple[Any, A
     for preset in PRESETS:
         if families is not None and preset.family not in families:
             continue
+        try:
+            TARGETS[target].check_family(preset)
+        except ConfigError:  # a preset of a trained family the trainer cannot train (sd21)
+            continue
         base = {**defaults(), "resolution": preset.resolution, knob: value}
         if base["resolution"] is None:
             base["resolution"] = preset.resolution
