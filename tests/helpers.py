@@ -5,6 +5,7 @@ are caught before anything runs)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import os
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from autofit.backends import cpu, simulate
 from autofit.fastpath.batch_curve import canonical_frees
 from autofit.gpus import load_gpu
 from autofit.knobs import defaults, invalid_reason
@@ -73,7 +75,6 @@ def assert_refused(knobs: dict[str, Any], model: str, reason: str) -> None:
 def tiny_llama(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
     """llama3_8b's probe (batch 2 of 32 tokens unless `knobs` say otherwise) on TINY_LLAMA."""
     import copy
-    import dataclasses
 
     probe = spec("llama3_8b", backend=backend, **{"batch_size": 2, "resolution": 32, **knobs})
     arch = copy.deepcopy(probe.model["architecture"])
@@ -97,7 +98,6 @@ def tiny_wan(backend: str = "simulate", image: bool = False, **knobs: Any) -> Pr
     """wan2_1_t2v_1_3b's probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a
     Wan of TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 and its VAE TINY_VAE."""
     import copy
-    import dataclasses
 
     probe = spec(
         "wan2_1_t2v_1_3b",
@@ -120,7 +120,6 @@ def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:
     only `blocks` of its transformer blocks (per block list): its tensors are as large as the real
     model's, its step a fraction of the cost."""
     import copy
-    import dataclasses
 
     arch = copy.deepcopy(probe.model["architecture"])
     family = probe.model["family"]
@@ -270,3 +269,11 @@ def assert_same_allocations(fake: Any, real: Any) -> None:
     assert canonical_frees(fake.events) == canonical_frees(real.events)  # frees run in hash order
     assert fake.categories == real.categories
     assert fake.peak_report() == real.peak_report()
+
+
+def assert_fake_equals_real(probe: ProbeSpec) -> None:
+    """The probe's step traced on fake tensors (the simulate backend) holds the allocations the
+    same step holds on real ones (the cpu backend)."""
+    _, fake = simulate.trace(probe)
+    _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
+    assert_same_allocations(fake, real)

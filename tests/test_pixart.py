@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same_allocations, spec, with_blocks
+from helpers import assert_fake_equals_real, spec, with_blocks
 
-from autofit.backends import cpu, simulate
+from autofit.backends import simulate
 from autofit.knobs import REGISTRY, Refuse, Subject
 from autofit.knobs import defaults as knob_defaults
 from autofit.models import load_preset
@@ -111,9 +111,7 @@ def test_the_loss_trains_the_noise_half_of_the_output() -> None:
 )
 def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
     probe = tiny_pixart(**knobs)
-    _, fake = simulate.trace(probe)
-    _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
-    assert_same_allocations(fake, real)
+    assert_fake_equals_real(probe)
 
 
 def test_a_larger_image_holds_more_and_checkpointing_less() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same_allocations, refusal, spec, with_blocks
+from helpers import assert_fake_equals_real, refusal, spec, with_blocks
 
-from autofit.backends import cpu, simulate
+from autofit.backends import simulate
 from autofit.models import load_preset
 from autofit.records.probe import ProbeSpec
 from autofit.workloads import workload_for
@@ -102,9 +102,7 @@ def test_the_published_configs_build_their_parameter_counts() -> None:
 )
 def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
     probe = tiny_qwen_image(**knobs)
-    _, fake = simulate.trace(probe)
-    _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
-    assert_same_allocations(fake, real)
+    assert_fake_equals_real(probe)
 
 
 def test_swapping_blocks_holds_less_up_to_musubis_limit() -> None:

@@ -10,15 +10,21 @@ Wan VAE encoding the clip) and with a validation clip decoded.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import assert_refused, assert_same_allocations, in_process, spec, tiny_wan, with_blocks
+from helpers import (
+    assert_fake_equals_real,
+    assert_refused,
+    in_process,
+    spec,
+    tiny_wan,
+    with_blocks,
+)
 
-from autofit.backends import cpu, simulate
+from autofit.backends import simulate
 from autofit.knobs.frames import latent_frames
 from autofit.models import load_preset
 from autofit.records.probe import Outcome, ProbeResult
@@ -53,9 +59,7 @@ def test_a_native_clip_is_21_latent_frames_of_32760_tokens() -> None:
 )
 def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
     probe = tiny_wan(**knobs)
-    _, fake = simulate.trace(probe)
-    _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
-    assert_same_allocations(fake, real)
+    assert_fake_equals_real(probe)
 
 
 def test_an_image_to_video_expert_takes_the_first_frame_beside_the_clip() -> None:
