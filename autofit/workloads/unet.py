@@ -18,7 +18,6 @@ from autofit.workloads.diffusion import ddpm_noising
 from autofit.workloads.latent import Conditions, LatentDiffusion
 
 STEPS = 1000
-PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
 def _alphas_cumprod(device: torch.device) -> torch.Tensor:
