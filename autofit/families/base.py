@@ -29,9 +29,9 @@ declares:
   (`attention_modules`, empty where it has none for the family);
 - its LoRA module sets beyond the preset's own list (the `lora_targets` knob's values), and which
   of their modules are the dense feed-forward projections;
-- per export target that trains named families (diffusers, kohya, simpletuner, sana, trl,
-  musubi), the trainer's script and names for it, or a `Refuse` with the reason, in the knobs'
-  vocabulary (autofit/words.py).
+- per export target that trains named families (`TRAINERS`), the trainer's script and names for
+  it, or a `Refuse` with the reason, in the knobs' vocabulary (autofit/words.py); a trainer of
+  language models only (its `language_models_only`) refuses the other families by itself.
 
 What belongs to one preset, not to its family (the published weights, SimpleTuner's flavour,
 Sana's shipped config), is data in the preset's file. Nothing here imports torch.
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from autofit.words import Refuse
 
@@ -209,8 +209,6 @@ class MusubiScripts:
 # --- TRL (huggingface/trl) ---------------------------------------------------------------------
 
 
-# Why TRL's export refuses the image families (its SFTTrainer trains language models).
-TRL_LANGUAGE_MODELS = "TRL's SFTTrainer trains language models only"
 # Why the kohya target refuses the video families: sd-scripts trains images (musubi's export is
 # kohya's video trainer).
 KOHYA_VIDEO = "sd-scripts trains image models; kohya's video trainer is musubi-tuner"
@@ -220,6 +218,9 @@ KOHYA_VIDEO = "sd-scripts trains image models; kohya's video trainer is musubi-t
 class TrlModel:
     auto_class: str  # the transformers class its train.py loads the model with
 
+    # What TRL trains: every family that is not a causal language model refuses it (Family).
+    language_models_only: ClassVar[str] = "TRL's SFTTrainer trains language models only"
+
     @property
     def name(self) -> str:
         return f"SFTTrainer ({self.auto_class})"
@@ -228,13 +229,11 @@ class TrlModel:
 # --- axolotl (axolotl-ai-cloud/axolotl) ---------------------------------------------------------
 
 
-# Why axolotl's export refuses the image and video families (autofit exports its language models).
-AXOLOTL_LANGUAGE_MODELS = "autofit exports axolotl's language-model fine-tunes only"
-
-
 @dataclass(frozen=True)
 class AxolotlModel:
     auto_class: str  # the transformers class axolotl loads the model with (its `type_of_model`)
+
+    language_models_only: ClassVar[str] = "autofit exports axolotl's language-model fine-tunes only"
 
     @property
     def name(self) -> str:
@@ -296,6 +295,16 @@ class Family:
     # inputs, companions, buckets and LoRA targets of the `config_template` preset.
     denoiser_class: str | None = None
     config_template: str | None = None
+
+    def __post_init__(self) -> None:
+        # A trainer of language models only refuses every other family by its own declaration
+        # (`language_models_only`), so a family names only the trainers that concern it.
+        implied = {
+            name: Refuse(kind.language_models_only)
+            for name, kind in TRAINERS.items()
+            if getattr(kind, "language_models_only", None) and not self.causal_lm
+        }
+        object.__setattr__(self, "trainers", {**implied, **self.trainers})
 
     def trainer(self, target: str) -> Trainer | None:
         """What the trainer of `target` runs for this family; None where it refuses it."""

@@ -17,12 +17,10 @@ from dataclasses import replace
 from typing import Any
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -87,8 +85,6 @@ FLUX = Family(
         ),
         "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip
@@ -130,8 +126,6 @@ CHROMA = replace(
         # family), of which Chroma has both streams' attention projections.
         "simpletuner": SimpleTunerModel("chroma", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

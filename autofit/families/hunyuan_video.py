@@ -9,11 +9,9 @@ Flux's, with a small token refiner over the prompt before them.
 from __future__ import annotations
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     KOHYA_VIDEO,
-    TRL_LANGUAGE_MODELS,
     Family,
     MusubiScripts,
 )
@@ -79,8 +77,6 @@ HUNYUAN_VIDEO = Family(
         "kohya": Refuse(KOHYA_VIDEO),
         "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     Family,
     SimpleTunerModel,
 )
@@ -40,8 +38,6 @@ PIXART_SIGMA = Family(
             "pixart", lora_targets=DIFFUSION_ATTENTION, refused_bases=("fp8-quanto",)
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )

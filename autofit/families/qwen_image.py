@@ -11,10 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -80,8 +78,6 @@ QWEN_IMAGE = Family(
         # (qwen_image/model.py max_swappable_blocks)
         "simpletuner": SimpleTunerModel("qwen_image", block_swap=True, lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )  # fmt: skip

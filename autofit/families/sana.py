@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -34,8 +32,6 @@ SANA = Family(
         "kohya": Refuse("sd-scripts has no Sana trainer"),
         "simpletuner": SimpleTunerModel("sana", lora_targets=DIFFUSION_ATTENTION),
         "sana": SanaScript("train_scripts/train.py"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -80,8 +78,6 @@ SD = Family(
             refused_presets={"sd21": "SimpleTuner 4.10.1's --model_family choices have no sd2x (its model_metadata.json lists only sd1x)"},
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -6,12 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -56,8 +54,6 @@ SD3 = Family(
         ),
         "simpletuner": SimpleTunerModel("sd3", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     COMPANION_LIBRARIES,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -28,8 +26,6 @@ SD3_CONTROLNET = Family(
         "kohya": Refuse("sd-scripts has no SD3 ControlNet trainer"),
         "simpletuner": SimpleTunerModel("sd3", controlnet=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     COMPANION_LIBRARIES,
     MUSUBI_ONLY,
-    TRL_LANGUAGE_MODELS,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -30,8 +28,6 @@ SDXL_CONTROLNET = Family(
             "stay on the GPU; SimpleTuner's SDXL ControlNet training unloads them and is not modelled"
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": Refuse(MUSUBI_ONLY),
     },
 )  # fmt: skip

@@ -11,10 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
-    AXOLOTL_LANGUAGE_MODELS,
     DIFFUSION_ATTENTION,
     KOHYA_VIDEO,
-    TRL_LANGUAGE_MODELS,
     Family,
     MusubiScripts,
 )
@@ -72,8 +70,6 @@ WAN = Family(
         "kohya": Refuse(KOHYA_VIDEO),
         "simpletuner": Refuse("autofit does not export Wan to SimpleTuner yet"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
-        "trl": Refuse(TRL_LANGUAGE_MODELS),
-        "axolotl": Refuse(AXOLOTL_LANGUAGE_MODELS),
         "musubi": MUSUBI,
     },
 )
