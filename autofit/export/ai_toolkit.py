@@ -62,11 +62,9 @@ def _dataset(plan: ExportPlan) -> dict[str, Any]:
 
 
 def _process(plan: ExportPlan, parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    process: dict[str, Any] = {
-        "type": "sd_trainer",
-        "training_folder": "output",
-        "device": "cuda:0",
-    }
+    # No `device`: the sd_trainer process trains on its Accelerator's device and never reads one
+    # (jobs/process/BaseSDTrainProcess.py at 27a03a91), whatever ai-toolkit's examples write.
+    process: dict[str, Any] = {"type": "sd_trainer", "training_folder": "output"}
     for name in SECTIONS:
         if name == "dataset":
             process["datasets"] = [parts["dataset"]]
