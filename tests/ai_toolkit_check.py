@@ -3,17 +3,16 @@ ai-toolkit reads them (27a03a91: toolkit/config.py get_config, then the sections
 sd_trainer process constructed into toolkit/config_modules.py's classes as
 jobs/process/BaseSDTrainProcess.py's __init__ constructs them, validate_configs, and the
 optimizer toolkit/optimizer.py builds, stepped once on a tiny CPU parameter); print what they hold
-as JSON, with the keys of each section that its class never reads.
+as JSON, with the keys of each section that its class never reads (tests/ai_toolkit_facts.py).
 
     python ai_toolkit_check.py CONFIGS_JSON
 """
 
-import ast
 import json
 import sys
-from pathlib import Path
 
 import torch
+from ai_toolkit_facts import CONFIG_MODULES, class_keys, process_keys
 from extensions_built_in.sd_trainer import SDTrainerExtension
 from toolkit.config import get_config
 from toolkit.config_modules import (
@@ -27,33 +26,6 @@ from toolkit.config_modules import (
     validate_configs,
 )
 from toolkit.optimizer import get_optimizer
-
-SOURCE = Path("toolkit/config_modules.py")
-# The process's own keys its classes read (BaseProcess, BaseTrainProcess, BaseSDTrainProcess
-# get_conf at 27a03a91), besides its sections.
-PROCESS = {"type", "training_folder", "device", "network", "save", "datasets", "train", "model",
-           "sample"}  # fmt: skip
-
-
-def read_keys() -> dict[str, set[str]]:
-    """Every key each config class reads from its kwargs (`kwargs.get('key', ...)`), from its
-    source at this commit: a key no class reads would be ignored by ai-toolkit without a word."""
-    keys: dict[str, set[str]] = {}
-    for node in ast.parse(SOURCE.read_text()).body:
-        if isinstance(node, ast.ClassDef):
-            found = keys.setdefault(node.name, set())
-            for call in ast.walk(node):
-                if (
-                    isinstance(call, ast.Call)
-                    and isinstance(call.func, ast.Attribute)
-                    and call.func.attr == "get"
-                    and isinstance(call.func.value, ast.Name)
-                    and call.func.value.id == "kwargs"
-                    and call.args
-                    and isinstance(call.args[0], ast.Constant)
-                ):
-                    found.add(call.args[0].value)
-    return keys
 
 
 def unread(section: dict, cls: str, keys: dict[str, set[str]]) -> list[str]:
@@ -90,7 +62,7 @@ def check(path: str, keys: dict[str, set[str]]) -> dict:
     optimizer.step()
     assert not torch.equal(weight.detach(), torch.ones(4, 4)), "the optimizer did not step"
     unread_keys = {
-        "process": sorted(set(process) - PROCESS),
+        "process": sorted(set(process) - set(process_keys())),
         "network": unread(process.get("network", {}), "NetworkConfig", keys),
         "train": unread(process.get("train", {}), "TrainConfig", keys),
         "model": unread(process.get("model", {}), "ModelConfig", keys),
@@ -131,5 +103,5 @@ def check(path: str, keys: dict[str, set[str]]) -> dict:
 
 
 if __name__ == "__main__":
-    keys = read_keys()
+    keys = class_keys(CONFIG_MODULES.read_text())
     print(json.dumps([check(path, keys) for path in json.loads(sys.argv[1])], default=str))

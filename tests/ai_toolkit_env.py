@@ -1,13 +1,15 @@
 """The source ai-toolkit's own config loader runs from in the tests (issue 39 item 2).
 
 ai-toolkit is not on PyPI: its loader is read from its repository at the commit the export is
-pinned to, the Python files of `toolkit/` (and the sd_trainer extension's __init__.py, for its process type)
-taken out of a local clone (`git archive`; the clone
-is AI_TOOLKIT_REPO, else the mirror this workplace keeps) into the git-ignored .cache/, with the
-two libraries `toolkit/config_modules.py` imports at its head that autofit's environment lacks,
+pinned to, the Python files of `toolkit/`, `jobs/` and `extensions_built_in/` (the process classes
+and the model registry tests/ai_toolkit_facts.py reads) and requirements_base.txt, taken out of a
+local clone (`git archive`; the clone is AI_TOOLKIT_REPO, else the mirror this workplace keeps)
+into the git-ignored .cache/, with the two libraries `toolkit/config_modules.py` imports at its head that autofit's environment lacks,
 installed beside them with `pip --target --no-deps` at ai-toolkit's own pins: PyAV (av 16.0.1,
 imported by toolkit/audio/album_artwork.py) and oyaml (toolkit/config.py). torch, torchao,
-diffusers, transformers and safetensors come from autofit's environment.
+diffusers, transformers and safetensors come from autofit's environment. Apart from them, in
+quanto_pin/ where nothing imports it, optimum-quanto at ai-toolkit's pin (0.2.4; autofit's is
+newer, with one more qtype): the facts read its qtype names.
 
 One stand-in: `torchaudio`. No torchaudio build for autofit's torch 2.13 exists (the newest on
 PyPI, 2.11.1, fails to load its _torchaudio library against it), and config_modules.py calls it
@@ -29,10 +31,14 @@ from typing import Any
 
 COMMIT = "27a03a91f23eb1b757d5ec2e80ee3e129cfcc350"
 PINS = ("av==16.0.1", "oyaml==1.0")  # ai-toolkit's requirements_base.txt pins av; oyaml unpinned
+QUANTO_PIN = "optimum-quanto==0.2.4"  # requirements_base.txt's (tests/ai_toolkit_facts.py checks)
+SOURCES = ("toolkit", "jobs", "extensions_built_in")  # their Python files
 MIRROR = Path("/work/.mirror/ostris+ai-toolkit/repo")
 ROOT = Path(__file__).resolve().parent.parent
-HOME = ROOT / ".cache" / f"ai-toolkit-{COMMIT[:8]}"
+LAYOUT = 2  # raised whenever what the folder holds changes, so an older one is not taken for it
+HOME = ROOT / ".cache" / f"ai-toolkit-{COMMIT[:8]}.{LAYOUT}"
 CHECK = Path(__file__).with_name("ai_toolkit_check.py")
+FACTS = Path(__file__).with_name("ai_toolkit_facts.py")
 STAND_IN = '''"""Stand-in for torchaudio (tests/ai_toolkit_env.py says why): any use fails."""
 
 
@@ -55,7 +61,7 @@ def repository() -> Path | None:
 
 
 def home() -> Path:
-    """The folder holding ai-toolkit's toolkit/ at COMMIT, its two pins and the stand-in."""
+    """The folder holding ai-toolkit's sources at COMMIT, its pins and the stand-in."""
     if HOME.is_dir():
         return HOME
     repo = repository()
@@ -64,12 +70,11 @@ def home() -> Path:
     building = Path(tempfile.mkdtemp(dir=HOME.parent, prefix="building-"))
     try:
         listed = subprocess.run(
-            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", COMMIT, "toolkit"],
+            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", COMMIT, *SOURCES],
             check=True, capture_output=True, text=True,
         ).stdout.split()  # fmt: skip
         # Python files only: the repository's large weights may be absent from a clone
-        sources = [name for name in listed if name.endswith(".py")]
-        sources.append("extensions_built_in/sd_trainer/__init__.py")  # the process type's uid
+        sources = [name for name in listed if name.endswith(".py")] + ["requirements_base.txt"]
         archive = subprocess.run(
             ["git", "-C", str(repo), "archive", COMMIT, *sources], check=True, capture_output=True
         ).stdout
@@ -77,6 +82,11 @@ def home() -> Path:
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
              str(building / "site"), *PINS],
+            check=True,
+        )  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+             str(building / "quanto_pin"), QUANTO_PIN],
             check=True,
         )  # fmt: skip
         (building / "stand_in" / "torchaudio").mkdir(parents=True)
@@ -87,9 +97,8 @@ def home() -> Path:
     return HOME
 
 
-def load(configs: list[str]) -> list[dict[str, Any]]:
-    """Each exported job read by ai-toolkit's get_config and its process's sections constructed
-    as its sd_trainer process constructs them (tests/ai_toolkit_check.py); what they hold."""
+def _run(script: Path, *args: str) -> str:
+    """A script of tests/ run in ai-toolkit's source folder, its imports resolved there first."""
     folder = home()
     env = {
         **os.environ,
@@ -99,8 +108,21 @@ def load(configs: list[str]) -> list[dict[str, Any]]:
         "HF_HUB_OFFLINE": "1",
     }
     done = subprocess.run(
-        [sys.executable, str(CHECK), json.dumps(configs)],
+        [sys.executable, str(script), *args],
         env=env, cwd=folder, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert done.returncode == 0, f"ai-toolkit rejected a job:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, (
+        f"{script.name} failed in ai-toolkit's source:\n{done.stderr[-4000:]}"
+    )
+    return done.stdout
+
+
+def load(configs: list[str]) -> list[dict[str, Any]]:
+    """Each exported job read by ai-toolkit's get_config and its process's sections constructed
+    as its sd_trainer process constructs them (tests/ai_toolkit_check.py); what they hold."""
+    return json.loads(_run(CHECK, json.dumps(configs)).strip().splitlines()[-1])
+
+
+def facts() -> dict[str, Any]:
+    """What ai-toolkit's source at COMMIT accepts in a job, as names (tests/ai_toolkit_facts.py)."""
+    return json.loads(_run(FACTS, COMMIT))

@@ -14,7 +14,9 @@ Below them, ai-toolkit's documented learning rate, steps and noise schedule for 
 
 Option names are those of 27a03a91's config classes: tests/test_export_ai_toolkit.py constructs
 them from the exported files with ai-toolkit's own code at that commit and checks that every key
-written is one they read.
+written is one they read; where no clone is, it checks the keys and the enumerated values (arch,
+optimizer, qtype, dtype, schedule, network, process type) against the names captured from that
+source in tests/fixtures/export/ai_toolkit_27a03a91.json.
 """
 
 from __future__ import annotations
