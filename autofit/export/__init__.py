@@ -13,6 +13,7 @@ from typing import Any
 from autofit.config import suggest
 from autofit.errors import ConfigError
 from autofit.export.accelerate import TARGET as ACCELERATE
+from autofit.export.ai_toolkit import TARGET as AI_TOOLKIT
 from autofit.export.axolotl import TARGET as AXOLOTL
 from autofit.export.base import ExportPlan, Refused, Target
 from autofit.export.deepspeed import TARGET as DEEPSPEED
@@ -37,6 +38,7 @@ TARGETS: dict[str, Target] = {
         SIMPLETUNER,
         KOHYA,
         MUSUBI,
+        AI_TOOLKIT,
         SANA,
         DIFFUSERS,
         TRL,

@@ -18,6 +18,7 @@ from autofit.errors import ConfigError, shown, suggest
 from autofit.families.base import (
     COMPANION_LIBRARIES,
     TRAINERS,
+    AiToolkitModel,
     AxolotlModel,
     DiffusersScript,
     DiffusersScripts,
@@ -65,7 +66,9 @@ REGISTRY: dict[str, Family] = {
     )
 }
 
-T = TypeVar("T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript, MusubiScripts)
+T = TypeVar(
+    "T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript, MusubiScripts, AiToolkitModel
+)
 
 
 def family(name: Any, where: str = "model.") -> Family:
@@ -123,6 +126,10 @@ def musubi(name: str) -> MusubiScripts | None:
     return _trainer(name, "musubi", MusubiScripts)
 
 
+def ai_toolkit(name: str) -> AiToolkitModel | None:
+    return _trainer(name, "ai_toolkit", AiToolkitModel)
+
+
 def simpletuner(name: str) -> SimpleTunerModel | None:
     return _trainer(name, "simpletuner", SimpleTunerModel)
 
@@ -155,6 +162,8 @@ __all__ = [
     "Trainer",
     "TrlModel",
     "AxolotlModel",
+    "AiToolkitModel",
+    "ai_toolkit",
     "check_family",
     "declaring",
     "diffusers",

@@ -240,6 +240,33 @@ class AxolotlModel:
         return f"axolotl ({self.auto_class})"
 
 
+# --- ostris ai-toolkit (github.com/ostris/ai-toolkit at 27a03a91, not on PyPI) ----------------
+
+AI_TOOLKIT_COMMIT = "27a03a91f23eb1b757d5ec2e80ee3e129cfcc350"
+# Why the ai-toolkit export refuses a family it has a model for, but autofit has not matched.
+AI_TOOLKIT_UNMATCHED = "autofit has not matched ai-toolkit's {what} against what it measures"
+
+
+@dataclass(frozen=True)
+class AiToolkitModel:
+    """What ai-toolkit's job YAML calls the family's model: its `model.arch` (ModelConfig in
+    toolkit/config_modules.py; the arch picks the model class, toolkit/util/get_model.py), the
+    `model` flags it needs for the family beside it, and whether its quantization (`quantize`)
+    applies to the model (the legacy SD 1.x and SDXL loaders have none)."""
+
+    arch: str
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    quantizes: bool = True
+    # `model` flags from a preset's architecture and inputs (SD 2.x's arch and v-prediction).
+    model_flags: Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Any]] | None = None
+    # How its LoRA differs from autofit's adapter sets, if it does (lora_targets' words).
+    lora_differs: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"arch {self.arch}"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -248,6 +275,7 @@ Trainer = (
     | TrlModel
     | MusubiScripts
     | AxolotlModel
+    | AiToolkitModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -258,6 +286,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "trl": TrlModel,
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
+    "ai_toolkit": AiToolkitModel,
 }
 
 

@@ -24,5 +24,6 @@ CUSTOM = Family(
         "trl": OWN_CODE,
         "axolotl": OWN_CODE,
         "musubi": OWN_CODE,
+        "ai_toolkit": OWN_CODE,
     },
 )

@@ -21,6 +21,7 @@ from autofit.families.base import (
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
     MUSUBI_ONLY,
+    AiToolkitModel,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -86,6 +87,9 @@ FLUX = Family(
         "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        # ai-toolkit 27a03a91: toolkit/stable_diffusion_model.py loads diffusers'
+        # FluxTransformer2DModel for arch flux; its LoRA adapts every linear of the blocks.
+        "ai_toolkit": AiToolkitModel("flux"),
     },
 )  # fmt: skip
 
@@ -127,5 +131,14 @@ CHROMA = replace(
         "simpletuner": SimpleTunerModel("chroma", block_swap=True, lora_targets=JOINT_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        # ai-toolkit 27a03a91 (extensions_built_in/diffusion_models/chroma/): its own Chroma in
+        # the original layout (src/model.py), whose blocks fuse q, k and v (and a single block's
+        # MLP input) into one linear; its LoRA adapts every linear of the blocks.
+        "ai_toolkit": AiToolkitModel(
+            "chroma",
+            lora_differs="ai-toolkit's Chroma fuses each block's q, k and v projections into one "
+            "linear (its original layout), so its LoRA has fewer, wider adapters on the same "
+            "inputs: fewer parameters and no more saved inputs than measured",
+        ),
     },
 )  # fmt: skip

@@ -78,5 +78,6 @@ HUNYUAN_VIDEO = Family(
         "simpletuner": Refuse("autofit does not export HunyuanVideo to SimpleTuner"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": MUSUBI,
+        "ai_toolkit": Refuse("ai-toolkit has no HunyuanVideo model"),
     },
 )

@@ -29,5 +29,6 @@ LLM = Family(
         "trl": TrlModel("AutoModelForCausalLM"),
         "axolotl": AxolotlModel("AutoModelForCausalLM"),
         "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
+        "ai_toolkit": Refuse("ai-toolkit trains image, video and audio diffusion models"),
     },
 )  # fmt: skip

@@ -19,5 +19,6 @@ MLP = Family(
         "trl": Refuse("a test model: no trainer's script trains it"),
         "axolotl": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
+        "ai_toolkit": Refuse("a test model: no trainer's script trains it"),
     },
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.families.base import (
+    AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
     Family,
@@ -39,5 +40,6 @@ PIXART_SIGMA = Family(
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="PixArt-Sigma (arch pixart_sigma)")),
     },
 )

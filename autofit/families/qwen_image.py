@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
+    AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     DiffusersScript,
@@ -79,5 +80,6 @@ QWEN_IMAGE = Family(
         "simpletuner": SimpleTunerModel("qwen_image", block_swap=True, lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": MUSUBI,
+        "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="Qwen-Image (extensions_built_in/diffusion_models/qwen_image: its own quantization and layer offloading)")),
     },
 )  # fmt: skip

@@ -33,5 +33,6 @@ SANA = Family(
         "simpletuner": SimpleTunerModel("sana", lora_targets=DIFFUSION_ATTENTION),
         "sana": SanaScript("train_scripts/train.py"),
         "musubi": Refuse(MUSUBI_ONLY),
+        "ai_toolkit": Refuse("ai-toolkit has no Sana model"),
     },
 )  # fmt: skip

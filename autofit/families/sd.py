@@ -17,6 +17,7 @@ from typing import Any
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
+    AiToolkitModel,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -38,6 +39,17 @@ def _kohya_flags(architecture: Mapping[str, Any], inputs: Mapping[str, Any]) -> 
         flags["v2"] = True
     if inputs.get("prediction_type") == "v_prediction":
         flags["v_parameterization"] = True
+    return flags
+
+
+def _ai_toolkit_flags(architecture: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """ai-toolkit loads an SD 2.x UNet as arch sd2 and trains velocity only with is_v_pred
+    (toolkit/config_modules.py ModelConfig at 27a03a91)."""
+    flags: dict[str, Any] = {}
+    if architecture.get("cross_attention_dim") == SD2_CROSS_ATTENTION:
+        flags["model.arch"] = "sd2"
+    if inputs.get("prediction_type") == "v_prediction":
+        flags["model.is_v_pred"] = True
     return flags
 
 
@@ -79,5 +91,8 @@ SD = Family(
         ),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        # ai-toolkit 27a03a91: arch sd1 (sd2 for 2.x) in the legacy StableDiffusion class,
+        # which quantizes no SD weight.
+        "ai_toolkit": AiToolkitModel("sd1", quantizes=False, model_flags=_ai_toolkit_flags),
     },
 )  # fmt: skip

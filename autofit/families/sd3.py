@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
+    AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
@@ -55,5 +56,6 @@ SD3 = Family(
         "simpletuner": SimpleTunerModel("sd3", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="SD3 (arch sd3: quanto over every layer, where autofit measured SimpleTuner's exclusions; T5 quantized with it)")),
     },
 )  # fmt: skip

@@ -27,5 +27,6 @@ SD3_CONTROLNET = Family(
         "simpletuner": SimpleTunerModel("sd3", controlnet=True),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        "ai_toolkit": Refuse("ai-toolkit trains no SD3 ControlNet"),
     },
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
+    AiToolkitModel,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -38,5 +39,8 @@ SDXL = Family(
         "simpletuner": SimpleTunerModel("sdxl", lora_targets=DIFFUSION_ATTENTION),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
+        # ai-toolkit 27a03a91: arch sdxl loads the UNet in the legacy StableDiffusion class
+        # (toolkit/stable_diffusion_model.py), which quantizes no SDXL weight.
+        "ai_toolkit": AiToolkitModel("sdxl", quantizes=False),
     },
 )  # fmt: skip

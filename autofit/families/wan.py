@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families.base import (
+    AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     KOHYA_VIDEO,
     Family,
@@ -71,5 +72,10 @@ WAN = Family(
         "simpletuner": Refuse("autofit does not export Wan to SimpleTuner yet"),
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": MUSUBI,
+        "ai_toolkit": Refuse(
+            AI_TOOLKIT_UNMATCHED.format(
+                what="Wan (arch wan21, wan22_14b: its own quantization, frame handling and layer offloading)"
+            )
+        ),
     },
 )

@@ -39,8 +39,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import simpletuner
+from autofit.families import ai_toolkit, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.techniques.quanto_excluded import QUANTO_EXCLUDED
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -117,6 +118,33 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
             f"SimpleTuner's {model.model_family} model refuses base_model_precision={word}"
         )
     return say(base_model_precision=word)
+
+
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    """ai-toolkit's `quantize: true` runs optimum-quanto over the transformer with its `qtype`
+    (qfloat8 unless told), `quantize_kwargs` going to its quantize() as they are
+    (toolkit/util/quantize.py at 27a03a91): the layers autofit keeps in 16 bits are its
+    `exclude`. It is said both ways: its examples turn it on."""
+    if value == "same":
+        return say(**{"model.quantize": False})
+    model = ai_toolkit(s.family)
+    if model is not None and not model.quantizes:
+        return Refuse(
+            f"ai-toolkit's {model.arch} loader keeps the base in train.dtype (it quantizes "
+            "transformer models only)",
+            NOT_FP8,
+        )
+    if value not in QUANTO:
+        return Refuse(
+            "ai-toolkit's float8 base is quanto's qfloat8 (fp8_quanto), its int8 quanto's qint8; "
+            "its torchao and own quantizers are not this base",
+            "base_precision=same, int8_quanto, fp8_quanto",
+        )
+    settings: dict[str, Any] = {"model.quantize": True, "model.qtype": QUANTO[value]}
+    excluded = QUANTO_EXCLUDED.get(s.family)
+    if excluded:
+        settings["model.quantize_kwargs"] = {"exclude": list(excluded)}
+    return Say(settings=settings)
 
 
 class BasePrecision(Knob):
@@ -232,4 +260,5 @@ class BasePrecision(Knob):
             )
         ),
         "musubi": _musubi,
+        "ai_toolkit": _ai_toolkit,
     }

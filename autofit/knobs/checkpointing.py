@@ -69,4 +69,7 @@ class Checkpointing(Knob):
         "trl": _trl,
         "axolotl": _axolotl,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
+        # ai-toolkit checkpoints every block unless told not to (TrainConfig's default is true):
+        # said both ways. Its LoRA network's own checkpointing follows the same switch.
+        "ai_toolkit": lambda v, s: say(**{"train.gradient_checkpointing": v}),
     }

@@ -97,4 +97,11 @@ class Ema(Knob):
             "cpu": Refuse("Sana's train config has no switch for an EMA copy of the weights"),
         },
         "diffusers": _diffusers,
+        # ai-toolkit's ExponentialMovingAverage (toolkit/ema.py at 27a03a91) clones the trained
+        # parameters where they are, on the GPU; its examples turn it on, so off is said too.
+        "ai_toolkit": {
+            "off": say(**{"train.ema_config": {"use_ema": False}}),
+            "gpu": say(**{"train.ema_config": {"use_ema": True, "ema_decay": 0.99}}),
+            "cpu": Refuse("ai-toolkit keeps its EMA copy beside the trained weights, on the GPU"),
+        },
     }

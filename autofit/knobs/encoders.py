@@ -190,4 +190,18 @@ class Encoders(Knob):
             "online": Refuse(MUSUBI_CACHES),
             "text": Refuse(MUSUBI_CACHES),
         },
+        # ai-toolkit 27a03a91: a dataset's cache_latents_to_disk encodes every latent before
+        # training and leaves the VAE off the GPU; train.cache_text_embeddings does the same for
+        # the prompts and unloads the text encoders (jobs/process/BaseSDTrainProcess.py).
+        "ai_toolkit": {
+            "cached": say(
+                **{"dataset.cache_latents_to_disk": True, "train.cache_text_embeddings": True}
+            ),
+            "online": say(
+                **{"dataset.cache_latents_to_disk": False, "train.cache_text_embeddings": False}
+            ),
+            "text": say(
+                **{"dataset.cache_latents_to_disk": True, "train.cache_text_embeddings": False}
+            ),
+        },
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofit.families import REGISTRY, diffusers, musubi, simpletuner
+from autofit.families import REGISTRY, ai_toolkit, diffusers, musubi, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -104,6 +104,31 @@ def _musubi(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# ai-toolkit's LoRA network (toolkit/lora_special.py at 27a03a91) adapts every linear of a
+# transformer's blocks (`transformer_only`) and of an SD UNet, unless its network_kwargs'
+# `only_if_contains` names substrings of the modules' full names to keep.
+AI_TOOLKIT_EVERY_LINEAR = ("flux", "chroma")  # the families whose all_linear that is
+# A set given as a regular expression over one block list, as one substring of their names.
+AI_TOOLKIT_BLOCK_LISTS = {"single_blocks": "single_transformer_blocks"}
+
+
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    model = ai_toolkit(s.family)
+    if model is not None and model.lora_differs:
+        if value == "all_linear":
+            return Say(warning=model.lora_differs)
+        return Refuse(model.lora_differs, "lora_targets=all_linear")
+    if value == "all_linear" and s.family in AI_TOOLKIT_EVERY_LINEAR:
+        return Say()  # its own default: every linear of the blocks
+    modules = target_modules(value, s.preset)
+    if isinstance(modules, str):
+        if value not in AI_TOOLKIT_BLOCK_LISTS:
+            return Refuse(f"ai-toolkit's only_if_contains cannot name {value}'s modules")
+        modules = [AI_TOOLKIT_BLOCK_LISTS[value]]
+    # a substring of the full name: each name here is a module's own last name or a block list
+    return say(**{"network.network_kwargs": {"only_if_contains": list(modules)}})
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     depends_on = ("train_mode",)
@@ -164,4 +189,5 @@ class LoraTargets(Knob):
         # the modules named, not lora_target_linear (every linear layer but the output head)
         "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         "musubi": _musubi,
+        "ai_toolkit": _ai_toolkit,
     }

@@ -228,6 +228,31 @@ SANA: dict[str, dict[str, Any]] = {
 }
 
 
+# ai-toolkit's train.optimizer names (toolkit/optimizer.py get_optimizer at 27a03a91): torch's
+# AdamW (its implementation: optimizer_impl's words), bitsandbytes' AdamW8bit and Lion8bit, its
+# own copy of transformers' Adafactor (relative_step, scale_parameter and warmup_init off unless
+# told) and lion_pytorch's Lion; optimizer_params go to the optimizer as they are.
+AI_TOOLKIT = {
+    "adamw": ("adamw", None),
+    "adamw8bit": ("adamw8bit", None),
+    "adafactor": ("adafactor", None),
+    "lion": ("lion", {"weight_decay": 0.01}),
+    "lion8bit": ("lion8bit", None),
+}
+
+
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    if value not in AI_TOOLKIT:
+        why = {"lorafa": LORAFA_IN_CODE, "sgd": "its optimizers have no SGD"}
+        return Refuse(
+            f"ai-toolkit has no {value}: {why.get(value, 'toolkit/optimizer.py does not name it')}"
+        )
+    name, params = AI_TOOLKIT[value]
+    return say(
+        **{"train.optimizer": name}, **({"train.optimizer_params": params} if params else {})
+    )
+
+
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     if value not in SIMPLETUNER:
         return Refuse(f"SimpleTuner has no {value}: {LORAFA_IN_CODE}")
@@ -430,4 +455,5 @@ class Optimizer(Knob):
         "trl": _trl,
         "musubi": _musubi,
         "axolotl": _axolotl,
+        "ai_toolkit": _ai_toolkit,
     }

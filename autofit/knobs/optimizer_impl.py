@@ -112,4 +112,6 @@ class OptimizerImpl(Knob):
         },
         # musubi-tuner builds torch.optim.AdamW with its --optimizer_args
         "musubi": _by_default(lambda v: {"--optimizer_args": _words(v, "{k}={v}")}),
+        # ai-toolkit builds torch.optim.AdamW with its train.optimizer_params as they are
+        "ai_toolkit": _by_default(lambda v: {"train.optimizer_params": dict(ARGUMENTS[v])}),
     }

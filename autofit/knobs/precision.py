@@ -309,9 +309,50 @@ def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     return Say(settings=settings)
 
 
+# ai-toolkit 27a03a91 (jobs/process/BaseSDTrainProcess.py): the model loads in train.dtype and
+# trains without autocast (its Accelerator has no mixed precision); a LoRA network is forced to
+# fp32, and each adapter casts its layer's input to fp32 for its own matmuls
+# (toolkit/network_mixins.py), the result back to the layer's dtype. No loss scaling.
+AI_TOOLKIT_DTYPES = {"fp32": "fp32", "bf16": "bf16", "bf16_pure": "bf16"}
+AI_TOOLKIT_LORA_COPIES = (
+    "ai-toolkit runs its bf16 base without autocast and its fp32 LoRA on an fp32 copy of each "
+    "adapted layer's input (toolkit/network_mixins.py), where the measured run kept bf16 inputs "
+    "under bf16 autocast"
+)
+
+
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    mode = s.config.get("train_mode", "full")
+    if value == "fp16":
+        return Refuse("ai-toolkit trains fp16 without loss scaling or fp32 master weights")
+    if mode in ("full", "freeze"):  # the trained weights are the model's own, in train.dtype
+        if value in ("fp32", "bf16_pure"):
+            return say(**{"train.dtype": AI_TOOLKIT_DTYPES[value]})
+        return Refuse(
+            "ai-toolkit fine-tunes the model in its train.dtype without autocast: fp32, or bf16 "
+            "weights, gradients and optimizer states (precision=bf16_pure)",
+            "precision=fp32, bf16_pure",
+        )
+    if value == "fp32":  # fp32 base and adapters, no autocast: as measured
+        return say(**{"train.dtype": "fp32"})
+    if value != "bf16":
+        return Refuse("ai-toolkit keeps its LoRA weights in fp32 (measured: bf16 ones)")
+    if not s.config.get("checkpointing"):
+        return Refuse(
+            f"{AI_TOOLKIT_LORA_COPIES}: without checkpointing every block keeps those copies "
+            "through the backward pass",
+            "precision=bf16 with checkpointing=true, or fp32",
+        )
+    return Say(
+        settings={"train.dtype": "bf16"},
+        warning=f"{AI_TOOLKIT_LORA_COPIES}: with checkpointing those copies live only within "
+        "the block being recomputed, a little more than measured at the peak",
+    )
+
+
 class Precision(Knob):
     name = "precision"
-    depends_on = ("encoders", "train_mode", "zero_stage")
+    depends_on = ("checkpointing", "encoders", "train_mode", "zero_stage")
     default = "bf16"
     help = (
         "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights) | "
@@ -403,4 +444,5 @@ class Precision(Knob):
         "trl": _trl,
         "musubi": _musubi,
         "axolotl": _axolotl,
+        "ai_toolkit": _ai_toolkit,
     }

@@ -42,9 +42,26 @@ def _simpletuner(value: Any, s: Subject) -> Say:
     return say(**{f"{name}_precision": value.replace("_", "-")})
 
 
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    """ai-toolkit quantizes T5 when `quantize_te` says (its default: what `quantize` says), with
+    the base's `qtype` (the flux and chroma loaders at 27a03a91): said both ways."""
+    if value == "same":
+        return say(**{"model.quantize_te": False})
+    base = s.config.get("base_precision", "same")
+    if base not in ("same", value):
+        return Refuse(
+            f"ai-toolkit quantizes T5 with the base's qtype (base_precision={base})",
+            f"t5_precision=same, {base}" if base in QUANTO else "t5_precision=same",
+        )
+    settings: dict[str, Any] = {"model.quantize_te": True}
+    if base == "same":  # the qtype is then T5's alone
+        settings["model.qtype"] = QUANTO[value]
+    return Say(settings=settings)
+
+
 class T5Precision(Knob):
     name = "t5_precision"
-    depends_on = ("encoders",)
+    depends_on = ("base_precision", "encoders")
     default = "same"
     help = (
         "the T5-XXL text encoder on the GPU: same (its bf16) | fp8_quanto, int8_quanto "
@@ -104,4 +121,5 @@ class T5Precision(Knob):
             if v == "same"
             else Refuse("the diffusers example scripts load the text encoders in the weight dtype")
         ),
+        "ai_toolkit": _ai_toolkit,
     }

@@ -107,6 +107,28 @@ def _musubi(value: Any, s: Subject) -> Say | Refuse:
     return Refuse(why[value])
 
 
+def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
+    """ai-toolkit trains a LoRA network when its job has a `network` section, and the whole
+    model otherwise (jobs/process/BaseSDTrainProcess.py at 27a03a91); the base's precision under
+    LoRA is base_precision's words."""
+    if value == "lora":
+        return say(**{"network.type": "lora"})
+    if value == "full":
+        return say(**{"train.train_unet": True, "train.train_text_encoder": False})
+    why = {
+        "qlora": "ai-toolkit quantizes a base with optimum-quanto or torchao, not to 4-bit NF4 "
+        "by bitsandbytes",
+        "dora": "autofit has not matched ai-toolkit's DoRA (its LoRA module's apply_dora)",
+        "qdora": "ai-toolkit has no DoRA on a 4-bit NF4 base",
+        "freeze": "ai-toolkit trains a network or the whole model, not the last blocks alone",
+    }
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("ai-toolkit")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("ai-toolkit")
+    return Refuse(why[value])
+
+
 def NO_PEFT_FILE(trainer: str) -> Refuse:  # noqa: N802 (a refusal, as the constants above)
     return Refuse(f"{unread_by(trainer).why} (its own LoRA: train_mode=lora)")
 
@@ -334,6 +356,7 @@ class TrainMode(Knob):
         "trl": _trl,
         "musubi": _musubi,
         "axolotl": _axolotl,
+        "ai_toolkit": _ai_toolkit,
     }
 
 

@@ -225,4 +225,16 @@ class Validation(Knob):
         "kohya": _kohya,
         "sana": _sana,
         "diffusers": _diffusers,
+        # ai-toolkit samples images (its `sample` section) before training and every
+        # sample_every steps with what training holds, unless told not to.
+        "ai_toolkit": {
+            "off": say(**{"train.disable_sampling": True, "train.skip_first_sample": True}),
+            **dict.fromkeys(
+                ("on", "reload", "offload"),
+                Refuse(
+                    "autofit has not matched ai-toolkit's sampling (its flowmatch sampler over "
+                    "the sample section's prompts, 20 or more steps, with the LoRA unmerged)"
+                ),
+            ),
+        },
     }

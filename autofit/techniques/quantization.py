@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from autofit.emulations.nf4_layout import Nf4LinearLayout
+from autofit.techniques.quanto_excluded import QUANTO_EXCLUDED
 from autofit.techniques.torchao_float8 import (
     make_float8_matmuls_trainable,
     target_has_float8_matmuls,
@@ -256,19 +257,6 @@ def torchao_float8_base(run: Any, dynamic: bool) -> tuple[list[torch.Tensor], li
             weights.append(module.bias)
             kept.append(module.bias)
     return weights, kept
-
-
-# The layers SimpleTuner keeps out of quanto's reach, per family (helpers/training/quantisation,
-# `_quanto_model`, bghira/SimpleTuner bc8e6ab): fnmatch patterns over module names, as quanto's
-# `exclude` reads them. For SD3 "*norm*" keeps every AdaLayerNorm's linear in 16 bits (a third of
-# SD3.5 Large's weights); the families it lists no patterns for are quantized whole.
-QUANTO_EXCLUDED = {
-    "flux": ("*.norm", "*.norm1", "*.norm2", "*.norm2_context", "proj_out", "x_embedder",
-             "norm_out", "context_embedder"),
-    "sd3": ("*norm*", "*norm1_context*", "*norm_added_q*", "*norm_added_k*", "proj_out*",
-            "*pos_embed*", "*patch_embedding*", "*ffn*", "*scale_shift_table*", "*norm_out*",
-            "*context_embedder*", "*time_text_embed*", "*time_proj*", "*condition_embedder*"),
-}  # fmt: skip
 
 
 @contextmanager
