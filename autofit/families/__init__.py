@@ -26,6 +26,7 @@ from autofit.families.base import (
     MusubiScripts,
     SanaScript,
     SimpleTunerModel,
+    TorchtuneModel,
     Trainer,
     TrlModel,
 )
@@ -155,6 +156,7 @@ __all__ = [
     "Trainer",
     "TrlModel",
     "AxolotlModel",
+    "TorchtuneModel",
     "check_family",
     "declaring",
     "diffusers",

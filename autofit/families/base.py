@@ -240,6 +240,22 @@ class AxolotlModel:
         return f"axolotl ({self.auto_class})"
 
 
+# --- torchtune (pytorch/torchtune) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TorchtuneModel:
+    """torchtune trains its own model classes, built by its model builders: which one builds a
+    preset is its architecture's (autofit/families/torchtune_builders.py), a preset of no
+    builder's architecture is refused by the target."""
+
+    language_models_only: ClassVar[str] = "torchtune's recipes fine-tune language models only"
+
+    @property
+    def name(self) -> str:
+        return "torchtune's model builders"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -248,6 +264,7 @@ Trainer = (
     | TrlModel
     | MusubiScripts
     | AxolotlModel
+    | TorchtuneModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -258,6 +275,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "trl": TrlModel,
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
+    "torchtune": TorchtuneModel,
 }
 
 
