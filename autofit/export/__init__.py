@@ -25,6 +25,7 @@ from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
+from autofit.export.torchtune import TARGET as TORCHTUNE
 from autofit.export.trl import TARGET as TRL
 from autofit.knobs import REGISTRY, defaults
 from autofit.knobs.base import Refuse, Subject
@@ -43,6 +44,7 @@ TARGETS: dict[str, Target] = {
         DIFFUSERS,
         TRL,
         AXOLOTL,
+        TORCHTUNE,
         HYDRA,
     )
 }

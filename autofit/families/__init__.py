@@ -27,6 +27,7 @@ from autofit.families.base import (
     MusubiScripts,
     SanaScript,
     SimpleTunerModel,
+    TorchtuneModel,
     Trainer,
     TrlModel,
 )
@@ -164,6 +165,7 @@ __all__ = [
     "AxolotlModel",
     "AiToolkitModel",
     "ai_toolkit",
+    "TorchtuneModel",
     "check_family",
     "declaring",
     "diffusers",

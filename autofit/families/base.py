@@ -267,6 +267,22 @@ class AiToolkitModel:
         return f"arch {self.arch}"
 
 
+# --- torchtune (pytorch/torchtune) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TorchtuneModel:
+    """torchtune trains its own model classes, built by its model builders: which one builds a
+    preset is its architecture's (autofit/families/torchtune_builders.py), a preset of no
+    builder's architecture is refused by the target."""
+
+    language_models_only: ClassVar[str] = "torchtune's recipes fine-tune language models only"
+
+    @property
+    def name(self) -> str:
+        return "torchtune's model builders"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -276,6 +292,7 @@ Trainer = (
     | MusubiScripts
     | AxolotlModel
     | AiToolkitModel
+    | TorchtuneModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -287,6 +304,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
     "ai_toolkit": AiToolkitModel,
+    "torchtune": TorchtuneModel,
 }
 
 

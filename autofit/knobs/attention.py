@@ -85,6 +85,12 @@ class Attention(Knob):
                 "in fp32 (another run than torch's math kernel)"
             ),
         },
+        # torchtune 0.6.1's MultiHeadAttention calls torch's scaled_dot_product_attention (flex
+        # attention for packed rows): modules/attention_utils.py _sdpa_or_flex_attention.
+        "torchtune": {
+            "sdpa": Say(),
+            "math": Refuse("torchtune's attention is torch's scaled_dot_product_attention always"),
+        },
         # musubi-tuner asks for one of its kernels (--sdpa, --flash_attn, --xformers, ...): none
         # is the unfused path.
         "musubi": {

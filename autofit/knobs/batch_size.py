@@ -47,4 +47,5 @@ class BatchSize(Knob):
             per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
         ),
         "axolotl": lambda v, s: say(micro_batch_size=v, gradient_accumulation_steps=s.accumulation),
+        "torchtune": lambda v, s: say(batch_size=v, gradient_accumulation_steps=s.accumulation),
     }

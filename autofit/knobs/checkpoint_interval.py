@@ -56,6 +56,21 @@ def _every_layer(who: str) -> Any:
     return words
 
 
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    """torchtune 0.6.1 checkpoints every N-th layer, counted from 1, with `ac_mode: selective`,
+    `ac_option: N` (training/activations.py, torchtitan's code), read by full_finetune_distributed
+    alone, and there only while enable_activation_checkpointing is off (checkpointing's words)."""
+    if value == 1:
+        return Say()
+    if s.config.get("train_mode", "full") != "full" or s.world_size == 1:
+        return Refuse(
+            "torchtune 0.6.1 checkpoints every N-th layer (ac_mode: selective) in its "
+            "full_finetune_distributed recipe only: a full fine-tune on more than one GPU",
+            EVERY_BLOCK,
+        )
+    return say(ac_mode="selective", ac_option=value)
+
+
 class CheckpointPlan:
     """The checkpoint function a run hands its model when it checkpoints every N blocks."""
 
@@ -130,7 +145,7 @@ def _sana(value: Any, s: Subject) -> Say | Refuse:
 
 class CheckpointInterval(Knob):
     name = "checkpoint_interval"
-    depends_on = ("checkpoint_stride", "checkpointing", "swap_blocks")
+    depends_on = ("checkpoint_stride", "checkpointing", "swap_blocks", "train_mode", "world_size")
     default = 1
     help = (
         "with checkpointing: checkpoint every N blocks, N contiguous blocks under one call (SD3, "
@@ -191,4 +206,5 @@ class CheckpointInterval(Knob):
         "sana": _sana,
         "trl": _every_layer("TRL"),
         "axolotl": _every_layer("axolotl"),
+        "torchtune": _torchtune,
     }

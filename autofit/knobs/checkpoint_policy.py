@@ -94,5 +94,7 @@ class CheckpointPolicy(Knob):
             ("diffusers", "the diffusers example scripts"),
             ("trl", "TRL (transformers' gradient checkpointing)"),
             ("axolotl", "axolotl (transformers' gradient checkpointing)"),
+            # torchtune 0.6.1's ac_option "op" is documented but int()-ed (training/activations.py)
+            ("torchtune", "torchtune 0.6.1"),
         )
     }

@@ -40,9 +40,18 @@ def _axolotl(value: Any, s: Subject) -> Say:
     return say(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _torchtune(value: Any, s: Subject) -> Say:
+    """torchtune 0.6.1's enable_activation_checkpointing wraps every TransformerSelfAttentionLayer
+    in a non-reentrant checkpoint (training/activations.py). Every N-th layer is its ac_mode
+    selective instead, which runs only with enable_activation_checkpointing off
+    (checkpoint_interval's words)."""
+    every_layer = bool(value) and s.config.get("checkpoint_interval", 1) == 1
+    return say(enable_activation_checkpointing=every_layer)
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
-    depends_on = ("train_mode", "zero_stage")
+    depends_on = ("checkpoint_interval", "train_mode", "zero_stage")
     default = False
     help = "recompute each block's activations in backward instead of keeping them"
     kind = bool
@@ -68,6 +77,7 @@ class Checkpointing(Knob):
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         "trl": _trl,
         "axolotl": _axolotl,
+        "torchtune": _torchtune,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         # ai-toolkit checkpoints every block unless told not to (TrainConfig's default is true):
         # said both ways. Its LoRA network's own checkpointing follows the same switch.

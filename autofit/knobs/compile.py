@@ -141,6 +141,10 @@ class Compile(Knob):
 
     trainers = {
         "simpletuner": _simpletuner,
+        # torchtune 0.6.1's compile: True compiles each TransformerSelfAttentionLayer before its
+        # checkpoint wrapper goes round it, and the loss (training/_compile.py): CEWithChunked-
+        # OutputLoss's per-chunk cross-entropy only.
+        "torchtune": {"off": say(compile=False), "regional": say(compile=True)},
         "axolotl": {
             "off": Say(),
             "regional": Refuse(

@@ -135,6 +135,16 @@ def checked(words: Any) -> Any:
     return express
 
 
+def checked_all(words: Any) -> Any:
+    """As `checked`, for a trainer whose words for fsdp=off say something too."""
+
+    def express(value: Any, s: Subject) -> Say | Refuse:
+        broken = fsdp_rule(s.config)
+        return Refuse(broken, NOT_FSDP) if broken else words(value, s)
+
+    return express
+
+
 def _ram_efficient(s: Subject) -> bool:
     # accelerate loads a 4-bit base whole on every GPU before sharding it (fsdp2_prepare_model
     # skips cpu_ram_efficient_loading for Params4bit); any other model is built on the meta
@@ -246,6 +256,41 @@ AXOLOTL_FSDP = Refuse(
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    """torchtune 0.6.1's distributed recipes always shard with FSDP2 (training/_distributed.py
+    shard_model): fully_shard on each layer, on the modules custom_sharded_layers names, then on
+    the root, which FSDP2 never reshards after forward, all with fsdp_reshard_after_forward. An
+    untied input embedding sharded on its own leaves the final norm and output head (and a tied
+    embedding) to the root: the groups accelerate makes, which autofit measures. The model is
+    built in its dtype, sharded and gathered as it is (no mixed-precision policy: precision's
+    words keep it fp32 or bf16_pure)."""
+    if value == "off":
+        if s.world_size > 1:
+            return Refuse(
+                "torchtune's distributed recipes shard with FSDP2 always (no plain data parallel)",
+                "fsdp=full_shard, shard_grad_op",
+            )
+        return Say()
+    if s.world_size == 1:
+        return Refuse(
+            "torchtune shards across the processes of its distributed recipes; one GPU runs its "
+            "single-device recipes, unsharded",
+            NOT_FSDP,
+        )
+    config = s.preset.architecture.get("config", {})
+    tied = bool(config.get("tie_word_embeddings", False))
+    return say(
+        fsdp_reshard_after_forward=RESHARD_AFTER_FORWARD[value],
+        custom_sharded_layers=[] if tied else ["tok_embeddings"],
+    )
+
+
+TORCHTUNE_FSDP1 = Refuse(
+    "torchtune shards with FSDP2's fully_shard (training/_distributed.py shard_model)",
+    "fsdp_version=2",
+)
+
+
 class Fsdp(Knob):
     name = "fsdp"
     depends_on = (
@@ -339,4 +384,5 @@ class Fsdp(Knob):
         # The accelerate config TRL's train.py is launched with carries it.
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
+        "torchtune": checked_all(_torchtune),
     }

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
+from autofit.knobs.fsdp import TORCHTUNE_FSDP1
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
 if TYPE_CHECKING:
@@ -88,4 +89,5 @@ class FsdpVersion(Knob):
         "kohya": lambda v, s: Say(),
         "trl": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
+        "torchtune": {2: Say(), 1: TORCHTUNE_FSDP1},
     }

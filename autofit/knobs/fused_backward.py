@@ -78,6 +78,28 @@ def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     return say(optimizer_release_gradients=True)
 
 
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    """torchtune 0.6.1's optimizer_in_bwd, read by its full fine-tune recipes (which require the
+    key): one optimizer per parameter, stepped from its post-accumulate-grad hook, the gradient
+    then set to None (training/memory.py register_optim_in_bwd_hooks)."""
+    full = s.config.get("train_mode", "full") == "full"
+    if value == "off":
+        return say(optimizer_in_bwd=False) if full else Say()
+    refused = _accumulation(value, s)
+    if refused:
+        return refused
+    if not full:
+        return Refuse(
+            "torchtune's LoRA recipes step after backward (no optimizer_in_bwd)", NOT_FUSED
+        )
+    if value == "block":
+        return Refuse(
+            "torchtune's optimizer_in_bwd steps each parameter on its own, not each block",
+            "fused_backward=off, parameter",
+        )
+    return say(optimizer_in_bwd=True)
+
+
 def _own_code(value: Any, s: Subject) -> Say | Refuse | None:
     """Targets that configure one's own code: the note of what it must do, unless it cannot."""
     return _accumulation(value, s)
@@ -120,6 +142,7 @@ class FusedBackward(Knob):
 
     trainers = {
         "kohya": _kohya,
+        "torchtune": _torchtune,
         "accelerate": _own_code,
         "deepspeed": _own_code,
         "simpletuner": _simpletuner,

@@ -153,6 +153,12 @@ class KbitPrep(Knob):
         "sana": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "diffusers": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "axolotl": _axolotl,
+        "torchtune": {
+            "none": Say(),
+            "peft": Refuse(
+                "torchtune builds its own models, with no prepare_model_for_kbit_training"
+            ),
+        },
         # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
         "trl": {
             "none": Say(),

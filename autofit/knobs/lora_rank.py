@@ -34,6 +34,7 @@ class LoraRank(Knob):
         "diffusers": lambda v, s: say(**{"--rank": v}),
         "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
         "axolotl": lambda v, s: say(lora_r=v, lora_alpha=v),
+        "torchtune": lambda v, s: say(**{"model.lora_rank": v, "model.lora_alpha": v}),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
         "ai_toolkit": lambda v, s: say(**{"network.linear": v, "network.linear_alpha": v}),
     }

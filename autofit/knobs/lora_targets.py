@@ -129,6 +129,42 @@ def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
     return say(**{"network.network_kwargs": {"only_if_contains": list(modules)}})
 
 
+# torchtune 0.6.1's LoRA builders name the attention projections they adapt (lora_attn_modules,
+# its own names) and adapt the feed-forward's three projections all or none (apply_lora_to_mlp);
+# the output head stays unadapted (apply_lora_to_output false), as autofit's sets leave it.
+TORCHTUNE_ATTENTION = {
+    "q_proj": "q_proj",
+    "k_proj": "k_proj",
+    "v_proj": "v_proj",
+    "o_proj": "output_proj",
+}
+TORCHTUNE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    modules = target_modules(value, s.preset)
+    names = set() if isinstance(modules, str) else set(modules)
+    mlp = names & set(TORCHTUNE_MLP)
+    if (
+        isinstance(modules, str)
+        or names - set(TORCHTUNE_ATTENTION) - mlp
+        or mlp not in (set(), set(TORCHTUNE_MLP))
+    ):
+        return Refuse(
+            "torchtune's LoRA builders adapt named attention projections (q_proj, k_proj, v_proj, "
+            "output_proj) and the feed-forward's three projections together"
+        )
+    return say(
+        **{
+            "model.lora_attn_modules": [
+                TORCHTUNE_ATTENTION[n] for n in TORCHTUNE_ATTENTION if n in names
+            ],
+            "model.apply_lora_to_mlp": bool(mlp),
+            "model.apply_lora_to_output": False,
+        }
+    )
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     depends_on = ("train_mode",)
@@ -188,6 +224,7 @@ class LoraTargets(Knob):
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         # the modules named, not lora_target_linear (every linear layer but the output head)
         "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
+        "torchtune": _torchtune,
         "musubi": _musubi,
         "ai_toolkit": _ai_toolkit,
     }

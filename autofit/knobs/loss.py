@@ -61,7 +61,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import is_causal_lm
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
     from autofit.models import ModelPreset
@@ -103,6 +103,24 @@ def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# torchtune 0.6.1's loss modules (torchtune/modules/loss/): CEWithChunkedOutputLoss alone for a
+# causal LM (LinearCrossEntropyLoss came with 0.7). A torch loss given whole logits, as its recipes
+# hand one, takes them in the model's dtype with the labels shifted, not the logits: no copy.
+TORCHTUNE_LOSSES = "torchtune 0.6.1's loss modules have CEWithChunkedOutputLoss only"
+
+
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    if value == "chunked":
+        # num_output_chunks 8, its default (CHUNKS); the recipe chunks the model's output to it
+        return say(**{"loss._component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"})
+    if value == "full_native":
+        return Refuse(
+            "torchtune's recipes shift the labels, not the logits, so a torch loss on the whole "
+            "logits holds one copy of them less than measured"
+        )
+    return Refuse(TORCHTUNE_LOSSES)
+
+
 class Loss(Knob):
     name = "loss"
     depends_on = ("compile",)
@@ -141,7 +159,7 @@ class Loss(Knob):
     per_sample_memory = True  # the logits grow with every sequence in the batch
     reach = "pass"  # how the forward computes the loss
 
-    trainers = {"trl": _trl, "axolotl": _axolotl}
+    trainers = {"trl": _trl, "axolotl": _axolotl, "torchtune": _torchtune}
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return is_causal_lm(preset.family)

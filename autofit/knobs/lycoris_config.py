@@ -109,6 +109,7 @@ class LycorisConfigKnob(AdapterFileKnob):
                 ("diffusers", "the diffusers example scripts train peft's LoRA"),
                 ("trl", "TRL trains peft's adapters"),
                 ("axolotl", "axolotl trains peft's adapters"),
+                ("torchtune", "torchtune trains its own LoRA and DoRA modules"),
             )  # fmt: skip
         },
     }

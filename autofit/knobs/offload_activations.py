@@ -178,9 +178,28 @@ def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     return say(activation_offloading=True)
 
 
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    """torchtune 0.6.1's enable_activation_offloading (training/_activation_offloading.py, what
+    `cpu` follows); its recipes raise unless enable_activation_checkpointing is on too, which
+    every-N-th-layer checkpointing turns off."""
+    if value == "off":
+        return say(enable_activation_offloading=False)
+    if value == "attention":
+        return Refuse(
+            "torchtune's OffloadActivations copies every saved activation, not the attention's"
+        )
+    if not s.config.get("checkpointing") or s.config.get("checkpoint_interval", 1) != 1:
+        return Refuse(
+            "torchtune 0.6.1's recipes offload activations only with enable_activation_checkpointing "
+            "(every layer checkpointed)",
+            "offload_activations=cpu with checkpointing=true and checkpoint_interval=1",
+        )
+    return say(enable_activation_offloading=True)
+
+
 class OffloadActivations(Knob):
     name = "offload_activations"
-    depends_on = ("checkpointing", "fsdp", "train_mode")
+    depends_on = ("checkpoint_interval", "checkpointing", "fsdp", "train_mode")
     default = "off"
     help = (
         "saved activations copied to pinned host memory in forward, back in backward: off | cpu "
@@ -263,6 +282,7 @@ class OffloadActivations(Knob):
             ),
         },
         "axolotl": _axolotl,
+        "torchtune": _torchtune,
         "musubi": {
             "off": Say(),
             "cpu": Refuse(

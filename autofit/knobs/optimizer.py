@@ -374,6 +374,38 @@ def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     return Say(settings={"optimizer": settings.pop("optim"), **settings}, note=words.note)
 
 
+# torchtune instantiates its optimizer section's _component_ with the model's parameters and the
+# section's other keys (config.instantiate): each class and the arguments autofit built it with
+# (RULES); AdamW's implementation is optimizer_impl's words.
+TORCHTUNE: dict[str, dict[str, Any]] = {
+    "adamw": {"_component_": "torch.optim.AdamW", "weight_decay": 0.01},
+    "adamw8bit": {"_component_": "bitsandbytes.optim.AdamW8bit"},
+    "paged_adamw8bit": {"_component_": "bitsandbytes.optim.PagedAdamW8bit"},
+    "adafactor": {
+        "_component_": "transformers.optimization.Adafactor",
+        "relative_step": False,
+        "scale_parameter": False,
+        "warmup_init": False,
+    },
+    "came": {"_component_": "came_pytorch.CAME", "weight_decay": 0.01},
+    "lion": {"_component_": "lion_pytorch.Lion", "weight_decay": 0.01},
+    "lion8bit": {"_component_": "bitsandbytes.optim.Lion8bit"},
+    "paged_lion8bit": {"_component_": "bitsandbytes.optim.PagedLion8bit"},
+    "sgd": {"_component_": "torch.optim.SGD", "momentum": 0.9, "foreach": True},
+}
+
+
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    if value not in TORCHTUNE:
+        why = {
+            "adamw_bf16": "autofit has not matched torchao's AdamW(bf16_stochastic_round=True) "
+            "to the stochastic-rounding AdamW it measured",
+            "lorafa": LORAFA_IN_CODE,
+        }
+        return Refuse(f"torchtune has no {value}: {why[value]}")
+    return Say(settings={f"optimizer.{k}": v for k, v in TORCHTUNE[value].items()})
+
+
 def _lorafa_reason(context: ProbeContext) -> str | None:
     knobs = context.knobs
     mode = knobs.get("train_mode", "full")
@@ -456,4 +488,5 @@ class Optimizer(Knob):
         "musubi": _musubi,
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
+        "torchtune": _torchtune,
     }

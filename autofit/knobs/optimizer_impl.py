@@ -94,6 +94,10 @@ class OptimizerImpl(Knob):
         "sana": _by_default(lambda v: {f"train.optimizer.{k}": x for k, x in ARGUMENTS[v].items()}),
         "diffusers": _diffusers,
         # The optimizer's words name transformers' adamw_torch_fused or adamw_torch (foreach).
+        # torchtune instantiates torch.optim.AdamW with every key of its optimizer section
+        "torchtune": lambda v, s: Say(
+            settings={f"optimizer.{k}": x for k, x in ARGUMENTS[v].items()}
+        ),
         "axolotl": {
             "fused": Say(),
             "foreach": Say(),

@@ -350,6 +350,21 @@ def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# torchtune 0.6.1's recipes build the whole model, adapters included, in `dtype` (bf16 or fp32;
+# fp16 is refused) under training.set_default_dtype and step it with no autocast, no loss scaling
+# and no fp32 master weights: autofit's bf16_pure and fp32.
+TORCHTUNE_DTYPES = {"fp32": "fp32", "bf16_pure": "bf16"}
+
+
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    if value in TORCHTUNE_DTYPES:
+        return say(dtype=TORCHTUNE_DTYPES[value])
+    return Refuse(
+        "torchtune trains the whole model in its dtype (bf16 or fp32) with no autocast and no fp32 "
+        "master weights"
+    )
+
+
 class Precision(Knob):
     name = "precision"
     depends_on = ("checkpointing", "encoders", "train_mode", "zero_stage")
@@ -445,4 +460,5 @@ class Precision(Knob):
         "musubi": _musubi,
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
+        "torchtune": _torchtune,
     }

@@ -57,4 +57,8 @@ class Resolution(Knob):
             warning="axolotl pads each example to sequence_len, so transformers hands SDPA a "
             "padding mask (batch x sequence x sequence booleans) the measured full rows had none of",
         ),
+        # torchtune 0.6.1's tokenizers cut each example to max_seq_len and padded_collate_sft pads
+        # a batch to its longest: rows of at most the measured length, no mask (SDPA is_causal).
+        # Packed rows would be full, but run flex attention with a block mask (not measured).
+        "torchtune": lambda v, s: say(**{"tokenizer.max_seq_len": v, "dataset.packed": False}),
     }

@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from autofit.families import diffusers, diffusers_script, kohya, musubi
+from autofit.families.torchtune_builders import builder_for
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
 from autofit.knobs.lycoris_config import LYCORIS_MODE, add_lycoris_network
@@ -237,6 +238,44 @@ def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     return Say(settings=settings)
 
 
+# torchtune 0.6.1's 4-bit base is torchao's NF4Tensor (modules/peft/lora.py to_nf4): NF4 in blocks
+# of 64 like bitsandbytes', but its scales linearly quantized to int8 around their mean, and every
+# forward and backward dequantizes the whole weight eagerly through two int64 index tensors of
+# half its values each (torchao 0.10.0 dtypes/nf4tensor.py get_original_weight, still so in
+# 0.18): four times the bf16 weight's bytes in temporaries where bitsandbytes' kernel makes the
+# weight alone.
+TORCHTUNE_NF4 = Refuse(
+    "torchtune's 4-bit base is torchao's NF4Tensor, whose eager dequantization makes int64 index "
+    "temporaries four times the layer's bf16 weight, not the bitsandbytes NF4 layer measured"
+)
+
+
+def _torchtune(value: Any, s: Subject) -> Say | Refuse:
+    """The model's builder (autofit/families/torchtune_builders.py): the full one, or its LoRA
+    builder with no dropout and torchtune's DoRA (modules/peft/dora.py, peft's formulation) where
+    asked; alpha = rank as measured (lora_rank's words)."""
+    if value in FOUR_BIT_MODES:
+        return TORCHTUNE_NF4
+    if value == "freeze":
+        return Refuse("torchtune trains the whole model or its LoRA and DoRA adapters")
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("autofit's torchtune export")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("torchtune")
+    builder = builder_for(s.preset)
+    if builder is None:
+        return Refuse(f"torchtune 0.6.1 has no model builder of {s.model}'s architecture")
+    if value == "full":
+        return say(**{"model._component_": builder.component(adapters=False)})
+    return say(
+        **{
+            "model._component_": builder.component(adapters=True),
+            "model.lora_dropout": 0.0,
+            "model.use_dora": value in DORA_MODES,
+        }
+    )
+
+
 class TrainMode(Knob):
     name = "train_mode"
     depends_on = (
@@ -357,6 +396,7 @@ class TrainMode(Knob):
         "musubi": _musubi,
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
+        "torchtune": _torchtune,
     }
 
 

@@ -220,6 +220,11 @@ def _kohya(stage: Any, s: Subject) -> Say:
     )
 
 
+# torchtune 0.6.1 has no DeepSpeed: its distributed recipes shard with FSDP2 (training/_distributed.py).
+TORCHTUNE_NO_ZERO = Refuse(
+    "torchtune has no DeepSpeed ZeRO or ZeRO-Offload; its distributed recipes shard with FSDP2",
+    "fsdp=full_shard or shard_grad_op, with fsdp_offload=cpu for host offload",
+)
 NO_DEEPSPEED = Refuse(
     "Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"
 )  # and offload
@@ -353,6 +358,7 @@ class ZeroStage(Knob):
         "trl": zero_checked(lambda v, s: Say()),
         # axolotl's `deepspeed` names the DeepSpeed JSON written beside its config (the layout's).
         "axolotl": zero_checked(lambda v, s: Say()),
+        "torchtune": lambda v, s: Say() if not v else TORCHTUNE_NO_ZERO,
     }
 
 
