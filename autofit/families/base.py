@@ -240,6 +240,20 @@ class AxolotlModel:
         return f"axolotl ({self.auto_class})"
 
 
+# --- LitGPT (Lightning-AI/litgpt) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LitGptModel:
+    # What the export names the model by: each preset's LitGPT config (its `trainers.litgpt.config`
+    # in conf/model/), whose architecture tests/test_export_litgpt.py holds to the preset's.
+    language_models_only: ClassVar[str] = "LitGPT fine-tunes language models only"
+
+    @property
+    def name(self) -> str:
+        return "litgpt finetune_lora / finetune_full"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -248,6 +262,7 @@ Trainer = (
     | TrlModel
     | MusubiScripts
     | AxolotlModel
+    | LitGptModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -258,6 +273,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "trl": TrlModel,
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
+    "litgpt": LitGptModel,
 }
 
 

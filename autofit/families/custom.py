@@ -23,6 +23,7 @@ CUSTOM = Family(
         "sana": OWN_CODE,
         "trl": OWN_CODE,
         "axolotl": OWN_CODE,
+        "litgpt": OWN_CODE,
         "musubi": OWN_CODE,
     },
 )

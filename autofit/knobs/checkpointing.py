@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, Say, Subject, say
+from autofit.knobs.base import Knob, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -40,9 +40,23 @@ def _axolotl(value: Any, s: Subject) -> Say:
     return say(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13 has no setting: it checkpoints every block (non-reentrant) exactly when it
+    runs on more than one device, finetune_full through Lightning's FSDPStrategy
+    (activation_checkpointing_policy={Block}), finetune_lora in parallelize_fn (checkpoint_wrapper
+    on each block); on one device it checkpoints nothing."""
+    if bool(value) == (s.world_size > 1):
+        return Say()
+    return Refuse(
+        "LitGPT's finetune scripts checkpoint every block when they run on more than one device "
+        "and none on one (finetune/full.py FSDPStrategy, finetune/lora.py parallelize_fn); "
+        "it has no setting for it"
+    )
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
-    depends_on = ("train_mode", "zero_stage")
+    depends_on = ("train_mode", "world_size", "zero_stage")
     default = False
     help = "recompute each block's activations in backward instead of keeping them"
     kind = bool
@@ -68,5 +82,6 @@ class Checkpointing(Knob):
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         "trl": _trl,
         "axolotl": _axolotl,
+        "litgpt": _litgpt,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
     }

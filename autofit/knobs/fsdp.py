@@ -246,6 +246,29 @@ AXOLOTL_FSDP = Refuse(
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13 shards exactly when it runs on more than one device, with no setting of its
+    own: finetune_full through Lightning's FSDPStrategy (FSDP1, FULL_SHARD, each Block a unit,
+    cpu_offload=False, use_orig_params=True: finetune/full.py, lightning/fabric/strategies/
+    fsdp.py), finetune_lora with fully_shard on each block and on the root (parallelize_fn)."""
+    if s.world_size == 1:
+        return Refuse(
+            "LitGPT runs Lightning's single-device strategy on one GPU: it shards nothing"
+        )
+    if s.config["train_mode"] != "full":
+        return Refuse(
+            "LitGPT's finetune_lora shards each block and the root alone (parallelize_fn): the "
+            "token embedding and output head stay in the root, where the measured FSDP2 gave "
+            "them groups of their own"
+        )
+    if value == "shard_grad_op":
+        return Refuse("Lightning's FSDPStrategy in LitGPT's finetune_full shards FULL_SHARD")
+    return Say(
+        warning="Lightning's FSDPStrategy runs FSDP1 with use_orig_params=True, whose "
+        "per-parameter alignment padding autofit's FSDP1 layout leaves out"
+    )
+
+
 class Fsdp(Knob):
     name = "fsdp"
     depends_on = (
@@ -339,4 +362,5 @@ class Fsdp(Knob):
         # The accelerate config TRL's train.py is launched with carries it.
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
+        "litgpt": checked(_litgpt),
     }

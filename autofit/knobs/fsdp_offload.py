@@ -45,4 +45,9 @@ class FsdpOffload(Knob):
         "kohya": {"none": Say(), "cpu": Refuse(NO_FSDP, "fsdp_offload=none")},
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"none": Say(), "cpu": AXOLOTL_FSDP},
+        # LitGPT's FSDPStrategy: cpu_offload=False (finetune/full.py)
+        "litgpt": {
+            "none": Say(),
+            "cpu": Refuse("LitGPT's FSDPStrategy keeps the shards on the GPU"),
+        },
     }

@@ -88,4 +88,10 @@ class FsdpVersion(Knob):
         "kohya": lambda v, s: Say(),
         "trl": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
+        # finetune_full's FSDPStrategy is FSDP1; fsdp refuses finetune_lora's sharding itself
+        "litgpt": lambda v, s: (
+            Say()
+            if v == 1 or s.config["train_mode"] != "full"
+            else Refuse("LitGPT's finetune_full shards with Lightning's FSDPStrategy, FSDP1")
+        ),
     }

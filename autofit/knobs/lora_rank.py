@@ -34,5 +34,6 @@ class LoraRank(Knob):
         "diffusers": lambda v, s: say(**{"--rank": v}),
         "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
         "axolotl": lambda v, s: say(lora_r=v, lora_alpha=v),
+        "litgpt": lambda v, s: say(lora_r=v, lora_alpha=v),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
     }

@@ -263,6 +263,11 @@ class OffloadActivations(Knob):
             ),
         },
         "axolotl": _axolotl,
+        "litgpt": {
+            "off": Say(),
+            "cpu": Refuse("LitGPT's finetune scripts offload no activations"),
+            "attention": Refuse("LitGPT's finetune scripts offload no activations"),
+        },
         "musubi": {
             "off": Say(),
             "cpu": Refuse(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
-from autofit.knobs.zero_stage import NO_DEEPSPEED, NVME_PATH, zero_checked
+from autofit.knobs.zero_stage import LITGPT_NO_ZERO, NO_DEEPSPEED, NVME_PATH, zero_checked
 
 SWAPS_THE_OPTIMIZER = (
     "offload_optimizer=cpu: accelerate.prepare() swaps your torch AdamW for DeepSpeed's CPU Adam "
@@ -49,6 +49,7 @@ class OffloadOptimizer(Knob):
         # accelerate swaps the Trainer's AdamW for DeepSpeed's CPU Adam (the optimizer's words).
         "trl": zero_checked(),
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
+        "litgpt": {"none": Say(), "cpu": LITGPT_NO_ZERO, "nvme": LITGPT_NO_ZERO},
     }
 
 

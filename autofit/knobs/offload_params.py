@@ -8,7 +8,7 @@ from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
 from autofit.knobs.offload_optimizer import kohya_nvme_path, nvme_saves_over
-from autofit.knobs.zero_stage import NO_DEEPSPEED, zero_checked
+from autofit.knobs.zero_stage import LITGPT_NO_ZERO, NO_DEEPSPEED, zero_checked
 
 
 class OffloadParams(Knob):
@@ -41,4 +41,5 @@ class OffloadParams(Knob):
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
         "trl": zero_checked(),  # in the accelerate config it is launched with
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
+        "litgpt": {"none": Say(), "cpu": LITGPT_NO_ZERO, "nvme": LITGPT_NO_ZERO},
     }

@@ -57,4 +57,7 @@ class Resolution(Knob):
             warning="axolotl pads each example to sequence_len, so transformers hands SDPA a "
             "padding mask (batch x sequence x sequence booleans) the measured full rows had none of",
         ),
+        # litgpt 0.5.13 cuts each example to max_seq_length and pads a micro-batch to its longest
+        # one (data/base.py get_sft_collate_fn): the measured full rows are its longest batch.
+        "litgpt": lambda v, s: say(**{"train.max_seq_length": v}),
     }

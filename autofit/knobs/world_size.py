@@ -45,4 +45,5 @@ class WorldSize(Knob):
         "diffusers": lambda v, s: Say(),  # the accelerate config's num_processes
         "trl": lambda v, s: Say(),  # the accelerate config's num_processes
         "axolotl": lambda v, s: Say(),  # the launch line's --num-processes
+        "litgpt": lambda v, s: say(devices=v),  # one node's devices; Fabric launches them
     }

@@ -220,6 +220,8 @@ def _kohya(stage: Any, s: Subject) -> Say:
     )
 
 
+# litgpt 0.5.13's finetune scripts choose Lightning's strategy themselves: FSDP on several devices.
+LITGPT_NO_ZERO = Refuse("LitGPT's finetune scripts shard with FSDP, never DeepSpeed ZeRO")
 NO_DEEPSPEED = Refuse(
     "Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"
 )  # and offload
@@ -353,6 +355,7 @@ class ZeroStage(Knob):
         "trl": zero_checked(lambda v, s: Say()),
         # axolotl's `deepspeed` names the DeepSpeed JSON written beside its config (the layout's).
         "axolotl": zero_checked(lambda v, s: Say()),
+        "litgpt": {0: Say(), 1: LITGPT_NO_ZERO, 2: LITGPT_NO_ZERO, 3: LITGPT_NO_ZERO},
     }
 
 
