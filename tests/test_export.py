@@ -51,6 +51,9 @@ FLUX = "flux_dev-rtx4090-default"
 LLAMA = "llama3_2_1b-a40-offload"  # QLoRA under ZeRO-3 with NVMe and activation offload
 TRL_SEARCH = "llama3_2_1b-rtx4090-quick-trl"  # `autofit search ... space=quick trainer=trl`
 TORCHTUNE_SEARCH = "llama3_2_1b-rtx4090-quick-torchtune"  # the same search, trainer=torchtune
+# `autofit search model=llama3_8b gpu=a100_80 space=quick trainer=litgpt` (LitGPT unties Llama
+# 3.2's head, so it trains none of the 1B and 3B presets)
+LITGPT_SEARCH = "llama3_8b-a100_80-quick-litgpt"
 WAN = "wan2_1_t2v_1_3b-rtx4090-quick"  # Wan 2.1 1.3B: LoRA, 81 frames at 480x832
 HUNYUAN = "hunyuan_video-rtx4090-small_cards_lora"  # fp8 base, 18 blocks swapped, 33 frames
 # (target, study, Pareto point or None for the best, target.global_batch, golden case)
@@ -77,6 +80,7 @@ CASES = [
     ("axolotl", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
     ("torchtune", TORCHTUNE_SEARCH, None, None, "llama_lora"),
     ("torchtune", TORCHTUNE_SEARCH, 2, 10, "llama_lora_checkpointing"),
+    ("litgpt", LITGPT_SEARCH, None, None, "llama_lora"),
     ("musubi", WAN, None, None, "wan_1_3b_lora"),
     ("musubi", WAN, 1, None, "wan_1_3b_lora_33_frames"),
     ("musubi", HUNYUAN, None, None, "hunyuan_video_fp8_swap"),
@@ -1149,7 +1153,7 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=kohay"],
             2,
-            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, sana, diffusers, trl, axolotl, torchtune, hydra",
+            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, sana, diffusers, trl, axolotl, torchtune, litgpt, hydra",
         ),
         ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (

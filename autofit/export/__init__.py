@@ -20,6 +20,7 @@ from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
+from autofit.export.litgpt import TARGET as LITGPT
 from autofit.export.musubi import TARGET as MUSUBI
 from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
@@ -45,6 +46,7 @@ TARGETS: dict[str, Target] = {
         TRL,
         AXOLOTL,
         TORCHTUNE,
+        LITGPT,
         HYDRA,
     )
 }

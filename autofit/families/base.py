@@ -283,6 +283,20 @@ class TorchtuneModel:
         return "torchtune's model builders"
 
 
+# --- LitGPT (Lightning-AI/litgpt) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LitGptModel:
+    # What the export names the model by: each preset's LitGPT config (its `trainers.litgpt.config`
+    # in conf/model/), whose architecture tests/test_export_litgpt.py holds to the preset's.
+    language_models_only: ClassVar[str] = "LitGPT fine-tunes language models only"
+
+    @property
+    def name(self) -> str:
+        return "litgpt finetune_lora / finetune_full"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -293,6 +307,7 @@ Trainer = (
     | AxolotlModel
     | AiToolkitModel
     | TorchtuneModel
+    | LitGptModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -305,6 +320,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "axolotl": AxolotlModel,
     "ai_toolkit": AiToolkitModel,
     "torchtune": TorchtuneModel,
+    "litgpt": LitGptModel,
 }
 
 

@@ -24,6 +24,7 @@ CUSTOM = Family(
         "trl": OWN_CODE,
         "axolotl": OWN_CODE,
         "torchtune": OWN_CODE,
+        "litgpt": OWN_CODE,
         "musubi": OWN_CODE,
         "ai_toolkit": OWN_CODE,
     },

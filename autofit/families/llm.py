@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofit.families.base import AxolotlModel, Family, TorchtuneModel, TrlModel
+from autofit.families.base import AxolotlModel, Family, LitGptModel, TorchtuneModel, TrlModel
 from autofit.words import Refuse
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -29,6 +29,7 @@ LLM = Family(
         "trl": TrlModel("AutoModelForCausalLM"),
         "axolotl": AxolotlModel("AutoModelForCausalLM"),
         "torchtune": TorchtuneModel(),
+        "litgpt": LitGptModel(),
         "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
         "ai_toolkit": Refuse("ai-toolkit trains image, video and audio diffusion models"),
     },

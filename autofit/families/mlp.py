@@ -19,6 +19,7 @@ MLP = Family(
         "trl": Refuse("a test model: no trainer's script trains it"),
         "axolotl": Refuse("a test model: no trainer's script trains it"),
         "torchtune": Refuse("a test model: no trainer's script trains it"),
+        "litgpt": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
         "ai_toolkit": Refuse("a test model: no trainer's script trains it"),
     },

@@ -111,4 +111,5 @@ class Allocator(Knob):
         "trl": _note(launched=True),
         "axolotl": _note(launched=True),
         "torchtune": _note(launched=True),
+        "litgpt": _note(launched=True),
     }

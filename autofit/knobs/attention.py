@@ -91,6 +91,14 @@ class Attention(Knob):
             "sdpa": Say(),
             "math": Refuse("torchtune's attention is torch's scaled_dot_product_attention always"),
         },
+        # litgpt 0.5.13's CausalSelfAttention calls torch's scaled_dot_product_attention
+        # (model.py) for every model autofit exports to it (no logit soft-capping).
+        "litgpt": {
+            "sdpa": Say(),
+            "math": Refuse(
+                "LitGPT runs torch's scaled_dot_product_attention; it has no setting for it"
+            ),
+        },
         # musubi-tuner asks for one of its kernels (--sdpa, --flash_attn, --xformers, ...): none
         # is the unfused path.
         "musubi": {

@@ -48,4 +48,12 @@ class BatchSize(Knob):
         ),
         "axolotl": lambda v, s: say(micro_batch_size=v, gradient_accumulation_steps=s.accumulation),
         "torchtune": lambda v, s: say(batch_size=v, gradient_accumulation_steps=s.accumulation),
+        # litgpt 0.5.13's TrainArgs: the accumulation is global_batch_size / devices /
+        # micro_batch_size (args.py gradient_accumulation_iters), so the global batch says it.
+        "litgpt": lambda v, s: say(
+            **{
+                "train.micro_batch_size": v,
+                "train.global_batch_size": v * s.accumulation * s.world_size,
+            }
+        ),
     }

@@ -207,4 +207,10 @@ class CheckpointInterval(Knob):
         "trl": _every_layer("TRL"),
         "axolotl": _every_layer("axolotl"),
         "torchtune": _torchtune,
+        # the blocks LitGPT checkpoints (checkpointing's words) are every one of them
+        "litgpt": lambda v, s: (
+            Say()
+            if v == 1
+            else Refuse("LitGPT checkpoints every block when it checkpoints at all", EVERY_BLOCK)
+        ),
     }

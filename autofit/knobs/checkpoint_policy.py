@@ -96,5 +96,6 @@ class CheckpointPolicy(Knob):
             ("axolotl", "axolotl (transformers' gradient checkpointing)"),
             # torchtune 0.6.1's ac_option "op" is documented but int()-ed (training/activations.py)
             ("torchtune", "torchtune 0.6.1"),
+            ("litgpt", "LitGPT (checkpoint_wrapper on each block)"),
         )
     }

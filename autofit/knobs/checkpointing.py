@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.knobs.base import Knob, Say, Subject, say
+from autofit.knobs.base import Knob, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -49,9 +49,23 @@ def _torchtune(value: Any, s: Subject) -> Say:
     return say(enable_activation_checkpointing=every_layer)
 
 
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13 has no setting: it checkpoints every block (non-reentrant) exactly when it
+    runs on more than one device, finetune_full through Lightning's FSDPStrategy
+    (activation_checkpointing_policy={Block}), finetune_lora in parallelize_fn (checkpoint_wrapper
+    on each block); on one device it checkpoints nothing."""
+    if bool(value) == (s.world_size > 1):
+        return Say()
+    return Refuse(
+        "LitGPT's finetune scripts checkpoint every block when they run on more than one device "
+        "and none on one (finetune/full.py FSDPStrategy, finetune/lora.py parallelize_fn); "
+        "it has no setting for it"
+    )
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
-    depends_on = ("checkpoint_interval", "train_mode", "zero_stage")
+    depends_on = ("checkpoint_interval", "train_mode", "world_size", "zero_stage")
     default = False
     help = "recompute each block's activations in backward instead of keeping them"
     kind = bool
@@ -78,6 +92,7 @@ class Checkpointing(Knob):
         "trl": _trl,
         "axolotl": _axolotl,
         "torchtune": _torchtune,
+        "litgpt": _litgpt,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         # ai-toolkit checkpoints every block unless told not to (TrainConfig's default is true):
         # said both ways. Its LoRA network's own checkpointing follows the same switch.

@@ -152,6 +152,10 @@ class Compile(Knob):
                 "autofit has measured compiling each block"
             ),
         },
+        "litgpt": {
+            "off": Say(),
+            "regional": Refuse("LitGPT's finetune scripts compile nothing (litgpt 0.5.13)"),
+        },
         "trl": {
             "off": Say(),
             "regional": Refuse(

@@ -277,8 +277,8 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
             "single-device recipes, unsharded",
             NOT_FSDP,
         )
-    config = s.preset.architecture.get("config", {})
-    tied = bool(config.get("tie_word_embeddings", False))
+    hf_config = s.preset.architecture.get("config", {})  # the model's transformers config
+    tied = bool(hf_config.get("tie_word_embeddings", False))
     return say(
         fsdp_reshard_after_forward=RESHARD_AFTER_FORWARD[value],
         custom_sharded_layers=[] if tied else ["tok_embeddings"],
@@ -289,6 +289,29 @@ TORCHTUNE_FSDP1 = Refuse(
     "torchtune shards with FSDP2's fully_shard (training/_distributed.py shard_model)",
     "fsdp_version=2",
 )
+
+
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13 shards exactly when it runs on more than one device, with no setting of its
+    own: finetune_full through Lightning's FSDPStrategy (FSDP1, FULL_SHARD, each Block a unit,
+    cpu_offload=False, use_orig_params=True: finetune/full.py, lightning/fabric/strategies/
+    fsdp.py), finetune_lora with fully_shard on each block and on the root (parallelize_fn)."""
+    if s.world_size == 1:
+        return Refuse(
+            "LitGPT runs Lightning's single-device strategy on one GPU: it shards nothing"
+        )
+    if s.config["train_mode"] != "full":
+        return Refuse(
+            "LitGPT's finetune_lora shards each block and the root alone (parallelize_fn): the "
+            "token embedding and output head stay in the root, where the measured FSDP2 gave "
+            "them groups of their own"
+        )
+    if value == "shard_grad_op":
+        return Refuse("Lightning's FSDPStrategy in LitGPT's finetune_full shards FULL_SHARD")
+    return Say(
+        warning="Lightning's FSDPStrategy runs FSDP1 with use_orig_params=True, whose "
+        "per-parameter alignment padding autofit's FSDP1 layout leaves out"
+    )
 
 
 class Fsdp(Knob):
@@ -385,4 +408,5 @@ class Fsdp(Knob):
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
         "torchtune": checked_all(_torchtune),
+        "litgpt": checked(_litgpt),
     }

@@ -54,4 +54,9 @@ class FsdpOffload(Knob):
         "axolotl": {"none": Say(), "cpu": AXOLOTL_FSDP},
         # torchtune's fsdp_cpu_offload: FSDP2's CPUOffloadPolicy() on every fully_shard call
         "torchtune": checked_all(lambda v, s: say(fsdp_cpu_offload=True) if v == "cpu" else Say()),
+        # LitGPT's FSDPStrategy: cpu_offload=False (finetune/full.py)
+        "litgpt": {
+            "none": Say(),
+            "cpu": Refuse("LitGPT's FSDPStrategy keeps the shards on the GPU"),
+        },
     }

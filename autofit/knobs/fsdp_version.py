@@ -90,4 +90,10 @@ class FsdpVersion(Knob):
         "trl": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
         "torchtune": {2: Say(), 1: TORCHTUNE_FSDP1},
+        # finetune_full's FSDPStrategy is FSDP1; fsdp refuses finetune_lora's sharding itself
+        "litgpt": lambda v, s: (
+            Say()
+            if v == 1 or s.config["train_mode"] != "full"
+            else Refuse("LitGPT's finetune_full shards with Lightning's FSDPStrategy, FSDP1")
+        ),
     }

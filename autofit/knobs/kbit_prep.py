@@ -159,6 +159,11 @@ class KbitPrep(Knob):
                 "torchtune builds its own models, with no prepare_model_for_kbit_training"
             ),
         },
+        # LitGPT quantizes with Lightning's plugin, never through peft (train_mode refuses it)
+        "litgpt": {
+            "none": Say(),
+            "peft": Refuse("LitGPT does not call prepare_model_for_kbit_training"),
+        },
         # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
         "trl": {
             "none": Say(),

@@ -35,6 +35,7 @@ class LoraRank(Knob):
         "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
         "axolotl": lambda v, s: say(lora_r=v, lora_alpha=v),
         "torchtune": lambda v, s: say(**{"model.lora_rank": v, "model.lora_alpha": v}),
+        "litgpt": lambda v, s: say(lora_r=v, lora_alpha=v),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
         "ai_toolkit": lambda v, s: say(**{"network.linear": v, "network.linear_alpha": v}),
     }

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families import REGISTRY, ai_toolkit, diffusers, musubi, simpletuner
+from autofit.families.llm import ATTENTION, MLP
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
@@ -165,6 +166,27 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# litgpt 0.5.13's LoRA flags (finetune/lora.py setup; lora.py builds them on its fused qkv
+# projection, the attention's output projection and the MLP's three linears at once).
+LITGPT_ATTENTION = dict(
+    zip(ATTENTION, ("lora_query", "lora_key", "lora_value", "lora_projection"), strict=True)
+)
+
+
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    modules = target_modules(value, s.preset)
+    if isinstance(modules, str) or not set(modules) <= set(ATTENTION) | set(MLP):
+        return Refuse(
+            "LitGPT's LoRA flags name a language model's query, key, value and output "
+            "projections, its MLP and its head"
+        )
+    mlp = set(modules) & set(MLP)
+    if mlp and mlp != set(MLP):
+        return Refuse("LitGPT's lora_mlp adapts the MLP's three projections together")
+    flags = {flag: name in modules for name, flag in LITGPT_ATTENTION.items()}
+    return say(**flags, lora_mlp=bool(mlp), lora_head=False)
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     depends_on = ("train_mode",)
@@ -225,6 +247,7 @@ class LoraTargets(Knob):
         # the modules named, not lora_target_linear (every linear layer but the output head)
         "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         "torchtune": _torchtune,
+        "litgpt": _litgpt,
         "musubi": _musubi,
         "ai_toolkit": _ai_toolkit,
     }

@@ -121,9 +121,28 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     return Refuse(TORCHTUNE_LOSSES)
 
 
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13's loops decide the loss: finetune_lora projects 128-token slices and takes
+    each slice's cross-entropy (chunked_native); finetune_full projects the whole sequence and
+    cuts the shifted logits into 128-token slices for the cross-entropy (utils.py
+    chunked_cross_entropy), in the logits' dtype: full_native's logits, its cross-entropy's
+    gradient made a slice at a time."""
+    lora = s.config.get("train_mode", "full") != "full"
+    if lora and value == "chunked_native":
+        return Say()
+    if not lora and value == "full_native":
+        return Say(
+            warning="LitGPT's finetune_full takes the cross-entropy of the shifted logits in "
+            f"{LITGPT_CHUNK}-token slices (utils.py chunked_cross_entropy), which autofit "
+            "measured over the whole sequence at once"
+        )
+    script, kept = ("finetune_lora", "chunked_native") if lora else ("finetune_full", "full_native")
+    return Refuse(f"LitGPT's {script} computes its own loss ({kept})")
+
+
 class Loss(Knob):
     name = "loss"
-    depends_on = ("compile",)
+    depends_on = ("compile", "train_mode")
     decided_by_trainer = True
     default = "full"
     help = (
@@ -159,7 +178,7 @@ class Loss(Knob):
     per_sample_memory = True  # the logits grow with every sequence in the batch
     reach = "pass"  # how the forward computes the loss
 
-    trainers = {"trl": _trl, "axolotl": _axolotl, "torchtune": _torchtune}
+    trainers = {"trl": _trl, "axolotl": _axolotl, "torchtune": _torchtune, "litgpt": _litgpt}
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return is_causal_lm(preset.family)

@@ -110,6 +110,7 @@ class LycorisConfigKnob(AdapterFileKnob):
                 ("trl", "TRL trains peft's adapters"),
                 ("axolotl", "axolotl trains peft's adapters"),
                 ("torchtune", "torchtune trains its own LoRA and DoRA modules"),
+                ("litgpt", "LitGPT trains its own LoRA layers"),
             )  # fmt: skip
         },
     }

@@ -283,6 +283,11 @@ class OffloadActivations(Knob):
         },
         "axolotl": _axolotl,
         "torchtune": _torchtune,
+        "litgpt": {
+            "off": Say(),
+            "cpu": Refuse("LitGPT's finetune scripts offload no activations"),
+            "attention": Refuse("LitGPT's finetune scripts offload no activations"),
+        },
         "musubi": {
             "off": Say(),
             "cpu": Refuse(

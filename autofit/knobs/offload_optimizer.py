@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
-from autofit.knobs.zero_stage import NO_DEEPSPEED, NVME_PATH, TORCHTUNE_NO_ZERO, zero_checked
+from autofit.knobs.zero_stage import (
+    LITGPT_NO_ZERO,
+    NO_DEEPSPEED,
+    NVME_PATH,
+    TORCHTUNE_NO_ZERO,
+    zero_checked,
+)
 
 SWAPS_THE_OPTIMIZER = (
     "offload_optimizer=cpu: accelerate.prepare() swaps your torch AdamW for DeepSpeed's CPU Adam "
@@ -50,6 +56,7 @@ class OffloadOptimizer(Knob):
         "trl": zero_checked(),
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
         "torchtune": {"none": Say(), "cpu": TORCHTUNE_NO_ZERO, "nvme": TORCHTUNE_NO_ZERO},
+        "litgpt": {"none": Say(), "cpu": LITGPT_NO_ZERO, "nvme": LITGPT_NO_ZERO},
     }
 
 

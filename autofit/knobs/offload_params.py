@@ -8,7 +8,7 @@ from typing import Any
 
 from autofit.knobs.base import Knob, Say, say
 from autofit.knobs.offload_optimizer import kohya_nvme_path, nvme_saves_over
-from autofit.knobs.zero_stage import NO_DEEPSPEED, TORCHTUNE_NO_ZERO, zero_checked
+from autofit.knobs.zero_stage import LITGPT_NO_ZERO, NO_DEEPSPEED, TORCHTUNE_NO_ZERO, zero_checked
 
 
 class OffloadParams(Knob):
@@ -42,4 +42,5 @@ class OffloadParams(Knob):
         "trl": zero_checked(),  # in the accelerate config it is launched with
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
         "torchtune": {"none": Say(), "cpu": TORCHTUNE_NO_ZERO, "nvme": TORCHTUNE_NO_ZERO},
+        "litgpt": {"none": Say(), "cpu": LITGPT_NO_ZERO, "nvme": LITGPT_NO_ZERO},
     }

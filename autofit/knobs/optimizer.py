@@ -406,6 +406,39 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     return Say(settings={f"optimizer.{k}": v for k, v in TORCHTUNE[value].items()})
 
 
+# litgpt 0.5.13 builds `optimizer` as class_path and init_args (utils.py
+# instantiate_torch_optimizer: any importable class, its arguments filtered by its signature), so
+# each rule is the class the probe built, with the arguments that make it that rule.
+LITGPT: dict[str, tuple[str, dict[str, Any]]] = {
+    "adamw": ("torch.optim.AdamW", {}),  # its implementation: optimizer_impl's words
+    "adamw8bit": ("bitsandbytes.optim.AdamW8bit", {}),
+    "paged_adamw8bit": ("bitsandbytes.optim.PagedAdamW8bit", {}),
+    "adafactor": (
+        "transformers.optimization.Adafactor",
+        {"relative_step": False, "scale_parameter": False, "warmup_init": False},
+    ),
+    "came": ("came_pytorch.CAME", {}),
+    "lion": ("lion_pytorch.Lion", {}),
+    "lion8bit": ("bitsandbytes.optim.Lion8bit", {}),
+    "paged_lion8bit": ("bitsandbytes.optim.PagedLion8bit", {}),
+    "sgd": ("torch.optim.SGD", {"momentum": 0.9}),
+}
+
+
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    if value not in LITGPT:
+        why = {
+            "adamw_bf16": "its stochastic-rounding AdamW is SimpleTuner's own",
+            "lorafa": LORAFA_IN_CODE,
+        }
+        return Refuse(f"LitGPT has no {value}: {why[value]}")
+    name, arguments = LITGPT[value]
+    return say(
+        **{"optimizer.class_path": name},
+        **{f"optimizer.init_args.{k}": v for k, v in arguments.items()},
+    )
+
+
 def _lorafa_reason(context: ProbeContext) -> str | None:
     knobs = context.knobs
     mode = knobs.get("train_mode", "full")
@@ -489,4 +522,5 @@ class Optimizer(Knob):
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
+        "litgpt": _litgpt,
     }

@@ -114,6 +114,10 @@ class OptimizerImpl(Knob):
                 "default (adamw_torch: foreach on a GPU)"
             ),
         },
+        # LitGPT passes optimizer.init_args to torch.optim.AdamW (the optimizer's class_path)
+        "litgpt": _by_default(
+            lambda v: {f"optimizer.init_args.{k}": x for k, x in ARGUMENTS[v].items()}
+        ),
         # musubi-tuner builds torch.optim.AdamW with its --optimizer_args
         "musubi": _by_default(lambda v: {"--optimizer_args": _words(v, "{k}={v}")}),
         # ai-toolkit builds torch.optim.AdamW with its train.optimizer_params as they are

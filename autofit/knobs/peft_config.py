@@ -69,6 +69,7 @@ OWN_NETWORKS = (
     ("trl", "autofit's TRL export"),
     ("axolotl", "autofit's axolotl export"),
     ("torchtune", "autofit's torchtune export"),
+    ("litgpt", "LitGPT"),
 )
 
 

@@ -365,6 +365,35 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# litgpt 0.5.13 hands `precision` to Lightning Fabric 2.6 (finetune/*.py): bf16-true builds the
+# model in bf16 and runs it without autocast (plugins/precision/half.py), bf16-mixed and 16-mixed
+# build it in fp32 and run it under autocast (amp.py; 16-mixed with a GradScaler), 32-true is fp32.
+# A LoRA model is built in one piece, so its frozen base takes the adapters' dtype.
+LITGPT_FULL = {
+    "fp32": "32-true",
+    "fp16": "16-mixed",
+    "bf16": "bf16-mixed",
+    "bf16_pure": "bf16-true",
+}
+LITGPT_ADAPTERS = {"fp32": "32-true", "bf16_pure": "bf16-true"}
+
+
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    if value == "bf16_autocast":
+        return Refuse(
+            "Lightning's bf16-true runs the bf16 model without autocast and its bf16-mixed keeps "
+            "fp32 weights: LitGPT has no bf16 weights under autocast"
+        )
+    if s.config.get("train_mode", "full") == "full":
+        return say(precision=LITGPT_FULL[value])
+    if value in LITGPT_ADAPTERS:
+        return say(precision=LITGPT_ADAPTERS[value])
+    return Refuse(
+        "LitGPT builds a LoRA model in one piece, so under bf16-mixed or 16-mixed its frozen base "
+        "is fp32 too, where the measured run froze it in 16-bit"
+    )
+
+
 class Precision(Knob):
     name = "precision"
     depends_on = ("checkpointing", "encoders", "train_mode", "zero_stage")
@@ -461,4 +490,5 @@ class Precision(Knob):
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
+        "litgpt": _litgpt,
     }

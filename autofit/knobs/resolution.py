@@ -61,4 +61,7 @@ class Resolution(Knob):
         # a batch to its longest: rows of at most the measured length, no mask (SDPA is_causal).
         # Packed rows would be full, but run flex attention with a block mask (not measured).
         "torchtune": lambda v, s: say(**{"tokenizer.max_seq_len": v, "dataset.packed": False}),
+        # litgpt 0.5.13 cuts each example to max_seq_length and pads a micro-batch to its longest
+        # one (data/base.py get_sft_collate_fn): the measured full rows are its longest batch.
+        "litgpt": lambda v, s: say(**{"train.max_seq_length": v}),
     }

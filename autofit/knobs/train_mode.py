@@ -276,6 +276,38 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# litgpt 0.5.13's 4-bit base (finetune/lora.py main): Lightning's BitsandbytesPrecision replaces
+# every Linear built under it, the output head too, and once the optimizer exists LitGPT swaps the
+# token embedding for bitsandbytes' StableEmbedding, whose weight then takes a gradient in every
+# backward (it is trainable and in no optimizer).
+LITGPT_4BIT = (
+    "LitGPT's --quantize quantizes the output head too and swaps the token embedding for "
+    "bitsandbytes' StableEmbedding after freezing, whose vocabulary x hidden weight then takes a "
+    "gradient every step (finetune/lora.py): not the measured 4-bit base"
+)
+
+
+def _litgpt(value: Any, s: Subject) -> Say | Refuse:
+    """litgpt 0.5.13: `finetune_full` trains every weight, `finetune_lora` its own LoRA layers
+    (lora.py; the layout picks the command); no dropout, as measured."""
+    if value == "full":
+        return Say()
+    if value == "lora":
+        return say(lora_dropout=0.0)
+    why = {
+        "qlora": LITGPT_4BIT,
+        "qdora": LITGPT_4BIT,
+        "dora": "LitGPT's LoRA layers have no DoRA magnitude",
+        "freeze": "LitGPT's finetune scripts train every weight, LoRA or adapters, never the "
+        "last blocks alone",
+    }
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("LitGPT")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("LitGPT")
+    return Refuse(why[value])
+
+
 class TrainMode(Knob):
     name = "train_mode"
     depends_on = (
@@ -397,6 +429,7 @@ class TrainMode(Knob):
         "axolotl": _axolotl,
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
+        "litgpt": _litgpt,
     }
 
 

@@ -46,4 +46,5 @@ class WorldSize(Knob):
         "trl": lambda v, s: Say(),  # the accelerate config's num_processes
         "axolotl": lambda v, s: Say(),  # the launch line's --num-processes
         "torchtune": lambda v, s: Say(),  # the launch line's --nproc_per_node
+        "litgpt": lambda v, s: say(devices=v),  # one node's devices; Fabric launches them
     }

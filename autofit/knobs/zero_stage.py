@@ -225,6 +225,8 @@ TORCHTUNE_NO_ZERO = Refuse(
     "torchtune has no DeepSpeed ZeRO or ZeRO-Offload; its distributed recipes shard with FSDP2",
     "fsdp=full_shard or shard_grad_op, with fsdp_offload=cpu for host offload",
 )
+# litgpt 0.5.13's finetune scripts choose Lightning's strategy themselves: FSDP on several devices.
+LITGPT_NO_ZERO = Refuse("LitGPT's finetune scripts shard with FSDP, never DeepSpeed ZeRO")
 NO_DEEPSPEED = Refuse(
     "Sana's train.py shards with FSDP (train.use_fsdp), not DeepSpeed ZeRO"
 )  # and offload
@@ -359,6 +361,7 @@ class ZeroStage(Knob):
         # axolotl's `deepspeed` names the DeepSpeed JSON written beside its config (the layout's).
         "axolotl": zero_checked(lambda v, s: Say()),
         "torchtune": lambda v, s: Say() if not v else TORCHTUNE_NO_ZERO,
+        "litgpt": {0: Say(), 1: LITGPT_NO_ZERO, 2: LITGPT_NO_ZERO, 3: LITGPT_NO_ZERO},
     }
 
 

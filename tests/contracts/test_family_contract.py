@@ -41,6 +41,7 @@ PRESET_NAMES = {
     "sana": {"config"},
     "diffusers": {"max_sequence_length"},
     "ai_toolkit": {"model.assistant_lora_path"},
+    "litgpt": {"config"},
 }
 
 
