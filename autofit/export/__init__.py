@@ -19,6 +19,7 @@ from autofit.export.deepspeed import TARGET as DEEPSPEED
 from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
+from autofit.export.llamafactory import TARGET as LLAMAFACTORY
 from autofit.export.musubi import TARGET as MUSUBI
 from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
@@ -41,6 +42,7 @@ TARGETS: dict[str, Target] = {
         DIFFUSERS,
         TRL,
         AXOLOTL,
+        LLAMAFACTORY,
         HYDRA,
     )
 }

@@ -240,6 +240,22 @@ class AxolotlModel:
         return f"axolotl ({self.auto_class})"
 
 
+# --- LLaMA-Factory (hiyouga/LLaMA-Factory) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaFactoryModel:
+    auto_class: str  # the transformers class its loader picks for the model (model/loader.py)
+
+    language_models_only: ClassVar[str] = (
+        "autofit exports LLaMA-Factory's language-model fine-tunes only"
+    )
+
+    @property
+    def name(self) -> str:
+        return f"LLaMA-Factory sft ({self.auto_class})"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -248,6 +264,7 @@ Trainer = (
     | TrlModel
     | MusubiScripts
     | AxolotlModel
+    | LlamaFactoryModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -258,6 +275,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "trl": TrlModel,
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
+    "llamafactory": LlamaFactoryModel,
 }
 
 

@@ -23,6 +23,7 @@ CUSTOM = Family(
         "sana": OWN_CODE,
         "trl": OWN_CODE,
         "axolotl": OWN_CODE,
+        "llamafactory": OWN_CODE,
         "musubi": OWN_CODE,
     },
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofit.families.base import AxolotlModel, Family, TrlModel
+from autofit.families.base import AxolotlModel, Family, LlamaFactoryModel, TrlModel
 from autofit.words import Refuse
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -28,6 +28,7 @@ LLM = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "trl": TrlModel("AutoModelForCausalLM"),
         "axolotl": AxolotlModel("AutoModelForCausalLM"),
+        "llamafactory": LlamaFactoryModel("AutoModelForCausalLM"),
         "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
     },
 )  # fmt: skip

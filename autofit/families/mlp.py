@@ -18,6 +18,7 @@ MLP = Family(
         "sana": Refuse("a test model: no trainer's script trains it"),
         "trl": Refuse("a test model: no trainer's script trains it"),
         "axolotl": Refuse("a test model: no trainer's script trains it"),
+        "llamafactory": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
     },
 )

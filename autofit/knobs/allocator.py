@@ -110,4 +110,5 @@ class Allocator(Knob):
         },
         "trl": _note(launched=True),
         "axolotl": _note(launched=True),
+        "llamafactory": _note(launched=True),
     }

@@ -47,4 +47,8 @@ class BatchSize(Knob):
             per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
         ),
         "axolotl": lambda v, s: say(micro_batch_size=v, gradient_accumulation_steps=s.accumulation),
+        # LLaMA-Factory's training arguments are transformers' Seq2SeqTrainingArguments
+        "llamafactory": lambda v, s: say(
+            per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
+        ),
     }

@@ -191,4 +191,5 @@ class CheckpointInterval(Knob):
         "sana": _sana,
         "trl": _every_layer("TRL"),
         "axolotl": _every_layer("axolotl"),
+        "llamafactory": _every_layer("LLaMA-Factory"),
     }

@@ -94,5 +94,6 @@ class CheckpointPolicy(Knob):
             ("diffusers", "the diffusers example scripts"),
             ("trl", "TRL (transformers' gradient checkpointing)"),
             ("axolotl", "axolotl (transformers' gradient checkpointing)"),
+            ("llamafactory", "LLaMA-Factory (transformers' gradient checkpointing)"),
         )
     }

@@ -40,6 +40,22 @@ def _axolotl(value: Any, s: Subject) -> Say:
     return say(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _llamafactory(value: Any, s: Subject) -> Say:
+    """LLaMA-Factory 0.9.5 checkpoints by default (model_args.disable_gradient_checkpointing), with
+    torch's reentrant checkpoint unless use_reentrant_gc is false (model/model_utils/
+    checkpointing.py prepare_model_for_training): non-reentrant as measured, said outright. It
+    checkpoints only the layers with trained weights, and makes each one's hidden-state input
+    require a gradient."""
+    if not value:
+        return say(disable_gradient_checkpointing=True)
+    return Say(
+        settings={"disable_gradient_checkpointing": False, "use_reentrant_gc": False},
+        warning="LLaMA-Factory's checkpointing makes the first trained layer's input require a "
+        "gradient (checkpointing.py get_custom_gradient_checkpointing_func), adding that input's "
+        "gradient (one batch x sequence x hidden tensor) at the end of backward",
+    )
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
     depends_on = ("train_mode", "zero_stage")
@@ -68,5 +84,6 @@ class Checkpointing(Knob):
         "diffusers": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         "trl": _trl,
         "axolotl": _axolotl,
+        "llamafactory": _llamafactory,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
     }

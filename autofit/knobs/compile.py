@@ -148,6 +148,13 @@ class Compile(Knob):
                 "autofit has measured compiling each block"
             ),
         },
+        "llamafactory": {
+            "off": Say(),
+            "regional": Refuse(
+                "LLaMA-Factory compiles only through the Trainer's torch_compile, which compiles "
+                "the whole model at once; autofit has measured compiling each block"
+            ),
+        },
         "trl": {
             "off": Say(),
             "regional": Refuse(

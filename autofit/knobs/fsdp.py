@@ -243,6 +243,14 @@ AXOLOTL_FSDP = Refuse(
     "patches) to the FSDP2 layout it measures",
     "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
 )
+# LLaMA-Factory 0.9.5 runs FSDP through an accelerate config of its own, on a model it loads in its
+# checkpoint's dtype and whose trained weights it casts to fp32 (model/adapter.py): autofit has not
+# matched that to the FSDP2 layout it measures.
+LLAMAFACTORY_FSDP = Refuse(
+    "autofit has not matched LLaMA-Factory's FSDP setup (accelerate's FSDP on a model loaded in "
+    "its checkpoint's dtype, its trained weights cast to fp32) to the FSDP2 layout it measures",
+    "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
+)
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 
@@ -339,4 +347,9 @@ class Fsdp(Knob):
         # The accelerate config TRL's train.py is launched with carries it.
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
+        "llamafactory": {
+            "off": Say(),
+            "full_shard": LLAMAFACTORY_FSDP,
+            "shard_grad_op": LLAMAFACTORY_FSDP,
+        },
     }

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.knobs.base import Knob, Refuse, Say, say
-from autofit.knobs.fsdp import AXOLOTL_FSDP, FSDP1_ONLY, NO_FSDP, ZERO_NOT_FSDP, checked
+from autofit.knobs.fsdp import (
+    AXOLOTL_FSDP,
+    FSDP1_ONLY,
+    LLAMAFACTORY_FSDP,
+    NO_FSDP,
+    ZERO_NOT_FSDP,
+    checked,
+)
 
 
 class FsdpOffload(Knob):
@@ -45,4 +52,5 @@ class FsdpOffload(Knob):
         "kohya": {"none": Say(), "cpu": Refuse(NO_FSDP, "fsdp_offload=none")},
         "trl": checked(lambda v, s: Say()),
         "axolotl": {"none": Say(), "cpu": AXOLOTL_FSDP},
+        "llamafactory": {"none": Say(), "cpu": LLAMAFACTORY_FSDP},
     }

@@ -88,4 +88,5 @@ class FsdpVersion(Knob):
         "kohya": lambda v, s: Say(),
         "trl": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
+        "llamafactory": lambda v, s: Say(),  # fsdp refuses LLaMA-Factory's FSDP itself
     }

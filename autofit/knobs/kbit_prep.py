@@ -153,6 +153,15 @@ class KbitPrep(Knob):
         "sana": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "diffusers": {"none": Say(), "peft": NO_LANGUAGE_MODELS},
         "axolotl": _axolotl,
+        # LLaMA-Factory 0.9.5 never calls it: its 4-bit base keeps the loader's 16-bit embeddings,
+        # head and norms (upcast_layernorm, off by default, would cast the norms alone).
+        "llamafactory": {
+            "none": Say(),
+            "peft": Refuse(
+                "LLaMA-Factory does not call prepare_model_for_kbit_training (model/adapter.py); "
+                "its upcast_layernorm casts the norms alone"
+            ),
+        },
         # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
         "trl": {
             "none": Say(),

@@ -34,5 +34,7 @@ class LoraRank(Knob):
         "diffusers": lambda v, s: say(**{"--rank": v}),
         "trl": lambda v, s: say(lora_r=v, lora_alpha=v),  # alpha = rank, as measured
         "axolotl": lambda v, s: say(lora_r=v, lora_alpha=v),
+        # said outright: LLaMA-Factory's lora_alpha defaults to twice the rank (finetuning_args.py)
+        "llamafactory": lambda v, s: say(lora_rank=v, lora_alpha=v),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
     }

@@ -163,5 +163,8 @@ class LoraTargets(Knob):
         "trl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         # the modules named, not lora_target_linear (every linear layer but the output head)
         "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
+        # LLaMA-Factory's lora_target: module names joined by commas (its `all` finds every
+        # linear layer but the output head, model/model_utils/misc.py find_all_linear_modules)
+        "llamafactory": lambda v, s: say(lora_target=",".join(target_modules(v, s.preset))),
         "musubi": _musubi,
     }

@@ -109,6 +109,7 @@ class LycorisConfigKnob(AdapterFileKnob):
                 ("diffusers", "the diffusers example scripts train peft's LoRA"),
                 ("trl", "TRL trains peft's adapters"),
                 ("axolotl", "axolotl trains peft's adapters"),
+                ("llamafactory", "LLaMA-Factory trains peft's adapters"),
             )  # fmt: skip
         },
     }

@@ -49,6 +49,7 @@ class OffloadOptimizer(Knob):
         # accelerate swaps the Trainer's AdamW for DeepSpeed's CPU Adam (the optimizer's words).
         "trl": zero_checked(),
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
+        "llamafactory": zero_checked(),  # in the DeepSpeed JSON its config names
     }
 
 

@@ -41,4 +41,5 @@ class OffloadParams(Knob):
         "sana": {"none": Say(), "cpu": NO_DEEPSPEED, "nvme": NO_DEEPSPEED},
         "trl": zero_checked(),  # in the accelerate config it is launched with
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
+        "llamafactory": zero_checked(),  # in the DeepSpeed JSON its config names
     }

@@ -430,4 +430,7 @@ class Optimizer(Knob):
         "trl": _trl,
         "musubi": _musubi,
         "axolotl": _axolotl,
+        # LLaMA-Factory's optim is transformers' TrainingArguments field (train/sft/trainer.py
+        # builds the Trainer's own optimizer unless GaLore, APOLLO, BAdam, Adam-mini or Muon asks)
+        "llamafactory": _trl,
     }

@@ -68,6 +68,7 @@ OWN_NETWORKS = (
     ("diffusers", "the diffusers example scripts"),
     ("trl", "autofit's TRL export"),
     ("axolotl", "autofit's axolotl export"),
+    ("llamafactory", "autofit's LLaMA-Factory export"),
 )
 
 

@@ -44,5 +44,8 @@ class WorldSize(Knob):
         "sana": _sana,
         "diffusers": lambda v, s: Say(),  # the accelerate config's num_processes
         "trl": lambda v, s: Say(),  # the accelerate config's num_processes
-        "axolotl": lambda v, s: Say(),  # the launch line's --num-processes
+        "axolotl": lambda v, s: Say(),
+        "llamafactory": lambda v, s: (
+            Say()
+        ),  # the launch line's NPROC_PER_NODE  # the launch line's --num-processes
     }

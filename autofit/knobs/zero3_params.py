@@ -47,6 +47,7 @@ class Zero3Setting(Knob):
         "deepspeed": lambda v, s: Say(),
         "simpletuner": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),
+        "llamafactory": lambda v, s: Say(),
     }
 
 

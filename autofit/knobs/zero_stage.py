@@ -353,6 +353,10 @@ class ZeroStage(Knob):
         "trl": zero_checked(lambda v, s: Say()),
         # axolotl's `deepspeed` names the DeepSpeed JSON written beside its config (the layout's).
         "axolotl": zero_checked(lambda v, s: Say()),
+        # LLaMA-Factory's `deepspeed` names the DeepSpeed JSON written beside its config (the
+        # layout's); it keeps a 4-bit base in its compute dtype (bnb_4bit_quant_storage,
+        # model/model_utils/quantization.py), which ZeRO-3 partitions.
+        "llamafactory": zero_checked(lambda v, s: Say()),
     }
 
 

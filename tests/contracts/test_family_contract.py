@@ -40,6 +40,7 @@ PRESET_NAMES = {
     "simpletuner": {"model_flavour", "flux_fast_schedule"},
     "sana": {"config"},
     "diffusers": {"max_sequence_length"},
+    "llamafactory": {"torch_dtype"},
 }
 
 
