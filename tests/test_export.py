@@ -81,6 +81,9 @@ CASES = [
     ("torchtune", TORCHTUNE_SEARCH, None, None, "llama_lora"),
     ("torchtune", TORCHTUNE_SEARCH, 2, 10, "llama_lora_checkpointing"),
     ("litgpt", LITGPT_SEARCH, None, None, "llama_lora"),
+    ("llamafactory", TRL_SEARCH, None, None, "llama_lora"),
+    ("llamafactory", TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
+    ("llamafactory", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
     ("musubi", WAN, None, None, "wan_1_3b_lora"),
     ("musubi", WAN, 1, None, "wan_1_3b_lora_33_frames"),
     ("musubi", HUNYUAN, None, None, "hunyuan_video_fp8_swap"),
@@ -131,9 +134,13 @@ def point_for(target: str, study: str, point: int | None, batch: int | None = No
     if target == "trl" and loaded.config["loss"] != "trl_fused":
         # A search for TRL (trainer=trl) simulates its own LM head; the fixed QLoRA study did not.
         loaded = dataclasses.replace(loaded, config={**loaded.config, "loss": "trl_fused"})
-    if target == "axolotl" and loaded.config["loss"] == "trl_fused":
-        # The TRL search's run under transformers' own loss, which axolotl computes.
+    if target in ("axolotl", "llamafactory") and loaded.config["loss"] == "trl_fused":
+        # The TRL search's run under transformers' own loss, which these trainers compute.
         loaded = dataclasses.replace(loaded, config={**loaded.config, "loss": "full"})
+    if target == "llamafactory" and loaded.config["offload_activations"] == "cpu":
+        # LLaMA-Factory offloads no saved activations (test_export_llamafactory.py holds its
+        # refusal): the fixed QLoRA ZeRO-3 study stands for its layout without them.
+        loaded = dataclasses.replace(loaded, config={**loaded.config, "offload_activations": "off"})
     if (target, loaded.model, loaded.config["train_mode"]) == ("diffusers", "flux_dev", "lora"):
         # The script holds its text encoders either way (see test_diffusers_flux_lora_...).
         loaded = dataclasses.replace(loaded, config={**loaded.config, "encoders": "online"})
@@ -1153,7 +1160,7 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=kohay"],
             2,
-            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, sana, diffusers, trl, axolotl, torchtune, litgpt, hydra",
+            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, sana, diffusers, trl, axolotl, torchtune, litgpt, llamafactory, hydra",
         ),
         ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (

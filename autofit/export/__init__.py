@@ -21,6 +21,7 @@ from autofit.export.diffusers import TARGET as DIFFUSERS
 from autofit.export.hydra import TARGET as HYDRA
 from autofit.export.kohya import TARGET as KOHYA
 from autofit.export.litgpt import TARGET as LITGPT
+from autofit.export.llamafactory import TARGET as LLAMAFACTORY
 from autofit.export.musubi import TARGET as MUSUBI
 from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
@@ -47,6 +48,7 @@ TARGETS: dict[str, Target] = {
         AXOLOTL,
         TORCHTUNE,
         LITGPT,
+        LLAMAFACTORY,
         HYDRA,
     )
 }

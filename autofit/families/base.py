@@ -297,6 +297,22 @@ class LitGptModel:
         return "litgpt finetune_lora / finetune_full"
 
 
+# --- LLaMA-Factory (hiyouga/LLaMA-Factory) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaFactoryModel:
+    auto_class: str  # the transformers class its loader picks for the model (model/loader.py)
+
+    language_models_only: ClassVar[str] = (
+        "autofit exports LLaMA-Factory's language-model fine-tunes only"
+    )
+
+    @property
+    def name(self) -> str:
+        return f"LLaMA-Factory sft ({self.auto_class})"
+
+
 Trainer = (
     DiffusersScripts
     | KohyaScripts
@@ -308,6 +324,7 @@ Trainer = (
     | AiToolkitModel
     | TorchtuneModel
     | LitGptModel
+    | LlamaFactoryModel
 )
 # The export targets that train named families, and what each declares of a family it trains.
 TRAINERS: dict[str, type[Trainer]] = {
@@ -321,6 +338,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "ai_toolkit": AiToolkitModel,
     "torchtune": TorchtuneModel,
     "litgpt": LitGptModel,
+    "llamafactory": LlamaFactoryModel,
 }
 
 

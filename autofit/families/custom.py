@@ -25,6 +25,7 @@ CUSTOM = Family(
         "axolotl": OWN_CODE,
         "torchtune": OWN_CODE,
         "litgpt": OWN_CODE,
+        "llamafactory": OWN_CODE,
         "musubi": OWN_CODE,
         "ai_toolkit": OWN_CODE,
     },

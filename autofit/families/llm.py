@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from autofit.families.base import AxolotlModel, Family, LitGptModel, TorchtuneModel, TrlModel
+from autofit.families.base import (
+    AxolotlModel,
+    Family,
+    LitGptModel,
+    LlamaFactoryModel,
+    TorchtuneModel,
+    TrlModel,
+)
 from autofit.words import Refuse
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -30,6 +37,7 @@ LLM = Family(
         "axolotl": AxolotlModel("AutoModelForCausalLM"),
         "torchtune": TorchtuneModel(),
         "litgpt": LitGptModel(),
+        "llamafactory": LlamaFactoryModel("AutoModelForCausalLM"),
         "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
         "ai_toolkit": Refuse("ai-toolkit trains image, video and audio diffusion models"),
     },

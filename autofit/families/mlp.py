@@ -20,6 +20,7 @@ MLP = Family(
         "axolotl": Refuse("a test model: no trainer's script trains it"),
         "torchtune": Refuse("a test model: no trainer's script trains it"),
         "litgpt": Refuse("a test model: no trainer's script trains it"),
+        "llamafactory": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
         "ai_toolkit": Refuse("a test model: no trainer's script trains it"),
     },

@@ -112,4 +112,5 @@ class Allocator(Knob):
         "axolotl": _note(launched=True),
         "torchtune": _note(launched=True),
         "litgpt": _note(launched=True),
+        "llamafactory": _note(launched=True),
     }

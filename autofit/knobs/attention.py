@@ -99,6 +99,15 @@ class Attention(Knob):
                 "LitGPT runs torch's scaled_dot_product_attention; it has no setting for it"
             ),
         },
+        # LLaMA-Factory's flash_attn (model/model_utils/attention.py): sdpa, fa2, or disabled,
+        # which is transformers' eager attention.
+        "llamafactory": {
+            "sdpa": say(flash_attn="sdpa"),
+            "math": Refuse(
+                "LLaMA-Factory's unfused choice (flash_attn: disabled) is transformers' eager "
+                "attention, whose softmax runs in fp32 (another run than torch's math kernel)"
+            ),
+        },
         # musubi-tuner asks for one of its kernels (--sdpa, --flash_attn, --xformers, ...): none
         # is the unfused path.
         "musubi": {

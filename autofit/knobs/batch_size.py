@@ -56,4 +56,8 @@ class BatchSize(Knob):
                 "train.global_batch_size": v * s.accumulation * s.world_size,
             }
         ),
+        # LLaMA-Factory's training arguments are transformers' Seq2SeqTrainingArguments
+        "llamafactory": lambda v, s: say(
+            per_device_train_batch_size=v, gradient_accumulation_steps=s.accumulation
+        ),
     }

@@ -213,4 +213,5 @@ class CheckpointInterval(Knob):
             if v == 1
             else Refuse("LitGPT checkpoints every block when it checkpoints at all", EVERY_BLOCK)
         ),
+        "llamafactory": _every_layer("LLaMA-Factory"),
     }

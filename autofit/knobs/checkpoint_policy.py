@@ -97,5 +97,6 @@ class CheckpointPolicy(Knob):
             # torchtune 0.6.1's ac_option "op" is documented but int()-ed (training/activations.py)
             ("torchtune", "torchtune 0.6.1"),
             ("litgpt", "LitGPT (checkpoint_wrapper on each block)"),
+            ("llamafactory", "LLaMA-Factory (transformers' gradient checkpointing)"),
         )
     }

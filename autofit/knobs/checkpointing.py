@@ -63,6 +63,22 @@ def _litgpt(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+def _llamafactory(value: Any, s: Subject) -> Say:
+    """LLaMA-Factory 0.9.5 checkpoints by default (model_args.disable_gradient_checkpointing), with
+    torch's reentrant checkpoint unless use_reentrant_gc is false (model/model_utils/
+    checkpointing.py prepare_model_for_training): non-reentrant as measured, said outright. It
+    checkpoints only the layers with trained weights, and makes each one's hidden-state input
+    require a gradient."""
+    if not value:
+        return say(disable_gradient_checkpointing=True)
+    return Say(
+        settings={"disable_gradient_checkpointing": False, "use_reentrant_gc": False},
+        warning="LLaMA-Factory's checkpointing makes the first trained layer's input require a "
+        "gradient (checkpointing.py get_custom_gradient_checkpointing_func), adding that input's "
+        "gradient (one batch x sequence x hidden tensor) at the end of backward",
+    )
+
+
 class Checkpointing(Knob):
     name = "checkpointing"
     depends_on = ("checkpoint_interval", "train_mode", "world_size", "zero_stage")
@@ -93,6 +109,7 @@ class Checkpointing(Knob):
         "axolotl": _axolotl,
         "torchtune": _torchtune,
         "litgpt": _litgpt,
+        "llamafactory": _llamafactory,
         "musubi": {True: say(**{"--gradient_checkpointing": True}), False: Say()},
         # ai-toolkit checkpoints every block unless told not to (TrainConfig's default is true):
         # said both ways. Its LoRA network's own checkpointing follows the same switch.

@@ -156,6 +156,13 @@ class Compile(Knob):
             "off": Say(),
             "regional": Refuse("LitGPT's finetune scripts compile nothing (litgpt 0.5.13)"),
         },
+        "llamafactory": {
+            "off": Say(),
+            "regional": Refuse(
+                "LLaMA-Factory compiles only through the Trainer's torch_compile, which compiles "
+                "the whole model at once; autofit has measured compiling each block"
+            ),
+        },
         "trl": {
             "off": Say(),
             "regional": Refuse(

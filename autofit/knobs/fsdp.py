@@ -253,6 +253,14 @@ AXOLOTL_FSDP = Refuse(
     "patches) to the FSDP2 layout it measures",
     "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
 )
+# LLaMA-Factory 0.9.5 runs FSDP through an accelerate config of its own, on a model it loads in its
+# checkpoint's dtype and whose trained weights it casts to fp32 (model/adapter.py): autofit has not
+# matched that to the FSDP2 layout it measures.
+LLAMAFACTORY_FSDP = Refuse(
+    "autofit has not matched LLaMA-Factory's FSDP setup (accelerate's FSDP on a model loaded in "
+    "its checkpoint's dtype, its trained weights cast to fp32) to the FSDP2 layout it measures",
+    "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
+)
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
 
 
@@ -409,4 +417,9 @@ class Fsdp(Knob):
         "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
         "torchtune": checked_all(_torchtune),
         "litgpt": checked(_litgpt),
+        "llamafactory": {
+            "off": Say(),
+            "full_shard": LLAMAFACTORY_FSDP,
+            "shard_grad_op": LLAMAFACTORY_FSDP,
+        },
     }

@@ -12,6 +12,7 @@ from autofit.knobs.base import Knob, Refuse, Say, say
 from autofit.knobs.fsdp import (
     AXOLOTL_FSDP,
     FSDP1_ONLY,
+    LLAMAFACTORY_FSDP,
     NO_FSDP,
     ZERO_NOT_FSDP,
     checked,
@@ -59,4 +60,5 @@ class FsdpOffload(Knob):
             "none": Say(),
             "cpu": Refuse("LitGPT's FSDPStrategy keeps the shards on the GPU"),
         },
+        "llamafactory": {"none": Say(), "cpu": LLAMAFACTORY_FSDP},
     }

@@ -96,4 +96,5 @@ class FsdpVersion(Knob):
             if v == 1 or s.config["train_mode"] != "full"
             else Refuse("LitGPT's finetune_full shards with Lightning's FSDPStrategy, FSDP1")
         ),
+        "llamafactory": lambda v, s: Say(),  # fsdp refuses LLaMA-Factory's FSDP itself
     }

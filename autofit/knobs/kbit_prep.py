@@ -164,6 +164,15 @@ class KbitPrep(Knob):
             "none": Say(),
             "peft": Refuse("LitGPT does not call prepare_model_for_kbit_training"),
         },
+        # LLaMA-Factory 0.9.5 never calls it: its 4-bit base keeps the loader's 16-bit embeddings,
+        # head and norms (upcast_layernorm, off by default, would cast the norms alone).
+        "llamafactory": {
+            "none": Say(),
+            "peft": Refuse(
+                "LLaMA-Factory does not call prepare_model_for_kbit_training (model/adapter.py); "
+                "its upcast_layernorm casts the norms alone"
+            ),
+        },
         # TRL 1.16's SFTTrainer casts a 4-bit model's adapters to bf16 and prepares nothing else.
         "trl": {
             "none": Say(),

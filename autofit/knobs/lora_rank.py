@@ -36,6 +36,8 @@ class LoraRank(Knob):
         "axolotl": lambda v, s: say(lora_r=v, lora_alpha=v),
         "torchtune": lambda v, s: say(**{"model.lora_rank": v, "model.lora_alpha": v}),
         "litgpt": lambda v, s: say(lora_r=v, lora_alpha=v),
+        # said outright: LLaMA-Factory's lora_alpha defaults to twice the rank (finetuning_args.py)
+        "llamafactory": lambda v, s: say(lora_rank=v, lora_alpha=v),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
         "ai_toolkit": lambda v, s: say(**{"network.linear": v, "network.linear_alpha": v}),
     }

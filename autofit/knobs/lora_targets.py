@@ -248,6 +248,9 @@ class LoraTargets(Knob):
         "axolotl": lambda v, s: say(lora_target_modules=target_modules(v, s.preset)),
         "torchtune": _torchtune,
         "litgpt": _litgpt,
+        # LLaMA-Factory's lora_target: module names joined by commas (its `all` finds every
+        # linear layer but the output head, model/model_utils/misc.py find_all_linear_modules)
+        "llamafactory": lambda v, s: say(lora_target=",".join(target_modules(v, s.preset))),
         "musubi": _musubi,
         "ai_toolkit": _ai_toolkit,
     }

@@ -140,6 +140,29 @@ def _litgpt(value: Any, s: Subject) -> Say | Refuse:
     return Refuse(f"LitGPT's {script} computes its own loss ({kept})")
 
 
+# LLaMA-Factory 0.9.5's sft trainer takes the Trainer's loss (transformers' own); its
+# enable_liger_kernel calls liger's apply_liger_kernel_to_<model>() with its defaults
+# (model/model_utils/liger_kernel.py), which swap in Liger's RoPE, RMSNorm and SwiGLU kernels
+# besides the fused loss.
+LLAMAFACTORY_LIGER = (
+    "LLaMA-Factory's enable_liger_kernel also swaps in Liger's RoPE, RMSNorm and SwiGLU kernels "
+    "(apply_liger_kernel_to_<model>'s defaults), which autofit did not measure: they keep fewer "
+    "activations than transformers' layers; LLaMA-Factory pins no liger-kernel, autofit "
+    "modelled 0.8.5's fused loss"
+)
+
+
+def _llamafactory(value: Any, s: Subject) -> Say | Refuse:
+    if value == "full":
+        return Say()
+    if value == "fused_linear":
+        return Say(settings={"enable_liger_kernel": True}, warning=LLAMAFACTORY_LIGER)
+    return Refuse(
+        "LLaMA-Factory computes transformers' own loss, or Liger's fused loss through "
+        "enable_liger_kernel"
+    )
+
+
 class Loss(Knob):
     name = "loss"
     depends_on = ("compile", "train_mode")
@@ -178,7 +201,13 @@ class Loss(Knob):
     per_sample_memory = True  # the logits grow with every sequence in the batch
     reach = "pass"  # how the forward computes the loss
 
-    trainers = {"trl": _trl, "axolotl": _axolotl, "torchtune": _torchtune, "litgpt": _litgpt}
+    trainers = {
+        "trl": _trl,
+        "axolotl": _axolotl,
+        "torchtune": _torchtune,
+        "litgpt": _litgpt,
+        "llamafactory": _llamafactory,
+    }
 
     def applies(self, config: Mapping[str, Any], preset: ModelPreset) -> bool:
         return is_causal_lm(preset.family)

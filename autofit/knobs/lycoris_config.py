@@ -111,6 +111,7 @@ class LycorisConfigKnob(AdapterFileKnob):
                 ("axolotl", "axolotl trains peft's adapters"),
                 ("torchtune", "torchtune trains its own LoRA and DoRA modules"),
                 ("litgpt", "LitGPT trains its own LoRA layers"),
+                ("llamafactory", "LLaMA-Factory trains peft's adapters"),
             )  # fmt: skip
         },
     }

@@ -288,6 +288,17 @@ class OffloadActivations(Knob):
             "cpu": Refuse("LitGPT's finetune scripts offload no activations"),
             "attention": Refuse("LitGPT's finetune scripts offload no activations"),
         },
+        # LLaMA-Factory 0.9.5's only offload is use_unsloth_gc (model/model_utils/checkpointing.py
+        # UnslothGradientCheckpointing): each checkpointed layer's hidden-state input moved to
+        # pageable host memory.
+        "llamafactory": {
+            "off": Say(),
+            "cpu": Refuse(
+                "LLaMA-Factory's use_unsloth_gc moves only each checkpointed layer's hidden-state "
+                "input to pageable host memory, not every saved activation as measured"
+            ),
+            "attention": Refuse("LLaMA-Factory has no attention activation offload"),
+        },
         "musubi": {
             "off": Say(),
             "cpu": Refuse(

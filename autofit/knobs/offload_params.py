@@ -43,4 +43,5 @@ class OffloadParams(Knob):
         "axolotl": zero_checked(),  # in the DeepSpeed JSON its config names
         "torchtune": {"none": Say(), "cpu": TORCHTUNE_NO_ZERO, "nvme": TORCHTUNE_NO_ZERO},
         "litgpt": {"none": Say(), "cpu": LITGPT_NO_ZERO, "nvme": LITGPT_NO_ZERO},
+        "llamafactory": zero_checked(),  # in the DeepSpeed JSON its config names
     }

@@ -523,4 +523,7 @@ class Optimizer(Knob):
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
         "litgpt": _litgpt,
+        # LLaMA-Factory's optim is transformers' TrainingArguments field (train/sft/trainer.py
+        # builds the Trainer's own optimizer unless GaLore, APOLLO, BAdam, Adam-mini or Muon asks)
+        "llamafactory": _trl,
     }

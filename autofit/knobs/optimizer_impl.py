@@ -57,6 +57,17 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     return Refuse(why)
 
 
+# transformers' `optim` names AdamW fused or foreach, nothing else (TRL and LLaMA-Factory pass it on).
+TRANSFORMERS_ADAMW = {
+    "fused": Say(),
+    "foreach": Say(),
+    "for_loop": Refuse(
+        "transformers' AdamW names build it fused (adamw_torch_fused) or with torch's "
+        "default (adamw_torch: foreach on a GPU)"
+    ),
+}
+
+
 class OptimizerImpl(Knob):
     name = "optimizer_impl"
     depends_on = ("optimizer", "train_mode", "zero_stage")
@@ -106,18 +117,13 @@ class OptimizerImpl(Knob):
                 "foreach on a GPU)"
             ),
         },
-        "trl": {
-            "fused": Say(),
-            "foreach": Say(),
-            "for_loop": Refuse(
-                "transformers' AdamW names build it fused (adamw_torch_fused) or with torch's "
-                "default (adamw_torch: foreach on a GPU)"
-            ),
-        },
         # LitGPT passes optimizer.init_args to torch.optim.AdamW (the optimizer's class_path)
         "litgpt": _by_default(
             lambda v: {f"optimizer.init_args.{k}": x for k, x in ARGUMENTS[v].items()}
         ),
+        "trl": TRANSFORMERS_ADAMW,
+        # LLaMA-Factory's optim is transformers' own (the optimizer's words name it)
+        "llamafactory": TRANSFORMERS_ADAMW,
         # musubi-tuner builds torch.optim.AdamW with its --optimizer_args
         "musubi": _by_default(lambda v: {"--optimizer_args": _words(v, "{k}={v}")}),
         # ai-toolkit builds torch.optim.AdamW with its train.optimizer_params as they are

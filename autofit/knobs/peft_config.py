@@ -70,6 +70,7 @@ OWN_NETWORKS = (
     ("axolotl", "autofit's axolotl export"),
     ("torchtune", "autofit's torchtune export"),
     ("litgpt", "LitGPT"),
+    ("llamafactory", "autofit's LLaMA-Factory export"),
 )
 
 

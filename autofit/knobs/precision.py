@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
+from autofit.knobs.train_mode import FOUR_BIT_MODES
 from autofit.knobs.zero_stage import sixteen_bit_block
 
 if TYPE_CHECKING:
@@ -394,6 +395,72 @@ def _litgpt(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# LLaMA-Factory 0.9.5 loads the weights in their published dtype (model/loader.py torch_dtype
+# "auto": the checkpoint's config.json torch_dtype, which a preset gives as
+# trainers.llamafactory.torch_dtype), then casts every trained weight to fp32 unless pure_bf16
+# (model/adapter.py init_adapter; not under ZeRO-3 without a 4-bit base, where DeepSpeed keeps
+# the fp32 masters); PEFT keeps LoRA adapters on a 16-bit model in fp32 whatever pure_bf16 says
+# (get_peft_model's autocast_adapter_dtype). bf16 and fp16 turn the Trainer's autocast on, and
+# are the compute dtype of a 4-bit base (hparams/parser.py; neither: bf16 where the GPU has it,
+# extras/misc.py infer_optim_dtype).
+LLAMAFACTORY_FLAGS = {
+    "fp32": {"bf16": False, "fp16": False},
+    "fp16": {"fp16": True},
+    "bf16": {"bf16": True},
+    "bf16_pure": {"pure_bf16": True},
+    "bf16_autocast": {"pure_bf16": True, "bf16": True},
+}
+# The dtype the measured run kept its 16-bit (frozen, or bf16) weights in, as config.json names it.
+TORCH_DTYPES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    **dict.fromkeys(BF16_WEIGHTS, "bfloat16"),
+}
+
+
+def _llamafactory(value: Any, s: Subject) -> Say | Refuse:
+    mode = s.config.get("train_mode", "full")
+    if s.config.get("zero_stage"):
+        # DeepSpeed casts the model to 16-bit at initialize and keeps fp32 masters, as measured
+        if value not in ("bf16", "fp16"):
+            return Refuse(
+                "ZeRO runs a 16-bit model with fp32 master weights (precision bf16 or fp16); "
+                "autofit measured no other precision with zero_stage >= 1"
+            )
+        return say(**LLAMAFACTORY_FLAGS[value])
+    adapters = mode not in ("full", "freeze")
+    if adapters and value in BF16_WEIGHTS:
+        return Refuse(
+            "PEFT keeps LoRA adapters on a 16-bit model in fp32 under LLaMA-Factory "
+            "(get_peft_model's autocast_adapter_dtype), where the measured run kept them in bf16"
+        )
+    if value == "fp32" and mode in FOUR_BIT_MODES:
+        return Refuse(
+            "LLaMA-Factory computes a 4-bit base in bf16 when neither bf16 nor fp16 is set "
+            "(infer_optim_dtype), where the measured run computed it in fp32"
+        )
+    # The weights LLaMA-Factory leaves in their published dtype: the frozen ones, or all of them
+    # under pure_bf16; a full fine-tune's are otherwise all cast to fp32, as measured.
+    if mode != "full" or value in BF16_WEIGHTS:
+        kept = TORCH_DTYPES[value]
+        published = s.preset.trainers.get("llamafactory", {}).get("torch_dtype")
+        which = "its weights" if mode == "full" else "the frozen weights"
+        if published is None:
+            return Refuse(
+                f"LLaMA-Factory keeps {which} in the dtype of the published checkpoint "
+                f"(torch_dtype auto), which autofit does not know for {s.model} (its preset's "
+                "trainers.llamafactory.torch_dtype)"
+            )
+        if published != kept:
+            return Refuse(
+                f"LLaMA-Factory keeps {which} of {s.model} in its published {published} "
+                f"(model/loader.py loads with torch_dtype auto), where the measured run kept "
+                f"them in {kept}"
+            )
+    return say(**LLAMAFACTORY_FLAGS[value])
+
+
 class Precision(Knob):
     name = "precision"
     depends_on = ("checkpointing", "encoders", "train_mode", "zero_stage")
@@ -491,4 +558,5 @@ class Precision(Knob):
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
         "litgpt": _litgpt,
+        "llamafactory": _llamafactory,
     }

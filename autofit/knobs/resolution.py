@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autofit.families import REGISTRY, diffusers_script
-from autofit.knobs.base import Knob, Say, Subject, say
+from autofit.knobs.base import Knob, Refuse, Say, Subject, say
 
 
 def _diffusers(value: Any, s: Subject) -> Any:
@@ -15,6 +15,19 @@ def _diffusers(value: Any, s: Subject) -> Any:
     if script is not None and script.kind == "controlnet":
         return say(**{"--resolution": value})  # it resizes and center-crops to the square always
     return say(**{"--resolution": value, "--center_crop": True})
+
+
+def _llamafactory(value: Any, s: Subject) -> Say | Refuse:
+    """LLaMA-Factory cuts each example to cutoff_len tokens and pads a batch to its longest row, to
+    a multiple of 8 (train/sft/workflow.py pad_to_multiple_of=8): full rows are the measured ones."""
+    if value % 8:
+        longer = -(-value // 8) * 8
+        return Refuse(
+            f"LLaMA-Factory pads each batch to a multiple of 8 tokens (pad_to_multiple_of=8), so "
+            f"its rows of cutoff_len={value} run {longer} long",
+            "resolution a multiple of 8",
+        )
+    return say(cutoff_len=value)
 
 
 class Resolution(Knob):
@@ -49,6 +62,7 @@ class Resolution(Knob):
         "sana": lambda v, s: say(**{"data.image_size": v, "model.image_size": v}),
         "diffusers": _diffusers,
         "trl": lambda v, s: say(max_length=v),  # every sample cut (or packed) to it
+        "llamafactory": _llamafactory,
         "axolotl": lambda v, s: Say(
             # one example per row padded to sequence_len: the probe's full rows every step;
             # axolotl 0.19 warns that packing under SDPA and bf16 before Hopper can lose the loss

@@ -308,6 +308,31 @@ def _litgpt(value: Any, s: Subject) -> Say | Refuse:
     return Refuse(why[value])
 
 
+def _llamafactory(value: Any, s: Subject) -> Say | Refuse:
+    """LLaMA-Factory 0.9.5's finetuning_type (model/adapter.py init_adapter): full, freeze (the last
+    freeze_trainable_layers layers: trainable_layers' words) or lora, whose LoraConfig it builds
+    from lora_rank, lora_alpha, lora_target, lora_dropout and use_dora; a 4-bit base is
+    bitsandbytes' NF4 with double quantization, computed and stored in its compute dtype
+    (model/model_utils/quantization.py)."""
+    if value in ("full", "freeze"):
+        return say(finetuning_type=value)
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("autofit's LLaMA-Factory export")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("LLaMA-Factory")
+    settings: dict[str, Any] = {"finetuning_type": "lora", "lora_dropout": 0.0}
+    if value in DORA_MODES:
+        settings["use_dora"] = True
+    if value in FOUR_BIT_MODES:
+        settings.update(
+            quantization_bit=4,
+            quantization_method="bnb",
+            quantization_type="nf4",
+            double_quantization=True,
+        )
+    return Say(settings=settings)
+
+
 class TrainMode(Knob):
     name = "train_mode"
     depends_on = (
@@ -430,6 +455,7 @@ class TrainMode(Knob):
         "ai_toolkit": _ai_toolkit,
         "torchtune": _torchtune,
         "litgpt": _litgpt,
+        "llamafactory": _llamafactory,
     }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import ConfigError
-from autofit.knobs.base import Knob, ProbeContext, Subject
+from autofit.knobs.base import Knob, ProbeContext, Subject, say
 from autofit.models import ModelPreset
 
 if TYPE_CHECKING:
@@ -97,3 +97,7 @@ class TrainableLayers(Knob):
         if count is not None and value > count:
             return too_many(value, count, context.model)
         return None
+
+    # LLaMA-Factory's own count of the last layers its freeze tuning trains (every module of each,
+    # nothing else: freeze_trainable_modules all, no freeze_extra_modules, as measured).
+    trainers = {"llamafactory": lambda v, s: say(freeze_trainable_layers=v)}

@@ -47,4 +47,5 @@ class WorldSize(Knob):
         "axolotl": lambda v, s: Say(),  # the launch line's --num-processes
         "torchtune": lambda v, s: Say(),  # the launch line's --nproc_per_node
         "litgpt": lambda v, s: say(devices=v),  # one node's devices; Fabric launches them
+        "llamafactory": lambda v, s: Say(),  # the launch line's NPROC_PER_NODE
     }

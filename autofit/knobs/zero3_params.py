@@ -48,6 +48,7 @@ class Zero3Setting(Knob):
         "simpletuner": lambda v, s: Say(),
         "axolotl": lambda v, s: Say(),
         "torchtune": lambda v, s: Say(),  # zero_stage refuses torchtune's ZeRO itself
+        "llamafactory": lambda v, s: Say(),
     }
 
 

@@ -362,6 +362,10 @@ class ZeroStage(Knob):
         "axolotl": zero_checked(lambda v, s: Say()),
         "torchtune": lambda v, s: Say() if not v else TORCHTUNE_NO_ZERO,
         "litgpt": {0: Say(), 1: LITGPT_NO_ZERO, 2: LITGPT_NO_ZERO, 3: LITGPT_NO_ZERO},
+        # LLaMA-Factory's `deepspeed` names the DeepSpeed JSON written beside its config (the
+        # layout's); it keeps a 4-bit base in its compute dtype (bnb_4bit_quant_storage,
+        # model/model_utils/quantization.py), which ZeRO-3 partitions.
+        "llamafactory": zero_checked(lambda v, s: Say()),
     }
 
 

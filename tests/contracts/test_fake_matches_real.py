@@ -23,7 +23,7 @@ from autofit.models import load_preset
 from autofit.paths import calibration_dir
 from autofit.units import value as text
 
-CASES = list(
+PRECISION_CASES = list(
     itertools.product(
         ["tiny_mlp", "tiny_sana"],
         ["fp32", "fp16", "bf16", "bf16_pure"],
@@ -33,7 +33,7 @@ CASES = list(
 )
 
 
-@pytest.mark.parametrize("model,precision,checkpointing,optimizer", CASES)
+@pytest.mark.parametrize("model,precision,checkpointing,optimizer", PRECISION_CASES)
 def test_simulated_allocations_equal_real_ones(
     model: str, precision: str, checkpointing: bool, optimizer: str
 ) -> None:

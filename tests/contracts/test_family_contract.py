@@ -42,6 +42,7 @@ PRESET_NAMES = {
     "diffusers": {"max_sequence_length"},
     "ai_toolkit": {"model.assistant_lora_path"},
     "litgpt": {"config"},
+    "llamafactory": {"torch_dtype"},
 }
 
 
