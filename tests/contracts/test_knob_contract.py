@@ -173,8 +173,10 @@ def test_every_knob_a_module_declares_is_registered_once() -> None:
     added without its line there would be silently unused), and a second knob of a name already
     taken is refused rather than replacing the first."""
     package = Path(inspect.getfile(Knob)).parent
-    for path in sorted(package.glob("*.py")):
-        module = importlib.import_module(f"autofit.knobs.{path.stem}")
+    names = [p.stem for p in package.glob("*.py")]
+    names += [f"{p.name}.{f.stem}" for p in package.iterdir() for f in p.glob("*.py")]
+    for name in sorted(n.removesuffix(".__init__") for n in names):
+        module = importlib.import_module(f"autofit.knobs.{name}")
         for _, declared in inspect.getmembers(module, inspect.isclass):
             if issubclass(declared, Knob) and declared.__module__ == module.__name__:
                 if "name" in vars(declared):  # a base class (AdapterFileKnob) names none

@@ -40,11 +40,22 @@ def _knobs_of(module: str) -> list[Knob]:
 
 
 def _modules() -> list[str]:
-    return [
-        f"autofit.knobs.{path.stem}"
-        for path in sorted(KNOBS_DIR.glob("*.py"))
-        if path.stem not in ("__init__", "base")
-    ]
+    """Each knob's module: a file of autofit/knobs, or a package there (the knob in its
+    __init__, its trainers' words in modules beside it)."""
+    files = [p.stem for p in KNOBS_DIR.glob("*.py") if p.stem not in ("__init__", "base")]
+    packages = [p.name for p in KNOBS_DIR.iterdir() if (p / "__init__.py").is_file()]
+    return [f"autofit.knobs.{name}" for name in sorted(files + packages)]
+
+
+def _files(module: str) -> list[tuple[Path, str]]:
+    """The source files of a knob's module, each with the module it is: a package's every file."""
+    name = module.rsplit(".", 1)[1]
+    if (KNOBS_DIR / name).is_dir():
+        return [
+            (path, module if path.stem == "__init__" else f"{module}.{path.stem}")
+            for path in sorted((KNOBS_DIR / name).glob("*.py"))
+        ]
+    return [(KNOBS_DIR / f"{name}.py", module)]
 
 
 def _source(node: ast.AST) -> str | None:
@@ -59,9 +70,13 @@ def _literal_reads(module: str) -> Iterator[tuple[str, int]]:
     """(knob name, line) for every read of a knob's value in `module`'s source. A key that is not
     a literal must be a loop variable over a table whose knob names can be found (a literal, or a
     name bound to one or to knobs); anything else fails, as a read no declaration can cover."""
-    path = KNOBS_DIR / f"{module.rsplit('.', 1)[1]}.py"
+    for path, name in _files(module):
+        yield from _file_reads(path, importlib.import_module(name))
+
+
+def _file_reads(path: Path, loaded: Any) -> Iterator[tuple[str, int]]:
+    """_literal_reads for one source file, `loaded` the module it is."""
     tree = ast.parse(path.read_text())
-    loaded = importlib.import_module(module)
     bound = {
         node.targets[0].id: node.value
         for node in ast.walk(tree)
