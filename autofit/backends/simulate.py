@@ -92,6 +92,16 @@ def traced_steps(spec: ProbeSpec, roofline: RooflineCounter | None = None) -> Tr
     return Traced(run, tracker, None)
 
 
+def built(spec: ProbeSpec) -> TrainingRun:
+    """The run built on fake tensors and not stepped: its model, adapters and optimizer as the
+    first step finds them (what a count of its parameters needs, without a step's trace)."""
+    cuda_autocast.install()
+    run = TrainingRun(spec, torch.device("cpu"), MemoryTracker(device_type="meta"), fake=True)
+    with RealLayoutFakeMode(allow_non_fake_inputs=True), module_moves_are_noops():
+        run.build()
+    return run
+
+
 def trace_run(
     spec: ProbeSpec, roofline: RooflineCounter | None, alone: int
 ) -> tuple[TrainingRun, MemoryTracker, tuple[StepMarks, StepMarks] | None]:
