@@ -156,7 +156,7 @@ def _checked(settings: SearchSettings, given: list[str] | None) -> _Checked:
     the study's folder and storage."""
     preset, gpu = preset_from_config(settings.model), gpu_from_config(settings.gpu)
     space = load_space(settings.space, preset)
-    trainer, stack, in_place, space = _for_trainer(settings.trainer, preset, space)
+    trainer, stack, in_place, space = _for_trainer(settings.trainer, preset, space, gpu)
     margin = chosen_margin(
         settings.margin, preset.family, classes_spanned(preset.family, space.knobs)
     )
@@ -215,7 +215,7 @@ def _go_on(
 
 
 def _for_trainer(
-    trainer: Any, preset: Any, space: SearchSpace
+    trainer: Any, preset: Any, space: SearchSpace, gpu: Any = None
 ) -> tuple[Any, dict[str, Any], dict[str, tuple[Any, ...]], SearchSpace]:
     """The target `trainer=` names (None without one), the values it runs of the knobs it
     decides itself (`trainer_stack`), the values it runs of knobs where it runs none the space
@@ -224,7 +224,7 @@ def _for_trainer(
         return None, {}, {}, space
     chosen = target(trainer, setting="trainer")
     chosen.check_family(preset, setting="trainer")
-    values = trainer_values(chosen, preset, space.knobs)
+    values = trainer_values(chosen, preset, space.knobs, gpu)
     searched = {**space.knobs, **values}
     stack = trainer_stack(chosen, preset, searched)
     fixed = {**searched, **{k: (v,) for k, v in stack.items()}}

@@ -29,8 +29,9 @@ from autofit.export.sana import TARGET as SANA
 from autofit.export.simpletuner import TARGET as SIMPLETUNER
 from autofit.export.torchtune import TARGET as TORCHTUNE
 from autofit.export.trl import TARGET as TRL
+from autofit.gpus import GpuSpec
 from autofit.knobs import REGISTRY, defaults
-from autofit.knobs.base import Refuse, Subject
+from autofit.knobs.base import ProbeContext, Refuse, Subject
 from autofit.models import ModelPreset
 
 TARGETS: dict[str, Target] = {
@@ -98,7 +99,10 @@ def trainer_stack(
 
 
 def trainer_values(
-    chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
+    chosen: Target,
+    preset: ModelPreset,
+    searched: Mapping[str, tuple[Any, ...]],
+    gpu: GpuSpec | None = None,
 ) -> dict[str, tuple[Any, ...]]:
     """For each knob of which `chosen` runs none of the values the space gives it (those it
     searches, or the default of one it leaves out), the values it does run (in the knob's
@@ -108,10 +112,12 @@ def trainer_values(
     on the GPU). A knob left out that the trainer decides itself, asking nothing, is
     `trainer_stack`'s. Judged on the space's first values of the other knobs, those replaced
     included: a value that only matters once another is replaced (the LoRA modules of a trainer
-    that trains LoRA only) is judged again with it."""
+    that trains LoRA only) is judged again with it. On `gpu`, only the values it can run count
+    (ai-toolkit trains LoRA in bf16 or fp32: on a card without bf16, fp32 in place of the
+    space's fp16, which it refuses)."""
     replaced: dict[str, tuple[Any, ...]] = {}
     for _ in REGISTRY:  # each round replaces a knob at least, or ends
-        found = _trainer_values(chosen, preset, {**searched, **replaced})
+        found = _trainer_values(chosen, preset, {**searched, **replaced}, gpu)
         if not found:
             break
         replaced.update(found)
@@ -119,11 +125,21 @@ def trainer_values(
 
 
 def _trainer_values(
-    chosen: Target, preset: ModelPreset, searched: Mapping[str, tuple[Any, ...]]
+    chosen: Target,
+    preset: ModelPreset,
+    searched: Mapping[str, tuple[Any, ...]],
+    gpu: GpuSpec | None,
 ) -> dict[str, tuple[Any, ...]]:
     given = {**{k: (v,) for k, v in defaults().items()}, **searched}
     given["resolution"] = (preset.resolution,)  # the planner's, not a knob's values to judge
     subject = Subject({k: v[0] for k, v in given.items()}, preset)
+
+    def on_card(name: str, value: Any) -> bool:
+        if gpu is None:
+            return True
+        context = ProbeContext({**subject.config, name: value}, gpu, preset, "simulate")
+        return REGISTRY[name].invalid_reason(value, context) is None
+
     replaced = {}
     for name, values in given.items():
         knob = REGISTRY[name]
@@ -138,8 +154,10 @@ def _trainer_values(
             )
         ):
             continue
-        runs = knob.runs(chosen.vocabulary, subject, chosen.own_code)
-        if runs and not set(values) & set(runs):
+        runs = tuple(
+            v for v in knob.runs(chosen.vocabulary, subject, chosen.own_code) if on_card(name, v)
+        )
+        if runs and not {v for v in values if on_card(name, v)} & set(runs):
             replaced[name] = runs
     return replaced
 
