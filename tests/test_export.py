@@ -88,6 +88,7 @@ CASES = [
     ("musubi", WAN, 1, None, "wan_1_3b_lora_33_frames"),
     ("musubi", HUNYUAN, None, None, "hunyuan_video_fp8_swap"),
     ("ai_toolkit", FLUX, None, 4, "flux_lora"),
+    ("onetrainer", FLUX, None, 4, "flux_lora"),
     ("hydra", SANA, None, None, "sana_best"),
     ("hydra", FLUX, 4, None, "flux_qlora"),
 ]
@@ -1160,7 +1161,7 @@ def test_warnings_are_written_into_the_export_and_printed(
         (
             ["target=kohay"],
             2,
-            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, sana, diffusers, trl, axolotl, torchtune, litgpt, llamafactory, hydra",
+            "unknown target 'kohay' (did you mean 'kohya'?); valid targets: accelerate, deepspeed, simpletuner, kohya, musubi, ai_toolkit, onetrainer, sana, diffusers, trl, axolotl, torchtune, litgpt, llamafactory, hydra",
         ),
         ([f"study={SANA}"], 2, "no target given: add target=<name>"),
         (

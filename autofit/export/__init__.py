@@ -23,6 +23,7 @@ from autofit.export.kohya import TARGET as KOHYA
 from autofit.export.litgpt import TARGET as LITGPT
 from autofit.export.llamafactory import TARGET as LLAMAFACTORY
 from autofit.export.musubi import TARGET as MUSUBI
+from autofit.export.onetrainer import TARGET as ONETRAINER
 from autofit.export.output import readme, write_export
 from autofit.export.point import StudyPoint, load_point
 from autofit.export.sana import TARGET as SANA
@@ -43,6 +44,7 @@ TARGETS: dict[str, Target] = {
         KOHYA,
         MUSUBI,
         AI_TOOLKIT,
+        ONETRAINER,
         SANA,
         DIFFUSERS,
         TRL,

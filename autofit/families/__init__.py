@@ -27,6 +27,7 @@ from autofit.families.base import (
     LitGptModel,
     LlamaFactoryModel,
     MusubiScripts,
+    OneTrainerModel,
     SanaScript,
     SimpleTunerModel,
     TorchtuneModel,
@@ -70,7 +71,14 @@ REGISTRY: dict[str, Family] = {
 }
 
 T = TypeVar(
-    "T", DiffusersScripts, KohyaScripts, SimpleTunerModel, SanaScript, MusubiScripts, AiToolkitModel
+    "T",
+    DiffusersScripts,
+    KohyaScripts,
+    SimpleTunerModel,
+    SanaScript,
+    MusubiScripts,
+    AiToolkitModel,
+    OneTrainerModel,
 )
 
 
@@ -133,6 +141,16 @@ def ai_toolkit(name: str) -> AiToolkitModel | None:
     return _trainer(name, "ai_toolkit", AiToolkitModel)
 
 
+def onetrainer(name: str) -> OneTrainerModel | None:
+    return _trainer(name, "onetrainer", OneTrainerModel)
+
+
+def onetrainer_part(name: str) -> str:
+    """The part of OneTrainer's config that holds the family's denoiser (`transformer`, `unet`)."""
+    model = onetrainer(name)
+    return model.denoiser if model is not None else "transformer"
+
+
 def simpletuner(name: str) -> SimpleTunerModel | None:
     return _trainer(name, "simpletuner", SimpleTunerModel)
 
@@ -167,6 +185,9 @@ __all__ = [
     "AxolotlModel",
     "AiToolkitModel",
     "ai_toolkit",
+    "OneTrainerModel",
+    "onetrainer",
+    "onetrainer_part",
     "TorchtuneModel",
     "LitGptModel",
     "LlamaFactoryModel",

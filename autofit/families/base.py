@@ -267,6 +267,40 @@ class AiToolkitModel:
         return f"arch {self.arch}"
 
 
+# --- Nerogar OneTrainer (github.com/Nerogar/OneTrainer at 23df3832, not on PyPI) -----------------
+
+ONETRAINER_COMMIT = "23df3832e8f213d64c337e39f9365ba46e99fed0"
+# Why the OneTrainer export refuses a family it has a model for, but autofit has not matched.
+ONETRAINER_UNMATCHED = "autofit has not matched OneTrainer's {what} against what it measures"
+
+
+@dataclass(frozen=True)
+class OneTrainerModel:
+    """What OneTrainer's training config calls the family's model: its `model_type`
+    (modules/util/enum/ModelType.py; a preset's own where `model_type_of` says, SD 2.x's), and
+    the config part that holds the denoiser's weight dtype and checkpointing (`transformer` or
+    `unet`: ModelType.model_parts). The companions' parts are the preset's companion names
+    (text_encoder, text_encoder_2, vae), which are OneTrainer's too for these models."""
+
+    model_type: str
+    denoiser: str = "transformer"
+    # the model_type from a preset's architecture and inputs, where one family has several
+    model_type_of: Callable[[Mapping[str, Any], Mapping[str, Any]], str] | None = None
+    # Whether its float8 weights (FLOAT_8) are the base autofit's fp8 measures: OneTrainer
+    # quantizes nn.Linear only (modules/util/quantization_util.py), autofit every linear and 2-D
+    # convolution, the same base where the denoiser has no convolution.
+    fp8_matches: bool = True
+
+    def model_type_for(self, architecture: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
+        if self.model_type_of is None:
+            return self.model_type
+        return self.model_type_of(architecture, inputs)
+
+    @property
+    def name(self) -> str:
+        return f"model_type {self.model_type}"
+
+
 # --- torchtune (pytorch/torchtune) ----------------------------------------------------------------
 
 
@@ -322,6 +356,7 @@ Trainer = (
     | MusubiScripts
     | AxolotlModel
     | AiToolkitModel
+    | OneTrainerModel
     | TorchtuneModel
     | LitGptModel
     | LlamaFactoryModel
@@ -336,6 +371,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "musubi": MusubiScripts,
     "axolotl": AxolotlModel,
     "ai_toolkit": AiToolkitModel,
+    "onetrainer": OneTrainerModel,
     "torchtune": TorchtuneModel,
     "litgpt": LitGptModel,
     "llamafactory": LlamaFactoryModel,

@@ -28,5 +28,6 @@ CUSTOM = Family(
         "llamafactory": OWN_CODE,
         "musubi": OWN_CODE,
         "ai_toolkit": OWN_CODE,
+        "onetrainer": OWN_CODE,
     },
 )

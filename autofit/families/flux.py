@@ -26,6 +26,7 @@ from autofit.families.base import (
     DiffusersScripts,
     Family,
     KohyaScripts,
+    OneTrainerModel,
     SimpleTunerModel,
 )
 from autofit.words import Refuse
@@ -90,6 +91,10 @@ FLUX = Family(
         # ai-toolkit 27a03a91: toolkit/stable_diffusion_model.py loads diffusers'
         # FluxTransformer2DModel for arch flux; its LoRA adapts every linear of the blocks.
         "ai_toolkit": AiToolkitModel("flux"),
+        # OneTrainer 23df3832: FLUX_DEV_1 loads diffusers' FluxTransformer2DModel
+        # (modules/model/FluxModel.py); its parts are transformer, text_encoder (CLIP-L),
+        # text_encoder_2 (T5-XXL) and vae.
+        "onetrainer": OneTrainerModel("FLUX_DEV_1"),
     },
 )  # fmt: skip
 
@@ -140,5 +145,8 @@ CHROMA = replace(
             "linear (its original layout), so its LoRA has fewer, wider adapters on the same "
             "inputs: fewer parameters and no more saved inputs than measured",
         ),
+        # OneTrainer 23df3832: CHROMA_1 loads diffusers' ChromaTransformer2DModel
+        # (modules/model/ChromaModel.py); its parts are transformer, text_encoder (T5-XXL), vae.
+        "onetrainer": OneTrainerModel("CHROMA_1"),
     },
 )  # fmt: skip

@@ -12,6 +12,7 @@ from autofit.families.base import (
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     KOHYA_VIDEO,
+    ONETRAINER_UNMATCHED,
     Family,
     MusubiScripts,
 )
@@ -79,5 +80,8 @@ HUNYUAN_VIDEO = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": MUSUBI,
         "ai_toolkit": Refuse("ai-toolkit has no HunyuanVideo model"),
+        "onetrainer": Refuse(
+            ONETRAINER_UNMATCHED.format(what="HunyuanVideo (model_type HUNYUAN_VIDEO)")
+        ),
     },
 )

@@ -40,5 +40,6 @@ LLM = Family(
         "llamafactory": LlamaFactoryModel("AutoModelForCausalLM"),
         "musubi": Refuse("musubi-tuner trains image and video diffusion models"),
         "ai_toolkit": Refuse("ai-toolkit trains image, video and audio diffusion models"),
+        "onetrainer": Refuse("OneTrainer trains image and video diffusion models"),
     },
 )  # fmt: skip

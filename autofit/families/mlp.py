@@ -23,5 +23,6 @@ MLP = Family(
         "llamafactory": Refuse("a test model: no trainer's script trains it"),
         "musubi": Refuse("a test model: no trainer's script trains it"),
         "ai_toolkit": Refuse("a test model: no trainer's script trains it"),
+        "onetrainer": Refuse("a test model: no trainer's script trains it"),
     },
 )

@@ -6,6 +6,7 @@ from autofit.families.base import (
     AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
+    ONETRAINER_UNMATCHED,
     Family,
     SimpleTunerModel,
 )
@@ -41,5 +42,8 @@ PIXART_SIGMA = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
         "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="PixArt-Sigma (arch pixart_sigma)")),
+        "onetrainer": Refuse(
+            ONETRAINER_UNMATCHED.format(what="PixArt-Sigma (model_type PIXART_SIGMA)")
+        ),
     },
 )

@@ -14,6 +14,7 @@ from autofit.families.base import (
     AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
+    ONETRAINER_UNMATCHED,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -81,5 +82,6 @@ QWEN_IMAGE = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": MUSUBI,
         "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="Qwen-Image (extensions_built_in/diffusion_models/qwen_image: its own quantization and layer offloading)")),
+        "onetrainer": Refuse(ONETRAINER_UNMATCHED.format(what="Qwen-Image (model_type QWEN)")),
     },
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from autofit.families.base import (
     DIFFUSION_ATTENTION,
     MUSUBI_ONLY,
+    ONETRAINER_UNMATCHED,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -34,5 +35,6 @@ SANA = Family(
         "sana": SanaScript("train_scripts/train.py"),
         "musubi": Refuse(MUSUBI_ONLY),
         "ai_toolkit": Refuse("ai-toolkit has no Sana model"),
+        "onetrainer": Refuse(ONETRAINER_UNMATCHED.format(what="Sana (model_type SANA)")),
     },
 )  # fmt: skip

@@ -22,6 +22,7 @@ from autofit.families.base import (
     DiffusersScripts,
     Family,
     KohyaScripts,
+    OneTrainerModel,
     SimpleTunerModel,
 )
 from autofit.words import Refuse
@@ -51,6 +52,15 @@ def _ai_toolkit_flags(architecture: Mapping[str, Any], inputs: Mapping[str, Any]
     if inputs.get("prediction_type") == "v_prediction":
         flags["model.is_v_pred"] = True
     return flags
+
+
+def _onetrainer_type(architecture: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
+    """OneTrainer's model_type for an SD 1.x or 2.x preset (modules/util/enum/ModelType.py at
+    23df3832): 2.1 as the 768 px v-prediction model or its 512 px epsilon base."""
+    if architecture.get("cross_attention_dim") != SD2_CROSS_ATTENTION:
+        return "STABLE_DIFFUSION_15"
+    v = inputs.get("prediction_type") == "v_prediction"
+    return "STABLE_DIFFUSION_21" if v else "STABLE_DIFFUSION_21_BASE"
 
 
 SD = Family(
@@ -94,5 +104,10 @@ SD = Family(
         # ai-toolkit 27a03a91: arch sd1 (sd2 for 2.x) in the legacy StableDiffusion class,
         # which quantizes no SD weight.
         "ai_toolkit": AiToolkitModel("sd1", quantizes=False, model_flags=_ai_toolkit_flags),
+        # OneTrainer 23df3832: STABLE_DIFFUSION_15, or 2.1's (768 px v-prediction or 512 px
+        # base), parts unet, text_encoder, vae; its FLOAT_8 leaves the convolutions in 16 bits.
+        "onetrainer": OneTrainerModel(
+            "STABLE_DIFFUSION_15", denoiser="unet", model_type_of=_onetrainer_type, fp8_matches=False
+        ),
     },
 )  # fmt: skip

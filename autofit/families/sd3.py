@@ -11,6 +11,7 @@ from autofit.families.base import (
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
     MUSUBI_ONLY,
+    ONETRAINER_UNMATCHED,
     DiffusersScript,
     DiffusersScripts,
     Family,
@@ -57,5 +58,6 @@ SD3 = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
         "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="SD3 (arch sd3: quanto over every layer, where autofit measured SimpleTuner's exclusions; T5 quantized with it)")),
+        "onetrainer": Refuse(ONETRAINER_UNMATCHED.format(what="SD3 (model_type STABLE_DIFFUSION_3, STABLE_DIFFUSION_35)")),
     },
 )  # fmt: skip

@@ -28,5 +28,6 @@ SD3_CONTROLNET = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
         "ai_toolkit": Refuse("ai-toolkit trains no SD3 ControlNet"),
+        "onetrainer": Refuse("OneTrainer trains no ControlNet"),
     },
 )  # fmt: skip

@@ -10,6 +10,7 @@ from autofit.families.base import (
     DiffusersScripts,
     Family,
     KohyaScripts,
+    OneTrainerModel,
     SimpleTunerModel,
 )
 from autofit.words import Refuse
@@ -42,5 +43,8 @@ SDXL = Family(
         # ai-toolkit 27a03a91: arch sdxl loads the UNet in the legacy StableDiffusion class
         # (toolkit/stable_diffusion_model.py), which quantizes no SDXL weight.
         "ai_toolkit": AiToolkitModel("sdxl", quantizes=False),
+        # OneTrainer 23df3832: STABLE_DIFFUSION_XL_10_BASE, parts unet, text_encoder,
+        # text_encoder_2, vae; its FLOAT_8 leaves the UNet's convolutions in 16 bits.
+        "onetrainer": OneTrainerModel("STABLE_DIFFUSION_XL_10_BASE", denoiser="unet", fp8_matches=False),
     },
 )  # fmt: skip

@@ -30,5 +30,6 @@ SDXL_CONTROLNET = Family(
         "sana": Refuse("Sana's train.py trains Sana models only"),
         "musubi": Refuse(MUSUBI_ONLY),
         "ai_toolkit": Refuse("ai-toolkit trains no SDXL ControlNet (its control_net adapter trains a ControlNet beside a LoRA, another run)"),
+        "onetrainer": Refuse("OneTrainer trains no ControlNet"),
     },
 )  # fmt: skip

@@ -77,5 +77,6 @@ WAN = Family(
                 what="Wan (arch wan21, wan22_14b: its own quantization, frame handling and layer offloading)"
             )
         ),
+        "onetrainer": Refuse("OneTrainer has no Wan model"),
     },
 )

@@ -113,4 +113,5 @@ class Allocator(Knob):
         "torchtune": _note(launched=True),
         "litgpt": _note(launched=True),
         "llamafactory": _note(launched=True),
+        "onetrainer": _note(launched=True),
     }

@@ -118,4 +118,10 @@ class Attention(Knob):
                 "which hold less than the measured math path",
             ),
         },
+        # OneTrainer's SDP is torch's scaled_dot_product_attention (its fused kernels); its other
+        # mechanisms (flash, cuDNN, flex) are kernels too, none the math path
+        "onetrainer": {
+            "sdpa": say(attention_mechanism="SDP"),
+            "math": Refuse("OneTrainer's attention_mechanism names fused kernels only"),
+        },
     }

@@ -39,7 +39,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import ai_toolkit, simpletuner
+from autofit.families import ai_toolkit, onetrainer, onetrainer_part, simpletuner
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.techniques.quanto_excluded import QUANTO_EXCLUDED
 
@@ -145,6 +145,38 @@ def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
     if excluded:
         settings["model.quantize_kwargs"] = {"exclude": list(excluded)}
     return Say(settings=settings)
+
+
+def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
+    """OneTrainer's FLOAT_8 weights (modules/module/quantized/LinearFp8.py at 23df3832): float8
+    e4m3 with one scale per layer, upcast to the compute dtype for each matmul, over every
+    nn.Linear its quantization layer filter keeps (an empty filter: all). A 16-bit base's dtype
+    is precision's words."""
+    if value == "same":
+        return Say()
+    model = onetrainer(s.family)
+    if value == "fp8" and model is not None and not model.fp8_matches:
+        return Refuse(
+            "OneTrainer's FLOAT_8 replaces the linear layers only and keeps the UNet's "
+            "convolutions in 16 bits (modules/util/quantization_util.py), where autofit measured "
+            "both in float8",
+            NOT_FP8,
+        )
+    if value != "fp8":
+        return Refuse(
+            "OneTrainer's quantized bases are its own float8 with a scale per layer (FLOAT_8), "
+            "bitsandbytes' INT_8 and NF4, W8A8 and GGUF, not SDNQ's, torchao's or quanto's",
+            "base_precision=same, fp8",
+        )
+    part = onetrainer_part(s.family)
+    return say(
+        **{
+            f"{part}.weight_dtype": "FLOAT_8",
+            # every linear layer, as measured (its presets keep the blocks' only)
+            "quantization.layer_filter": "",
+            "quantization.layer_filter_preset": "full",
+        }
+    )
 
 
 class BasePrecision(Knob):
@@ -261,4 +293,5 @@ class BasePrecision(Knob):
         ),
         "musubi": _musubi,
         "ai_toolkit": _ai_toolkit,
+        "onetrainer": _onetrainer,
     }

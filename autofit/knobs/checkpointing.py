@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import onetrainer_part
 from autofit.knobs.base import Knob, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
@@ -114,4 +115,10 @@ class Checkpointing(Knob):
         # ai-toolkit checkpoints every block unless told not to (TrainConfig's default is true):
         # said both ways. Its LoRA network's own checkpointing follows the same switch.
         "ai_toolkit": lambda v, s: say(**{"train.gradient_checkpointing": v}),
+        # OneTrainer checkpoints each block of a part unless told not to (its default is true):
+        # Flux's and Chroma's double and single blocks, the UNet's as diffusers does and its
+        # transformer blocks again inside (modules/util/checkpointing_util.py at 23df3832).
+        "onetrainer": lambda v, s: say(
+            **{f"{onetrainer_part(s.family)}.gradient_checkpointing": v}
+        ),
     }

@@ -170,4 +170,11 @@ class Compile(Knob):
                 "measured against compiling each block"
             ),
         },
+        "onetrainer": {
+            "off": say(compile=False),
+            "regional": Refuse(
+                "OneTrainer's compile compiles each checkpointed block whole with its checkpoint "
+                "wrapper (modules/util/checkpointing_util.py), which autofit has not matched"
+            ),
+        },
     }

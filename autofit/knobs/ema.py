@@ -104,4 +104,12 @@ class Ema(Knob):
             "gpu": say(**{"train.ema_config": {"use_ema": True, "ema_decay": 0.99}}),
             "cpu": Refuse("ai-toolkit keeps its EMA copy beside the trained weights, on the GPU"),
         },
+        # OneTrainer's EMAModuleWrapper (modules/module/EMAModule.py at 23df3832) clones the
+        # trained parameters to the GPU or the host and updates them parameter by parameter,
+        # every ema_update_step_interval steps: every step, as measured.
+        "onetrainer": {
+            "off": say(ema="OFF"),
+            "gpu": say(ema="GPU", ema_update_step_interval=1),
+            "cpu": say(ema="CPU", ema_update_step_interval=1),
+        },
     }

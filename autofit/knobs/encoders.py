@@ -204,4 +204,16 @@ class Encoders(Knob):
                 **{"dataset.cache_latents_to_disk": True, "train.cache_text_embeddings": False}
             ),
         },
+        # OneTrainer 23df3832: latent_caching encodes the latents and, for text encoders it does
+        # not train, their outputs before training and leaves those models off the GPU; without
+        # it they sit on the GPU and encode every step (modules/modelSetup/*LoRASetup.py
+        # setup_train_device). It caches both or neither.
+        "onetrainer": {
+            "cached": say(latent_caching=True),
+            "online": say(latent_caching=False),
+            "text": Refuse(
+                "OneTrainer's latent_caching caches the latents and the text encoders' outputs "
+                "together"
+            ),
+        },
     }

@@ -100,6 +100,37 @@ def _torchtune(value: Any, s: Subject) -> Say | Refuse:
     return say(optimizer_in_bwd=True)
 
 
+def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
+    """OneTrainer's fused_back_pass (modules/trainer/GenericTrainer.py at 23df3832): a
+    post-accumulate-grad hook per trained parameter steps it (clipping its gradient alone) and
+    sets the gradient to None, for the optimizers supports_fused_back_pass names; its AdamW only
+    one parameter at a time (neither fused nor foreach, modules/util/create.py)."""
+    if value == "off":
+        return say(**{"optimizer.fused_back_pass": False})
+    refused = _accumulation(value, s)
+    if refused:
+        return refused
+    if value == "block":
+        return Refuse(
+            "OneTrainer's fused_back_pass steps each parameter on its own, not each block",
+            "fused_backward=off, parameter",
+        )
+    optimizer = s.config["optimizer"]
+    if optimizer not in ("adamw", "adafactor"):
+        return Refuse(
+            f"OneTrainer's fused_back_pass has no {optimizer} of autofit's (its AdamW, Adafactor, "
+            "CAME and own *_ADV optimizers)",
+            "fused_backward=off; parameter with optimizer=adamw or adafactor",
+        )
+    if optimizer == "adamw" and s.config["optimizer_impl"] != "for_loop":
+        return Refuse(
+            "OneTrainer fuses AdamW's step into backward one parameter at a time, neither fused "
+            "nor foreach",
+            "fused_backward=off; parameter with optimizer_impl=for_loop",
+        )
+    return say(**{"optimizer.fused_back_pass": True})
+
+
 def _own_code(value: Any, s: Subject) -> Say | Refuse | None:
     """Targets that configure one's own code: the note of what it must do, unless it cannot."""
     return _accumulation(value, s)
@@ -107,7 +138,7 @@ def _own_code(value: Any, s: Subject) -> Say | Refuse | None:
 
 class FusedBackward(Knob):
     name = "fused_backward"
-    depends_on = ("optimizer", "precision", "train_mode", "zero_stage")
+    depends_on = ("optimizer", "optimizer_impl", "precision", "train_mode", "zero_stage")
     default = "off"
     help = (
         "the optimizer step inside backward: off | parameter (each gradient freed at once) | block"
@@ -159,4 +190,5 @@ class FusedBackward(Knob):
                 Refuse("the diffusers example scripts step after backward", NOT_FUSED),
             ),
         },
+        "onetrainer": _onetrainer,
     }

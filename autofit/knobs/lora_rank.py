@@ -40,4 +40,5 @@ class LoraRank(Knob):
         "llamafactory": lambda v, s: say(lora_rank=v, lora_alpha=v),
         "musubi": lambda v, s: say(**{"--network_dim": v, "--network_alpha": v}),
         "ai_toolkit": lambda v, s: say(**{"network.linear": v, "network.linear_alpha": v}),
+        "onetrainer": lambda v, s: say(lora_rank=v, lora_alpha=float(v)),
     }

@@ -12,6 +12,7 @@ saved for its backward, where a frozen layer saves none.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -187,6 +188,22 @@ def _litgpt(value: Any, s: Subject) -> Say | Refuse:
     return say(**flags, lora_mlp=bool(mlp), lora_head=False)
 
 
+def _onetrainer(value: Any, s: Subject) -> Say:
+    """OneTrainer's layer_filter (modules/module/LoRAModule.py at 23df3832): comma-separated
+    patterns, each searched in the full names of the model part's Linear and Conv2d modules; as
+    regular expressions anchored at the end of a name, they select what peft's target_modules
+    select (a name, or a name's last parts after a dot; a string: the full name)."""
+    modules = target_modules(value, s.preset)
+    if isinstance(modules, str):
+        patterns = [f"^(?:{modules})$"]
+    else:
+        patterns = [rf"(?:^|\.){re.escape(name)}$" for name in modules]
+    assert not any("," in p for p in patterns), "OneTrainer splits its layer_filter at commas"
+    return say(
+        layer_filter=",".join(patterns), layer_filter_regex=True, layer_filter_preset="custom"
+    )
+
+
 class LoraTargets(Knob):
     name = "lora_targets"
     depends_on = ("train_mode",)
@@ -253,4 +270,5 @@ class LoraTargets(Knob):
         "llamafactory": lambda v, s: say(lora_target=",".join(target_modules(v, s.preset))),
         "musubi": _musubi,
         "ai_toolkit": _ai_toolkit,
+        "onetrainer": _onetrainer,
     }

@@ -40,7 +40,7 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import declaring, family
+from autofit.families import declaring, family, onetrainer_part
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 
 if TYPE_CHECKING:
@@ -310,4 +310,14 @@ class OffloadActivations(Knob):
             ),
             "attention": Refuse("musubi-tuner has no attention activation offload"),
         },
+        # OneTrainer's activation_offloading moves each checkpointed block's inputs to the host
+        # (modules/util/LayerOffloadConductor.py at 23df3832), not every saved activation
+        "onetrainer": lambda v, s: (
+            say(**{f"{onetrainer_part(s.family)}.activation_offloading": False})
+            if v == "off"
+            else Refuse(
+                "OneTrainer's activation_offloading moves only the checkpointed blocks' inputs "
+                "to the host, not what autofit measured"
+            )
+        ),
     }

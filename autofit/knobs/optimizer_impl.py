@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
+from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.models import ModelPreset
 
 # torch.optim.AdamW's arguments for each implementation.
@@ -128,4 +128,9 @@ class OptimizerImpl(Knob):
         "musubi": _by_default(lambda v: {"--optimizer_args": _words(v, "{k}={v}")}),
         # ai-toolkit builds torch.optim.AdamW with its train.optimizer_params as they are
         "ai_toolkit": _by_default(lambda v: {"train.optimizer_params": dict(ARGUMENTS[v])}),
+        # OneTrainer builds torch's AdamW one parameter at a time unless told (its foreach and
+        # fused default to false, modules/util/config/TrainConfig.py at 23df3832): said both ways
+        "onetrainer": lambda v, s: say(
+            **{"optimizer.fused": v == "fused", "optimizer.foreach": v == "foreach"}
+        ),
     }

@@ -22,7 +22,13 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import REGISTRY, kohya_max_blocks_to_swap, musubi, simpletuner
+from autofit.families import (
+    REGISTRY,
+    kohya_max_blocks_to_swap,
+    musubi,
+    onetrainer_part,
+    simpletuner,
+)
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
@@ -204,4 +210,17 @@ class SwapBlocks(Knob):
         "sana": _none("Sana's train.py has no block swap"),
         "diffusers": _none("the diffusers example scripts have no block swap"),
         "musubi": _musubi,
+        # OneTrainer's layer offloading (offload_fraction, modules/util/LayerOffloadConductor.py
+        # at 23df3832) keeps a fraction of a part's block bytes in host memory, streamed through
+        # static buffers of its own under reentrant checkpointing: not sd-scripts' swap of whole
+        # blocks that autofit measures.
+        "onetrainer": lambda v, s: (
+            say(**{f"{onetrainer_part(s.family)}.offload_fraction": 0.0})
+            if not v
+            else Refuse(
+                "OneTrainer's offload_fraction streams a fraction of the blocks' bytes through "
+                "static buffers of its own, not sd-scripts' swap of whole blocks autofit measured",
+                NONE_OFFERED,
+            )
+        ),
     }

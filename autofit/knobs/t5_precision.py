@@ -122,4 +122,13 @@ class T5Precision(Knob):
             else Refuse("the diffusers example scripts load the text encoders in the weight dtype")
         ),
         "ai_toolkit": _ai_toolkit,
+        # OneTrainer stores a text encoder in its weight_dtype (the layout writes the companion's)
+        "onetrainer": lambda v, s: (
+            Say()
+            if v == "same"
+            else Refuse(
+                "OneTrainer quantizes a text encoder to its own float8 (FLOAT_8, one scale per "
+                "layer) or bitsandbytes' int8, not optimum-quanto's"
+            )
+        ),
     }

@@ -237,4 +237,16 @@ class Validation(Knob):
                 ),
             ),
         },
+        # OneTrainer samples from its sample definitions every sample_after (10 minutes unless
+        # told) and can compute a validation loss on validation concepts (`validation`).
+        "onetrainer": {
+            "off": say(sample_after_unit="NEVER", validation=False),
+            **dict.fromkeys(
+                ("on", "reload", "offload"),
+                Refuse(
+                    "autofit has not matched OneTrainer's sampling (its sample definitions file, "
+                    "sampled with the model as it trains)"
+                ),
+            ),
+        },
     }

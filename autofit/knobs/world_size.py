@@ -48,4 +48,13 @@ class WorldSize(Knob):
         "torchtune": lambda v, s: Say(),  # the launch line's --nproc_per_node
         "litgpt": lambda v, s: say(devices=v),  # one node's devices; Fabric launches them
         "llamafactory": lambda v, s: Say(),  # the launch line's NPROC_PER_NODE
+        # OneTrainer trains on several GPUs with its own gradient reduce (multi_gpu,
+        # modules/util/multi_gpu_util.py at 23df3832), which autofit has not matched
+        "onetrainer": lambda v, s: (
+            say(multi_gpu=False)
+            if v == 1
+            else Refuse(
+                "autofit has not matched OneTrainer's multi_gpu training (its own gradient reduce)"
+            )
+        ),
     }

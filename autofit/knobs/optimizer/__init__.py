@@ -251,6 +251,39 @@ def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# OneTrainer's optimizer sub-config (modules/util/create.py create_optimizer at 23df3832): torch's
+# AdamW (its implementation: optimizer_impl's words) without the stochastic rounding its own step
+# adds by default (which allows neither fused nor foreach); bitsandbytes' AdamW8bit and Lion8bit
+# (is_paged: the paged ones); transformers' Adafactor, which it steps with its own copy of the
+# update (optimizer/adafactor_extensions.py, one parameter at a time as transformers'); lion_pytorch's
+# Lion; torch's SGD. The values autofit measured where OneTrainer's default differs.
+ONETRAINER: dict[str, dict[str, Any]] = {
+    "adamw": {"optimizer": "ADAMW", "stochastic_rounding": False, "weight_decay": 0.01},
+    "adamw8bit": {"optimizer": "ADAMW_8BIT", "is_paged": False},
+    "paged_adamw8bit": {"optimizer": "ADAMW_8BIT", "is_paged": True},
+    "adafactor": {"optimizer": "ADAFACTOR", "relative_step": False, "scale_parameter": False,
+                  "warmup_init": False, "stochastic_rounding": False},
+    "lion": {"optimizer": "LION", "weight_decay": 0.01},
+    "lion8bit": {"optimizer": "LION_8BIT", "is_paged": False},
+    "paged_lion8bit": {"optimizer": "LION_8BIT", "is_paged": True},
+    "sgd": {"optimizer": "SGD", "momentum": 0.9, "foreach": True},
+}  # fmt: skip
+
+
+def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
+    if value not in ONETRAINER:
+        why = {
+            "came": "its CAME is its own (modules/util/optimizer/CAME.py), which autofit has not "
+            "matched against came_pytorch's it measured",
+            "adamw_bf16": "its AdamW's stochastic rounding is its own step "
+            "(optimizer/adamw_extensions.py), which autofit has not matched against "
+            "SimpleTuner's adamw_bf16",
+            "lorafa": LORAFA_IN_CODE,
+        }
+        return Refuse(f"OneTrainer has no {value}: {why[value]}")
+    return say(**{f"optimizer.{key}": v for key, v in ONETRAINER[value].items()})
+
+
 def _simpletuner(value: Any, s: Subject) -> Say | Refuse:
     if value not in SIMPLETUNER:
         return Refuse(f"SimpleTuner has no {value}: {LORAFA_IN_CODE}")
@@ -414,4 +447,5 @@ class Optimizer(Knob):
         # LLaMA-Factory's optim is transformers' TrainingArguments field (train/sft/trainer.py
         # builds the Trainer's own optimizer unless GaLore, APOLLO, BAdam, Adam-mini or Muon asks)
         "llamafactory": language_models.trl,
+        "onetrainer": _onetrainer,
     }

@@ -22,9 +22,11 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from autofit.families import onetrainer_part
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.precision import language_models
 from autofit.knobs.precision.shared import BF16_WEIGHTS
+from autofit.knobs.train_mode.shared import FOUR_BIT_MODES
 from autofit.knobs.zero_stage import sixteen_bit_block
 
 if TYPE_CHECKING:
@@ -263,9 +265,36 @@ def _ai_toolkit(value: Any, s: Subject) -> Say | Refuse:
     )
 
 
+# OneTrainer 23df3832: every part loads in its weight_dtype, a LoRA in lora_weight_dtype, and
+# the step runs under torch autocast to train_dtype, fp32 included (modules/util/dtype_util.py
+# create_autocast_context); fp16 scales the loss when every trained weight is fp32
+# (enable_grad_scaling). A quantized base's dtype is base_precision's or train_mode's words.
+ONETRAINER_TRAIN_DTYPES = {"fp32": "FLOAT_32", "fp16": "FLOAT_16", "bf16": "BFLOAT_16", "bf16_autocast": "BFLOAT_16"}  # fmt: skip
+
+
+def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
+    if value not in ONETRAINER_TRAIN_DTYPES:
+        return Refuse(
+            "OneTrainer runs a 16-bit train_dtype under torch autocast (modules/util/dtype_util.py): "
+            "bf16 weights train as precision=bf16_autocast"
+        )
+    part = onetrainer_part(s.family)
+    sixteen_bit = ONETRAINER_TRAIN_DTYPES[value]  # the frozen base's dtype, bf16 weights' too
+    trained = "BFLOAT_16" if value == "bf16_autocast" else "FLOAT_32"
+    settings: dict[str, Any] = {"train_dtype": ONETRAINER_TRAIN_DTYPES[value]}
+    mode = s.config.get("train_mode", "full")
+    if mode == "full":
+        settings[f"{part}.weight_dtype"] = trained
+        return Say(settings=settings)
+    settings["lora_weight_dtype"] = trained
+    if mode not in FOUR_BIT_MODES and s.config.get("base_precision", "same") == "same":
+        settings[f"{part}.weight_dtype"] = sixteen_bit
+    return Say(settings=settings)
+
+
 class Precision(Knob):
     name = "precision"
-    depends_on = ("checkpointing", "encoders", "train_mode", "zero_stage")
+    depends_on = ("base_precision", "checkpointing", "encoders", "train_mode", "zero_stage")
     default = "bf16"
     help = (
         "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights) | "
@@ -361,4 +390,5 @@ class Precision(Knob):
         "torchtune": language_models.torchtune,
         "litgpt": language_models.litgpt,
         "llamafactory": language_models.llamafactory,
+        "onetrainer": _onetrainer,
     }

@@ -35,7 +35,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from autofit.families import diffusers, diffusers_script, kohya, musubi
+from autofit.families import diffusers, diffusers_script, kohya, musubi, onetrainer_part
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
 from autofit.knobs.lora_targets import ADAPTER_MODES, target_modules
 from autofit.knobs.lycoris_config import LYCORIS_MODE, add_lycoris_network
@@ -148,6 +148,33 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse:
     scripts = diffusers(s.family)
     offered = ", ".join(scripts.scripts if scripts else ())
     return Refuse(f"the diffusers examples train {s.family} only as: {offered or 'nothing'}")
+
+
+def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
+    """OneTrainer 23df3832 trains its own LoRA modules (modules/module/LoRAModule.py: the
+    layer's output plus up(down(x)) scaled, as peft's) or the whole model (training_method); a
+    QLoRA base is its NFLOAT_4 weights (LinearNf4: bitsandbytes NF4 in blocks of 64 with the
+    statistics quantized again, over every nn.Linear, as autofit's). The 16-bit base's dtype is
+    precision's words."""
+    lora = {"training_method": "LORA", "peft_type": "LORA", "lora_decompose": False}
+    if value == "lora":
+        return say(**lora)
+    if value == "qlora":
+        return say(**lora, **{f"{onetrainer_part(s.family)}.weight_dtype": "NFLOAT_4"})
+    if value == "full":
+        return say(training_method="FINE_TUNE")
+    if value == PEFT_MODE:
+        return NO_PEFT_FILE("OneTrainer")
+    if value == LYCORIS_MODE:
+        return NO_LYCORIS_FILE("OneTrainer")
+    why = {
+        "dora": "OneTrainer's DoRA (lora_decompose) is its own DoRAModule, which autofit has not "
+        "matched against peft's DoRA it measured",
+        "qdora": "OneTrainer's DoRA (lora_decompose) is its own DoRAModule, which autofit has not "
+        "matched against peft's DoRA it measured",
+        "freeze": "OneTrainer trains a LoRA or the whole model, not the last blocks alone",
+    }
+    return Refuse(why[value])
 
 
 SANA_FULL_ONLY = Refuse(
@@ -285,6 +312,7 @@ class TrainMode(Knob):
         "torchtune": language_models.torchtune,
         "litgpt": language_models.litgpt,
         "llamafactory": language_models.llamafactory,
+        "onetrainer": _onetrainer,
     }
 
 
