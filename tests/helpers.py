@@ -83,7 +83,8 @@ def tiny_llama(backend: str = "simulate", **knobs: Any) -> ProbeSpec:
 
 
 # Wan's block (self- and cross-attention with query-key norms, the gated feed-forward, the
-# timestep modulation) at a width a CPU steps in a second; umT5 and the Wan VAE likewise.
+# timestep modulation) at a width a CPU steps in a second; umT5, the Wan VAEs and Wan 2.1 I2V's
+# CLIP vision tower (28 px in 14 px patches: 5 tokens) likewise.
 TINY_WAN = {
     "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 64, "num_layers": 2,
     "text_dim": 32, "freq_dim": 32,
@@ -91,28 +92,47 @@ TINY_WAN = {
 TINY_UMT5 = {
     "vocab_size": 500, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
 }  # fmt: skip
-TINY_VAE = {"base_dim": 8}
+TINY_VAE = {"base_dim": 8, "decoder_base_dim": 8}
+TINY_WAN_COMPANIONS = {
+    "text_encoder": TINY_UMT5,
+    "vae": TINY_VAE,
+    "image_encoder": {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+    },
+}  # fmt: skip
 
 
-def tiny_wan(backend: str = "simulate", image: bool = False, **knobs: Any) -> ProbeSpec:
-    """wan2_1_t2v_1_3b's probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a
-    Wan of TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 and its VAE TINY_VAE."""
+def tiny_wan(
+    backend: str = "simulate", image: bool = False, model: str = "wan2_1_t2v_1_3b", **knobs: Any
+) -> ProbeSpec:
+    """`model`'s probe (batch 2 of 5-frame 64 px clips unless `knobs` say otherwise) on a Wan of
+    TINY_WAN's widths, its prompt 16 tokens of TINY_UMT5 (the 512 a CLIP-conditioned Wan splits
+    its context by, for one), its companions TINY_WAN_COMPANIONS' sizes; `image`: the
+    1.3B with Wan 2.2 I2V's first-frame channels."""
     import copy
 
     probe = spec(
-        "wan2_1_t2v_1_3b",
-        backend=backend,
-        **{"batch_size": 2, "resolution": 64, "frames": 5, **knobs},
+        model, backend=backend, **{"batch_size": 2, "resolution": 64, "frames": 5, **knobs}
     )
-    model = copy.deepcopy(probe.model)
-    model["architecture"].update(TINY_WAN)
-    model["inputs"].update(text_tokens=16, text_dim=TINY_WAN["text_dim"])
-    model["companions"]["text_encoder"]["architecture"].update(TINY_UMT5)
-    model["companions"]["vae"]["architecture"].update(TINY_VAE)
+    found = copy.deepcopy(probe.model)
+    arch, inputs = found["architecture"], found["inputs"]
+    arch.update(TINY_WAN)
+    inputs.update(text_dim=TINY_WAN["text_dim"])
+    if not inputs.get("image_tokens"):
+        inputs["text_tokens"] = 16
+    for role, companion in found["companions"].items():
+        companion["architecture"].update(TINY_WAN_COMPANIONS[role])
+    if inputs.get("image_tokens"):  # the CLIP embedding's tokens and width at the tiny sizes
+        clip = TINY_WAN_COMPANIONS["image_encoder"]
+        inputs.update(image_tokens=(clip["image_size"] // clip["patch_size"]) ** 2 + 1)
+        inputs.update(image_dim=clip["hidden_size"])
+        width = TINY_WAN["num_attention_heads"] * TINY_WAN["attention_head_dim"]
+        arch.update(image_dim=clip["hidden_size"], added_kv_proj_dim=width)
     if image:  # image-to-video: the first frame's mask and latents beside the noisy latents
-        model["inputs"]["condition_channels"] = 20
-        model["architecture"]["in_channels"] = 36
-    return dataclasses.replace(probe, model=model)
+        inputs["condition_channels"] = 20
+        arch["in_channels"] = 36
+    return dataclasses.replace(probe, model=found)
 
 
 def with_blocks(probe: ProbeSpec, blocks: int) -> ProbeSpec:

@@ -595,6 +595,27 @@ def test_musubi_runs_wan_as_measured_and_refuses_what_it_cannot(workdir: Path) -
         and "--i2v" in cache[0]
         and set(w for w in cache[0] if w.startswith("--")) <= set(MUSUBI_CACHE_LATENTS)
     )
+    # Wan 2.1's: its task, and its CLIP image embedding cached beside the first frame's latents.
+    i2v = dataclasses.replace(point, preset=load_preset("wan2_1_i2v_14b"))
+    files = TARGETS["musubi"].run(i2v, workdir / "out").files
+    words = _shell_words(files["train.sh"])
+    assert words[words.index("--task") + 1] == "i2v-14B"
+    assert "--force_v2_1_time_embedding" not in words
+    cache = [
+        _shell_words(line) for line in files["cache.sh"].splitlines() if "wan_cache_latents" in line
+    ]
+    assert len(cache) == 1 and "--i2v" in cache[0]
+    assert _options(cache[0][2:])["--clip"] == [
+        "path/to/models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+    ]
+    # Wan 2.2 TI2V 5B: no task of musubi-tuner's trains it.
+    ti2v = dataclasses.replace(point, preset=load_preset("wan2_2_ti2v_5b"))
+    with pytest.raises(ConfigError) as refused:
+        TARGETS["musubi"].run(ti2v, workdir / "out")
+    assert str(refused.value) == (
+        "target=musubi cannot train wan2_2_ti2v_5b (Wan 2.2 TI2V 5B): musubi-tuner's "
+        "wan_train_network.py has no ti2v-5B task (wan/configs/__init__.py WAN_CONFIGS at 30c658c4)"
+    )
 
 
 # --- Sana: its config layout -----------------------------------------------------------------

@@ -53,10 +53,20 @@ def test_a_native_clip_is_21_latent_frames_of_32760_tokens() -> None:
         dict(train_mode="full", checkpointing=True, precision="bf16_pure"),
         dict(train_mode="lora", encoders="online", validation="on"),
         dict(image=True, train_mode="lora", checkpointing=True),
-        dict(image=True, train_mode="lora", encoders="online", validation="on"),
+        # Wan 2.1 I2V: Wan 2.2 I2V's first-frame channels (encoded online: a second clip through
+        # the VAE) and the frame's CLIP embedding (online: the CLIP vision tower)
+        dict(model="wan2_1_i2v_14b", train_mode="lora", checkpointing=True),
+        dict(model="wan2_1_i2v_14b", train_mode="lora", encoders="online", validation="on"),
+        dict(
+            model="wan2_2_ti2v_5b", train_mode="lora", checkpointing=True, encoders="online",
+            validation="on",
+        ),
     ],
-    ids=["lora", "lora-ckpt-one-frame", "full-ckpt", "online-validation", "i2v", "i2v-online"],
-)
+    ids=[
+        "lora", "lora-ckpt-one-frame", "full-ckpt", "online-validation", "i2v", "i2v-clip",
+        "i2v-clip-online", "ti2v-online-validation",
+    ],
+)  # fmt: skip
 def test_simulated_allocations_equal_real_ones(knobs: dict[str, Any]) -> None:
     probe = tiny_wan(**knobs)
     assert_fake_equals_real(probe)
@@ -69,6 +79,40 @@ def test_an_image_to_video_expert_takes_the_first_frame_beside_the_clip() -> Non
     assert batch["latents"].shape == (1, 16, 21, 90, 160)
     assert batch["image"].shape == (1, 20, 21, 90, 160)
     assert load_preset("wan2_2_i2v_a14b").architecture["in_channels"] == 16 + 20
+
+
+def test_wan_2_1_i2v_attends_a_clip_embedding_of_the_first_frame_in_every_block() -> None:
+    """Wan 2.1 I2V: Wan 2.2 I2V's 36 input channels, and 257 CLIP tokens x 1280 that each
+    block's cross-attention projects with its own keys and values (LoRA adapts them too)."""
+    preset = load_preset("wan2_1_i2v_14b")
+    batch = workload_for(preset).make_batch(1, 1280, torch.device("meta"), torch.bfloat16)
+    assert batch["image"].shape == (1, 20, 21, 90, 160)
+    assert batch["image_embeds"].shape == (1, 257, 1280)
+    assert preset.architecture["image_dim"] == 1280 == preset.inputs["image_dim"]
+    assert {"add_k_proj", "add_v_proj"} <= set(preset.lora_targets)
+    assert preset.companions["image_encoder"]["kind"] == "clip_vision"
+    probe = tiny_wan(model="wan2_1_i2v_14b", train_mode="lora")
+    built = simulate.built(probe)
+    names = [n for n, _ in built.model.named_parameters() if n.endswith("lora_A.default.weight")]
+    assert any(".attn2.add_k_proj." in n for n in names)
+    assert any(".attn2.add_v_proj." in n for n in names)
+
+
+def test_wan_2_2_ti2v_is_its_vae_s_48_channels_at_16x_with_a_timestep_per_token() -> None:
+    """Wan 2.2 TI2V 5B at its native 121 frames of 704x1280: 31 latent frames of 44x80 in 48
+    channels, no condition channels; the first latent frame's tokens at timestep 0."""
+    preset = load_preset("wan2_2_ti2v_5b")
+    workload = workload_for(preset)
+    batch = workload.make_batch(1, 1280, torch.device("meta"), torch.bfloat16)
+    assert set(batch) == {"latents", "text"} and batch["latents"].shape == (1, 48, 31, 44, 80)
+    assert preset.architecture["in_channels"] == preset.inputs["latent_channels"] == 48
+    latents = torch.randn(2, 48, 3, 4, 6)
+    noisy, _, t = workload.noising(latents)
+    assert torch.equal(noisy[:, :, :1], latents[:, :, :1])  # the given frame stays clean
+    steps = workload.timesteps(noisy, t)
+    assert steps.shape == (2, 3 * 2 * 3)  # a timestep per 1x2x2 patch
+    assert (steps[:, :6] == 0).all()
+    assert torch.equal(steps[:, 6:], (t * 1000)[:, None].expand(2, 12))
 
 
 def test_a_longer_clip_holds_more_and_checkpointing_holds_less() -> None:

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from autofit.errors import ConfigError
 from autofit.export.defaults import MARK, Defaults, table
 from autofit.export.point import StudyPoint
+from autofit.families import REGISTRY as FAMILIES
 from autofit.families import TRAINERS, trained_by
 from autofit.knobs import REGISTRY, Refuse, Subject
 from autofit.models import ModelPreset
@@ -206,9 +207,17 @@ class Target:
         return self.families is None or family in self.families
 
     def check_family(self, preset: ModelPreset, setting: str = "target") -> None:
-        """Refuse a model whose family this trainer has no script for; `setting` is the word
-        the user wrote it with (target= for an export, trainer= for a search)."""
+        """Refuse a model whose family this trainer has no script for, or a preset of a family it
+        trains that its declaration refuses (`refused_presets`); `setting` is the word the user
+        wrote it with (target= for an export, trainer= for a search)."""
         if self.trains(preset.family):
+            declared = FAMILIES.get(preset.family)
+            trainer = declared.trainer(self.name) if declared is not None else None
+            why = getattr(trainer, "refused_presets", {}).get(preset.name)
+            if why:
+                raise ConfigError(
+                    f"{setting}={self.name} cannot train {preset.name} ({preset.display}): {why}"
+                )
             return
         supported = ", ".join(sorted(self.families or ())) or "none"
         raise ConfigError(

@@ -15,11 +15,9 @@ import json
 import shlex
 from typing import Any
 
-from autofit.errors import ConfigError
 from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.export.deepspeed import ds_config_of
 from autofit.families import simpletuner
-from autofit.models import ModelPreset
 from autofit.trainers import DATA_DIR, SIMPLETUNER_ENV
 
 
@@ -67,16 +65,6 @@ def _databackend(resolution: int) -> list[dict[str, Any]]:
 class SimpleTuner(Target):
     name = "simpletuner"
     summary = "SimpleTuner's config.json and multidatabackend.json (copy them to config/autofit/)"
-
-    def check_family(self, preset: ModelPreset, setting: str = "target") -> None:
-        """Its family's check, and the presets of a trained family it cannot train."""
-        super().check_family(preset, setting)
-        model = simpletuner(preset.family)
-        why = model.refused_presets.get(preset.name) if model else None
-        if why:
-            raise ConfigError(
-                f"{setting}={self.name} cannot train {preset.name} ({preset.display}): {why}"
-            )
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point

@@ -200,6 +200,8 @@ class MusubiScripts:
     lora_differs: str = ""
     # How its --blocks_to_swap differs from autofit's swap_blocks, if it does (swap_blocks' words).
     swap_differs: str = ""
+    # Presets of the family it cannot train, by name, each with the reason.
+    refused_presets: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -25,6 +25,8 @@ from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
+    CLIPVisionConfig,
+    CLIPVisionModel,
     Gemma2Config,
     Gemma2Model,
     LlamaConfig,
@@ -56,6 +58,12 @@ def _clip_text(architecture: dict[str, Any]) -> torch.nn.Module:
 
 def _clip_text_projection(architecture: dict[str, Any]) -> torch.nn.Module:
     return CLIPTextModelWithProjection(CLIPTextConfig(**architecture))
+
+
+def _clip_vision(architecture: dict[str, Any]) -> torch.nn.Module:
+    # The vision tower alone, as Wan 2.1's image-to-video pipeline runs its image encoder (its
+    # penultimate layer's hidden states are the image embedding).
+    return CLIPVisionModel(CLIPVisionConfig(**architecture))
 
 
 def _t5_encoder(architecture: dict[str, Any]) -> torch.nn.Module:
@@ -98,6 +106,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], torch.nn.Module]] = {
     "dc_ae": _dc_ae,
     "clip_text": _clip_text,
     "clip_text_projection": _clip_text_projection,
+    "clip_vision": _clip_vision,
     "t5_encoder": _t5_encoder,
     "autoencoder_kl": _autoencoder_kl,
     "umt5_encoder": _umt5_encoder,
