@@ -7,8 +7,9 @@ rank 0 prints what it saw as JSON.
     python llamafactory_check.py JOBS_JSON
 
 JOBS_JSON lists {"config", "model", "bf16"} objects: the exported config.yaml, the model folder,
-and whether the GPU the run was measured for has bf16; one process for all, as importing
-LLaMA-Factory takes most of the time.
+and whether the GPU the run was measured for has bf16 (and, for an FSDP export, the
+"accelerate_config" it is launched with, read first as `accelerate launch` reads it); one process
+for all, as importing LLaMA-Factory takes most of the time.
 """
 
 import json
@@ -53,7 +54,35 @@ def _use_reentrant(layer: torch.nn.Module) -> bool | None:
     return None if inner is None else inner.keywords.get("use_reentrant")
 
 
-def check(config: str, model: str, bf16: bool) -> dict:
+def launched_by(accelerate_config: str) -> dict:
+    """What `accelerate launch --config_file accelerate_config` hands the training process
+    (accelerate 1.11.0's config loader, launch validation and multi-GPU environment), set in this
+    process's environment as the Trainer would find it, and the FSDP plugin accelerate builds from
+    it there."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    parser = launch_command_parser()
+    args = parser.parse_args(["--config_file", accelerate_config, "-m", "llamafactory.launcher"])
+    args, _, _ = _validate_launch_command(args)
+    for key in [k for k in os.environ if k.startswith(("FSDP_", "ACCELERATE_"))]:
+        del os.environ[key]  # one job's launch is not the next one's
+    os.environ.update(prepare_multi_gpu_env(args))
+    plugin = FullyShardedDataParallelPlugin()
+    return {
+        "num_processes": args.num_processes,
+        "mixed_precision": args.mixed_precision,
+        "fsdp_version": plugin.fsdp_version,
+        "reshard_after_forward": plugin.reshard_after_forward,
+        "cpu_offload": type(plugin.cpu_offload).__name__,
+        "transformer_cls_names_to_wrap": plugin.transformer_cls_names_to_wrap,
+        "cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
+        "activation_checkpointing": plugin.activation_checkpointing,
+    }
+
+
+def check(config: str, model: str, bf16: bool, accelerate_config: str | None = None) -> dict:
     from llamafactory.hparams import get_train_args
     from llamafactory.model.adapter import init_adapter
     from llamafactory.model.loader import load_config
@@ -61,6 +90,7 @@ def check(config: str, model: str, bf16: bool) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.integrations import is_deepspeed_zero3_enabled
 
+    launch = launched_by(accelerate_config) if accelerate_config else None
     with open(config, encoding="utf-8") as file:
         cfg = yaml.safe_load(file)
     cfg["model_name_or_path"] = model  # the exported hub id, read from a local config.json
@@ -109,6 +139,7 @@ def check(config: str, model: str, bf16: bool) -> dict:
         "zero3": is_deepspeed_zero3_enabled(),
         "zero_stage": ds.config["zero_optimization"]["stage"] if ds else 0,
         "deepspeed_mismatches": ds.mismatches if ds else [],
+        "launch": launch,
     }
 
 

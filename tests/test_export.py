@@ -54,6 +54,10 @@ TORCHTUNE_SEARCH = "llama3_2_1b-rtx4090-quick-torchtune"  # the same search, tra
 # `autofit search model=llama3_8b gpu=a100_80 space=quick trainer=litgpt` (LitGPT unties Llama
 # 3.2's head, so it trains none of the 1B and 3B presets)
 LITGPT_SEARCH = "llama3_8b-a100_80-quick-litgpt"
+# `autofit search model=llama3_2_3b gpu=a100_80 space=<its space.yaml> trainer=axolotl`: a full
+# fine-tune over two GPUs under FSDP2 (shard_grad_op), bf16 weights, checkpointing; Llama 3.2's
+# tied head is what axolotl's and LLaMA-Factory's FSDP2 shard as measured (an untied 8B's is not).
+FSDP_SEARCH = "llama3_2_3b-a100_80-fsdp-axolotl"
 WAN = "wan2_1_t2v_1_3b-rtx4090-quick"  # Wan 2.1 1.3B: LoRA, 81 frames at 480x832
 HUNYUAN = "hunyuan_video-rtx4090-small_cards_lora"  # fp8 base, 18 blocks swapped, 33 frames
 # (target, study, Pareto point or None for the best, target.global_batch, golden case)
@@ -78,12 +82,14 @@ CASES = [
     ("axolotl", TRL_SEARCH, None, None, "llama_lora"),
     ("axolotl", TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
     ("axolotl", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    ("axolotl", FSDP_SEARCH, None, None, "llama3b_full_fsdp"),
     ("torchtune", TORCHTUNE_SEARCH, None, None, "llama_lora"),
     ("torchtune", TORCHTUNE_SEARCH, 2, 10, "llama_lora_checkpointing"),
     ("litgpt", LITGPT_SEARCH, None, None, "llama_lora"),
     ("llamafactory", TRL_SEARCH, None, None, "llama_lora"),
     ("llamafactory", TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
     ("llamafactory", LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    ("llamafactory", FSDP_SEARCH, None, None, "llama3b_full_fsdp"),
     ("musubi", WAN, None, None, "wan_1_3b_lora"),
     ("musubi", WAN, 1, None, "wan_1_3b_lora_33_frames"),
     ("musubi", HUNYUAN, None, None, "hunyuan_video_fp8_swap"),

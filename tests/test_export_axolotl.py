@@ -7,12 +7,20 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from axolotl_env import AXOLOTL
 from axolotl_env import validate as axolotl_validate
-from test_export import LLAMA, TRL_SEARCH, export, point_for, workdir  # noqa: F401 (a fixture)
+from test_export import (  # noqa: F401 (workdir: a fixture)
+    FSDP_SEARCH,
+    LLAMA,
+    TRL_SEARCH,
+    export,
+    point_for,
+    workdir,
+)
 
 from autofit.commands.search import _for_trainer
 from autofit.export import TARGETS, unlaunchable
@@ -27,9 +35,10 @@ CASES = (
     (TRL_SEARCH, None, None, "llama_lora"),
     (TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
     (LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    (FSDP_SEARCH, None, None, "llama3b_full_fsdp"),
 )
 # What axolotl calls the GPUs of the fixed studies (its capabilities' compute_capability).
-CAPABILITY = {"rtx4090": "sm_89", "a40": "sm_86"}
+CAPABILITY = {"rtx4090": "sm_89", "a40": "sm_86", "a100_80": "sm_80"}
 
 
 def _model_folder(tmp: Path, model: str) -> Path:
@@ -63,8 +72,12 @@ def test_axolotl_configs_pass_axolotls_own_validation(workdir: Path) -> None:  #
         assert cfg["micro_batch_size"] == loaded.micro_batch
         assert cfg["gradient_accumulation_steps"] == loaded.accumulation
         assert cfg["sequence_len"] == loaded.config["resolution"]
-        assert cfg["torch_dtype"] == "torch.bfloat16"  # precision=bf16: a bf16 model, autocast
-        assert cfg["bf16"] is True and cfg["model_config_type"] == "llama"
+        assert cfg["torch_dtype"] == "torch.bfloat16"  # a bf16 model
+        assert cfg["model_config_type"] == "llama"
+        if loaded.config["fsdp"] != "off":
+            _shards_as_measured(cfg, loaded)
+            continue
+        assert cfg["bf16"] is True  # precision=bf16: autocast over it
         assert cfg["lora_r"] == cfg["lora_alpha"] == loaded.config["lora_rank"]
         # peft's layers as measured, not axolotl's fused LoRA kernels it would turn on
         assert not any(cfg[f"lora_{k}_kernel"] for k in ("mlp", "qkv", "o", "embedding"))
@@ -82,6 +95,25 @@ def test_axolotl_configs_pass_axolotls_own_validation(workdir: Path) -> None:  #
             assert cfg["activation_offloading"] is True
 
 
+def _shards_as_measured(cfg: dict, loaded: Any) -> None:
+    """The FSDP plugin axolotl's Trainer gets is the FSDP2 measured: the full fine-tune's bf16
+    weights (bf16_pure: no autocast) in each decoder layer's group, kept gathered from forward to
+    backward under shard_grad_op, no offload, loaded on rank 0 and sharded from there."""
+    assert loaded.config["train_mode"] == "full" and loaded.config["precision"] == "bf16_pure"
+    assert cfg["bf16"] is False and cfg.get("adapter") is None
+    assert cfg["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    plugin = cfg["fsdp_plugin"]
+    assert plugin["fsdp_version"] == 2
+    assert plugin["reshard_after_forward"] is (loaded.config["fsdp"] == "full_shard")
+    assert plugin["cpu_offload"] == (
+        "CPUOffloadPolicy" if loaded.config["fsdp_offload"] == "cpu" else "OffloadPolicy"
+    )
+    assert plugin["auto_wrap_policy"] == "transformer_auto_wrap_policy"
+    assert plugin["transformer_cls_names_to_wrap"] == ["LlamaDecoderLayer"]
+    assert plugin["cpu_ram_efficient_loading"] is True
+    assert plugin["activation_checkpointing"] is False  # the layers checkpoint themselves
+
+
 def test_axolotl_refuses_what_it_does_not_run_as_measured(workdir: Path) -> None:  # noqa: F811
     loaded = point_for("axolotl", TRL_SEARCH, None)
     for change, knob in (
@@ -94,9 +126,23 @@ def test_axolotl_refuses_what_it_does_not_run_as_measured(workdir: Path) -> None
         ({"checkpointing": True, "checkpoint_interval": 2}, "checkpoint_interval"),
         ({"attention": "math"}, "attention"),
         ({"optimizer_impl": "for_loop"}, "optimizer_impl"),
-        ({"world_size": 2, "fsdp": "full_shard"}, "fsdp"),
+        ({"world_size": 2, "fsdp": "full_shard", "fsdp_version": 1}, "fsdp_version"),  # no prefetch
+        ({"world_size": 2, "fsdp": "full_shard", "optimizer": "adamw8bit"}, "optimizer"),
+        # a full fine-tune's bf16 weights sharded and stepped as loaded: no fp32 masters
+        ({"world_size": 2, "fsdp": "shard_grad_op", "train_mode": "full"}, "precision"),
     ):
         changed = dataclasses.replace(loaded, config={**loaded.config, **change})
+        with pytest.raises(Refused) as refused:
+            TARGETS["axolotl"].run(changed, workdir / "out")
+        assert refused.value.knob == knob, str(refused.value)
+        assert "\n" not in str(refused.value) and "axolotl offers" in str(refused.value)
+    # Llama 3 8B's untied head stays gathered in the root through backward
+    untied = dataclasses.replace(
+        loaded,
+        preset=load_preset("llama3_8b"),
+        config={**loaded.config, "world_size": 2, "fsdp": "shard_grad_op"},
+    )
+    for changed, knob in ((untied, "fsdp"),):
         with pytest.raises(Refused) as refused:
             TARGETS["axolotl"].run(changed, workdir / "out")
         assert refused.value.knob == knob, str(refused.value)

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import yaml
 from llamafactory_env import LLAMAFACTORY, parse
-from test_export import LLAMA, TRL_SEARCH, export, point_for, workdir  # noqa: F401 (a fixture)
+from test_export import (  # noqa: F401 (workdir: a fixture)
+    FSDP_SEARCH,
+    LLAMA,
+    TRL_SEARCH,
+    export,
+    point_for,
+    workdir,
+)
 
 from autofit.commands.search import _for_trainer, left_out_by
 from autofit.export import TARGETS, unlaunchable, write_export
@@ -27,7 +34,11 @@ GOLDEN = (
     (TRL_SEARCH, None, None, "llama_lora"),
     (TRL_SEARCH, 2, 8, "llama_lora_checkpointing"),
 )
-ZERO = (LLAMA, None, 16, "llama_qlora_zero3_nvme")  # two GPUs under ZeRO-3: torchrun
+# Two GPUs each, parsed as launched: ZeRO-3 under torchrun, FSDP2 under accelerate with its config.
+DISTRIBUTED = (
+    (LLAMA, None, 16, "llama_qlora_zero3_nvme"),
+    (FSDP_SEARCH, None, None, "llama3b_full_fsdp"),
+)
 # Runs of the TRL search changed in one way each, parsed beside the golden ones.
 CHANGED = (
     {"train_mode": "full"},  # fp32 master weights under bf16 autocast
@@ -54,11 +65,14 @@ def _model_folder(tmp: Path, model: str) -> Path:
 
 
 def _job(folder: Path, out: Path, loaded: Any) -> dict[str, Any]:
-    return {
+    job = {
         "config": str(out / "config.yaml"),
         "model": str(_model_folder(folder, loaded.model)),
         "bf16": load_gpu(loaded.gpu).bf16,
     }
+    if (out / "accelerate_config.yaml").exists():
+        job["accelerate_config"] = str(out / "accelerate_config.yaml")
+    return job
 
 
 def _holds_what_was_measured(seen: dict[str, Any], loaded: Any) -> None:
@@ -97,6 +111,19 @@ def _holds_what_was_measured(seen: dict[str, Any], loaded: Any) -> None:
         assert quantization["bnb_4bit_quant_storage"] == "bfloat16"
     if config["zero_stage"]:
         assert seen["zero_stage"] == config["zero_stage"] and not seen["deepspeed_mismatches"]
+    launch = seen["launch"]
+    assert (launch is not None) is (config["fsdp"] != "off")
+    if launch:  # the FSDP plugin accelerate builds from the config it is launched with
+        assert launch["num_processes"] == loaded.world_size
+        assert launch["mixed_precision"] == {"bf16_pure": "no", "bf16": "bf16"}[config["precision"]]
+        assert launch["fsdp_version"] == config["fsdp_version"] == 2
+        assert launch["reshard_after_forward"] is (config["fsdp"] == "full_shard")
+        assert launch["cpu_offload"] == (
+            "CPUOffloadPolicy" if config["fsdp_offload"] == "cpu" else "OffloadPolicy"
+        )
+        assert launch["transformer_cls_names_to_wrap"] == ["LlamaDecoderLayer"]
+        assert launch["cpu_ram_efficient_loading"] is True
+        assert launch["activation_checkpointing"] is False  # the layers checkpoint themselves
 
 
 @pytest.mark.long  # builds LLaMA-Factory's environment once (pip, 10-30 s), then ~40 s
@@ -117,12 +144,15 @@ def test_llamafactory_configs_pass_llamafactorys_own_parser(workdir: Path) -> No
         points.append(loaded)
     for seen, loaded in zip(parse(jobs), points, strict=True):
         _holds_what_was_measured(seen, loaded)
-    study, point, batch, case = ZERO
-    loaded = point_for("llamafactory", study, point, batch)
-    out = export(workdir, "llamafactory", study, point, batch, case)
-    (seen,) = parse([_job(workdir, out, loaded)], processes=loaded.world_size)
-    _holds_what_was_measured(seen, loaded)
-    assert seen["zero3"] is True
+    jobs, points = [], []
+    for study, point, batch, case in DISTRIBUTED:
+        out = export(workdir, "llamafactory", study, point, batch, case)
+        points.append(point_for("llamafactory", study, point, batch))
+        jobs.append(_job(workdir, out, points[-1]))
+    zero3, fsdp = parse(jobs, processes=2)
+    for seen, loaded in zip((zero3, fsdp), points, strict=True):
+        _holds_what_was_measured(seen, loaded)
+    assert zero3["zero3"] is True
 
 
 def _written(folder: Path, change: dict[str, Any]) -> dict[str, Any]:
@@ -149,13 +179,36 @@ def test_llamafactory_refuses_what_it_does_not_run_as_measured(workdir: Path) ->
         ({"attention": "math"}, "attention"),
         ({"optimizer": "came"}, "optimizer"),
         ({"optimizer_impl": "for_loop"}, "optimizer_impl"),
-        ({"world_size": 2, "fsdp": "full_shard"}, "fsdp"),
+        ({"world_size": 2, "fsdp": "full_shard"}, "fsdp"),  # accelerate casts the base to fp32
+        # accelerate upcasts pure_bf16's trained weights under mixed precision
+        (
+            {
+                "world_size": 2,
+                "fsdp": "full_shard",
+                "train_mode": "full",
+                "precision": "bf16_autocast",
+            },
+            "fsdp",
+        ),
     ):
         changed = dataclasses.replace(loaded, config={**loaded.config, **change})
         with pytest.raises(Refused) as refused:
             TARGETS["llamafactory"].run(changed, workdir / "out")
         assert refused.value.knob == knob, str(refused.value)
         assert "\n" not in str(refused.value) and "llamafactory offers" in str(refused.value)
+
+
+def test_llamafactory_refuses_fsdp2_of_an_untied_head(workdir: Path) -> None:  # noqa: F811
+    """accelerate 1.11 leaves Llama 3 8B's untied head to the root, gathered through backward."""
+    loaded = point_for("llamafactory", FSDP_SEARCH, None)
+    untied = dataclasses.replace(loaded, preset=load_preset("llama3_8b"))
+    with pytest.raises(Refused, match="fsdp=shard_grad_op of llama3_8b .* untied output head"):
+        TARGETS["llamafactory"].run(untied, workdir / "out")
+    fsdp1 = dataclasses.replace(untied, config={**untied.config, "fsdp_version": 1})
+    plan = TARGETS["llamafactory"].run(fsdp1, workdir / "out")
+    launch = yaml.safe_load(plan.files["accelerate_config.yaml"])
+    assert launch["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
+    assert plan.command.startswith("accelerate launch --config_file ")
 
 
 def test_llamafactory_refuses_the_bf16_runs_of_a_model_published_in_fp16(workdir: Path) -> None:  # noqa: F811

@@ -25,7 +25,7 @@ _fsdp_param_group.py, _fsdp_collectives.py, _fsdp_state.py) and moves the same b
 
 - Sharding: every parameter is chunked on dim 0 (`torch.chunk`); rank 0 holds the first chunk,
   ceil(rows / N) rows, in the parameter's own dtype. The groups are those accelerate 1.15 makes
-  (autofit/knobs/fsdp.py): each block, an untied input embedding, the tail (final norm, output
+  (autofit/knobs/fsdp/): each block, an untied input embedding, the tail (final norm, output
   head) and the root; tail and root are never resharded after forward.
 - Before a group's forward its parameters are all-gathered in the policy's param dtype: with
   N > 1 a flat buffer of every rank's shards (the all-gather output; the rank's own input is

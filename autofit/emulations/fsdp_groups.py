@@ -1,5 +1,5 @@
 """The `fully_shard` calls accelerate 1.15's fsdp2_prepare_model makes for FSDP2 (autofit/knobs/
-fsdp.py): each block, an untied input embedding, the tail (final norm, output head) and the root,
+fsdp/): each block, an untied input embedding, the tail (final norm, output head) and the root,
 each with the parameters it manages. Both the emulation (autofit/emulations/fsdp.py) and the real
 sharding (fsdp_real.py) read them.
 

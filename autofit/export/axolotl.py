@@ -8,12 +8,15 @@ padding that makes every row as long as the probe's, the adapter with its quanti
 LoRA rank, alpha and modules, bf16/fp16/bfloat16 and the adapters' dtype, the optimizer by
 transformers' name, checkpointing and activation offload, the attention implementation, and Liger's
 plugin for the fused loss. Under ZeRO the `deepspeed` key names `ds_config.json` beside it, the
-JSON target=deepspeed writes. The hyperparameters axolotl's examples document for the mode follow,
+JSON target=deepspeed writes; under FSDP `fsdp_version: 2` and `fsdp_config` say how axolotl's
+own FSDP2 shards (the fsdp knob's axolotl words; its FSDP1 is refused). The hyperparameters axolotl's examples document for the mode follow,
 marked as defaults to review.
 
 Checked against axolotl 0.19.0: its own validate_config and normalize_config read the exported
 configs in tests/test_export_axolotl.py (with transformers 5.16.1 and its other pins, in an
-environment of their own: tests/axolotl_env.py). FSDP is refused for now (the fsdp knob says why).
+environment of their own: tests/axolotl_env.py), and transformers' TrainingArguments with
+accelerate's FSDP plugin read the `fsdp_config` of an FSDP export into the plugin axolotl's Trainer
+gets.
 """
 
 from __future__ import annotations
@@ -33,9 +36,7 @@ OUTPUT_DIR = "output/autofit"
 
 class Axolotl(Target):
     name = "axolotl"
-    summary = (
-        "an axolotl config.yaml (adapter, quantized base, batch, precision, optimizer, ZeRO JSON)"
-    )
+    summary = "an axolotl config.yaml (adapter, quantized base, batch, precision, optimizer, ZeRO JSON, FSDP2)"
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point

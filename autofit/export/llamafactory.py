@@ -10,13 +10,17 @@ cutoff_len, finetuning_type with LoRA's rank, alpha and targets or freeze tuning
 optimizer name, gradient checkpointing (on unless disabled; non-reentrant said outright),
 flash_attn and Liger's kernels for the fused loss. Under ZeRO the `deepspeed` key names
 `ds_config.json` beside it, the JSON target=deepspeed writes; DeepSpeed and more than one GPU
-launch through torchrun (FORCE_TORCHRUN). The hyperparameters LLaMA-Factory's examples document
+launch through torchrun (FORCE_TORCHRUN). Under FSDP the run is launched as LLaMA-Factory documents
+it (examples/accelerate/fsdp2_config.yaml): `accelerate launch` with `accelerate_config.yaml`
+beside it (processes, mixed precision, the FSDP block: the knobs' accelerate words) runs its
+training entry point, `llamafactory.launcher`, on the YAML. The hyperparameters LLaMA-Factory's examples document
 for the mode follow, marked as defaults to review.
 
 Checked against LLaMA-Factory 0.9.5: its own get_train_args reads the exported configs in
 tests/test_export_llamafactory.py, and its patch_config, patch_model and init_adapter set up a
 model of the preset's config.json on the meta device (with transformers 5.6.0 and its other pins,
-in an environment of their own: tests/llamafactory_env.py).
+in an environment of their own: tests/llamafactory_env.py), with accelerate 1.11.0's own parser
+reading the accelerate config into the FSDP plugin the Trainer gets.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import shlex
 
 import yaml
 
-from autofit.export.accelerate import allocator_env
+from autofit.export.accelerate import accelerate_config, allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.export.deepspeed import trainer_ds_config
 
@@ -35,6 +39,8 @@ from autofit.export.deepspeed import trainer_ds_config
 DATASET = "your_dataset"
 DATASET_DIR = "data"
 OUTPUT_DIR = "output/autofit"
+# The knobs whose accelerate words make an FSDP launch's config: processes, mixed precision, FSDP.
+FSDP_LAUNCH = ["world_size", "precision", "fsdp", "fsdp_offload", "fsdp_version"]
 # DeepSpeed's optimizer settings transformers fills from the Trainer's own arguments
 # (integrations/deepspeed.py trainer_config_process): a written value that differs from them is a
 # mismatch the Trainer refuses when it starts.
@@ -54,7 +60,7 @@ class LlamaFactory(Target):
     name = "llamafactory"
     summary = (
         "a LLaMA-Factory config.yaml for llamafactory-cli train (finetuning type, quantized base, "
-        "batch, precision, optimizer, ZeRO JSON)"
+        "batch, precision, optimizer, ZeRO JSON or FSDP accelerate config)"
     )
 
     def build(self, plan: ExportPlan) -> None:
@@ -77,14 +83,25 @@ class LlamaFactory(Target):
             )
             settings["deepspeed"] = str(ds)
         defaults = plan.training_defaults(settings)
-        config = plan.out / "config.yaml"
-        # LLaMA-Factory refuses DeepSpeed unless torchrun launched it (hparams/parser.py), and
-        # starts torchrun for FORCE_TORCHRUN with NPROC_PER_NODE processes (launcher.py).
-        torchrun = world > 1 or point.config["zero_stage"]
-        launch = f"FORCE_TORCHRUN=1 NPROC_PER_NODE={world} " if torchrun else ""
-        plan.command = (
-            f"{allocator_env(plan)}{launch}llamafactory-cli train {shlex.quote(str(config))}"
-        )
+        config = shlex.quote(str(plan.out / "config.yaml"))
+        if point.config["fsdp"] != "off":
+            accelerate = plan.add(
+                "accelerate_config.yaml",
+                yaml.safe_dump(accelerate_config(plan.settings_in("accelerate", FSDP_LAUNCH))),
+                "accelerate config LLaMA-Factory is launched with (processes, mixed precision, FSDP)",
+            )
+            # The Trainer takes its FSDP plugin from what `accelerate launch` sets; launcher.py run
+            # as a script trains on the YAML it is given, as llamafactory-cli's torchrun runs it.
+            plan.command = (
+                f"{allocator_env(plan)}accelerate launch --config_file "
+                f"{shlex.quote(str(accelerate))} -m llamafactory.launcher {config}"
+            )
+        else:
+            # LLaMA-Factory refuses DeepSpeed unless torchrun launched it (hparams/parser.py), and
+            # starts torchrun for FORCE_TORCHRUN with NPROC_PER_NODE processes (launcher.py).
+            torchrun = world > 1 or point.config["zero_stage"]
+            launch = f"FORCE_TORCHRUN=1 NPROC_PER_NODE={world} " if torchrun else ""
+            plan.command = f"{allocator_env(plan)}{launch}llamafactory-cli train {config}"
         what = f"{point.label} of autofit study {point.study} ({point.model}, {point.gpu})"
         body = yaml.safe_dump(settings, sort_keys=False)
         if defaults:

@@ -1,7 +1,7 @@
 """fsdp_offload: FSDP2's CPU offload (`CPUOffloadPolicy`, pinned by default): the parameter
 shards, their gradients, the optimizer state and the optimizer step in host memory (`cpu`), or on
 the GPU (`none`). Each block's shards cross the host link before every all-gather, its gradient
-shards on their way back, and the step runs on the host CPU. It needs fsdp (autofit/knobs/fsdp.py
+shards on their way back, and the step runs on the host CPU. It needs fsdp (autofit/knobs/fsdp/
 applies it and writes it into each trainer's FSDP settings)."""
 
 from __future__ import annotations
@@ -9,15 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.knobs.base import Knob, Refuse, Say, say
-from autofit.knobs.fsdp import (
-    AXOLOTL_FSDP,
-    FSDP1_ONLY,
-    LLAMAFACTORY_FSDP,
-    NO_FSDP,
-    ZERO_NOT_FSDP,
-    checked,
-    checked_all,
-)
+from autofit.knobs.fsdp import FSDP1_ONLY, NO_FSDP, ZERO_NOT_FSDP
+from autofit.knobs.fsdp.shared import checked, checked_all
 
 
 class FsdpOffload(Knob):
@@ -52,7 +45,8 @@ class FsdpOffload(Knob):
         "deepspeed": {"none": Say(), "cpu": Refuse(ZERO_NOT_FSDP, "fsdp_offload=none")},
         "kohya": {"none": Say(), "cpu": Refuse(NO_FSDP, "fsdp_offload=none")},
         "trl": checked(lambda v, s: Say()),
-        "axolotl": {"none": Say(), "cpu": AXOLOTL_FSDP},
+        # fsdp's fsdp_config carries it (offload_params); fsdp refuses where axolotl's FSDP differs
+        "axolotl": checked(lambda v, s: Say()),
         # torchtune's fsdp_cpu_offload: FSDP2's CPUOffloadPolicy() on every fully_shard call
         "torchtune": checked_all(lambda v, s: say(fsdp_cpu_offload=True) if v == "cpu" else Say()),
         # LitGPT's FSDPStrategy: cpu_offload=False (finetune/full.py)
@@ -60,5 +54,6 @@ class FsdpOffload(Knob):
             "none": Say(),
             "cpu": Refuse("LitGPT's FSDPStrategy keeps the shards on the GPU"),
         },
-        "llamafactory": {"none": Say(), "cpu": LLAMAFACTORY_FSDP},
+        # the accelerate config it is launched with carries it (fsdp_offload_params)
+        "llamafactory": checked(lambda v, s: Say()),
     }

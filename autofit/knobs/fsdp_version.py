@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject
-from autofit.knobs.fsdp import TORCHTUNE_FSDP1
+from autofit.knobs.fsdp.language_models import AXOLOTL_FSDP1, TORCHTUNE_FSDP1
 from autofit.knobs.train_mode import FOUR_BIT_MODES
 
 if TYPE_CHECKING:
@@ -88,7 +88,8 @@ class FsdpVersion(Knob):
         "deepspeed": lambda v, s: Say(),
         "kohya": lambda v, s: Say(),
         "trl": lambda v, s: Say(),
-        "axolotl": lambda v, s: Say(),  # fsdp refuses axolotl's FSDP itself
+        # fsdp's block is axolotl's FSDP2; its FSDP1 cannot prefetch as measured
+        "axolotl": {2: Say(), 1: AXOLOTL_FSDP1},
         "torchtune": {2: Say(), 1: TORCHTUNE_FSDP1},
         # finetune_full's FSDPStrategy is FSDP1; fsdp refuses finetune_lora's sharding itself
         "litgpt": lambda v, s: (
@@ -96,5 +97,6 @@ class FsdpVersion(Knob):
             if v == 1 or s.config["train_mode"] != "full"
             else Refuse("LitGPT's finetune_full shards with Lightning's FSDPStrategy, FSDP1")
         ),
-        "llamafactory": lambda v, s: Say(),  # fsdp refuses LLaMA-Factory's FSDP itself
+        # the accelerate config's fsdp block carries it (fsdp's words)
+        "llamafactory": lambda v, s: Say(),
     }

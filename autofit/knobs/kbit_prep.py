@@ -76,7 +76,7 @@ NO_LANGUAGE_MODELS = Refuse(
 
 
 # axolotl 0.19 (loaders/model.py _configure_embedding_dtypes) calls prepare_model_for_kbit_training
-# on a 4-bit base (not under ZeRO-3), then casts the norms, token embedding and output head back to
+# on a 4-bit base (not under ZeRO-3 or FSDP, where it skips it), then casts the norms, token embedding and output head back to
 # the model's 16-bit dtype before the adapters come: the fp32 copies never stay.
 AXOLOTL_CAST_BACK = (
     "axolotl casts the norms, token embedding and output head back to 16-bit after "
@@ -87,7 +87,8 @@ AXOLOTL_CAST_BACK = (
 def _axolotl(value: Any, s: Subject) -> Say | Refuse:
     if value == "peft":
         return Refuse(f"{AXOLOTL_CAST_BACK}: the fp32 copies measured do not stay")
-    if s.config.get("checkpointing") and s.config.get("zero_stage") != 3:
+    prepared = s.config.get("zero_stage") != 3 and s.config.get("fsdp", "off") == "off"
+    if s.config.get("checkpointing") and prepared:
         return Say(
             warning=f"{AXOLOTL_CAST_BACK}, so the weights are the measured ones; with "
             "checkpointing its enable_input_require_grads adds the embedding output's gradient "

@@ -45,6 +45,11 @@ def trl(value: Any, s: Subject) -> Say | Refuse:
 def axolotl(value: Any, s: Subject) -> Say | Refuse:
     """axolotl 0.19 hands its `optimizer` to transformers as `optim` (core/builders/base.py), so
     transformers' names are TRL's words; of its own names, came_pytorch builds the CAME measured."""
+    if value == "adamw8bit" and s.config.get("fsdp", "off") != "off":
+        return Refuse(
+            "axolotl refuses adamw_bnb_8bit under FSDP2 (utils/schemas/validation.py "
+            "check_fsdp2_w_8bit_optimizer: bitsandbytes' kernels fail on its sharded parameters)"
+        )
     if value == "came" and s.config.get("offload_optimizer", "none") == "none":
         return say(optimizer="came_pytorch")
     words = trl(value, s)

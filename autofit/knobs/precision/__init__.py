@@ -294,7 +294,7 @@ def _onetrainer(value: Any, s: Subject) -> Say | Refuse:
 
 class Precision(Knob):
     name = "precision"
-    depends_on = ("base_precision", "checkpointing", "encoders", "train_mode", "zero_stage")
+    depends_on = ("base_precision", "checkpointing", "encoders", "fsdp", "train_mode", "zero_stage")
     default = "bf16"
     help = (
         "weight and math dtypes: fp32 | fp16 (mixed) | bf16 (mixed) | bf16_pure (bf16 weights) | "

@@ -64,6 +64,9 @@ AXOLOTL_AUTOCAST = {
     "bf16_autocast": {"bf16": True},
     "bf16_pure": {"bf16": False, "bfloat16": True},
 }
+# What axolotl's FSDP runs of a full fine-tune: the model loaded in fp32, or in bf16 with or without
+# the Trainer's bf16 autocast.
+AXOLOTL_FSDP_FULL = ("fp32", "bf16_autocast", "bf16_pure")
 AXOLOTL_FULL = (
     "axolotl fine-tunes a model in full in the 16-bit dtype it loads it in, with its token "
     "embedding, output head and norms upcast to fp32 (loaders/model.py "
@@ -79,6 +82,17 @@ def axolotl(value: Any, s: Subject) -> Say | Refuse:
             return Refuse(
                 "ZeRO runs a 16-bit model with fp32 master weights (precision bf16 or fp16); "
                 "autofit measured no other precision with zero_stage >= 1"
+            )
+        return say(**AXOLOTL_AUTOCAST[value])
+    if mode in ("full", "freeze") and s.config.get("fsdp", "off") != "off":
+        # Under FSDP axolotl leaves the embeddings in the dtype it loads (loaders/model.py
+        # _configure_embedding_dtypes) and its fsdp2_prepare_model casts nothing: every weight is
+        # sharded and stepped in that dtype.
+        if value not in AXOLOTL_FSDP_FULL:
+            return Refuse(
+                "under FSDP axolotl shards and steps a full fine-tune's weights in the dtype it "
+                "loads them in (its fsdp2_prepare_model casts nothing to fp32): no fp32 master "
+                "weights"
             )
         return say(**AXOLOTL_AUTOCAST[value])
     if mode in ("full", "freeze"):

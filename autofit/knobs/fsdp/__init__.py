@@ -27,129 +27,31 @@ gathered weights FSDP2 frees and re-allocates by resizing their storage, and cou
 local shard (tests/test_fsdp.py compares the two to the byte). LoRA and QLoRA shard every weight
 and train only the adapters; a QLoRA base shards its packed 4-bit weights stored as bf16
 (bitsandbytes' `bnb_4bit_quant_storage=bfloat16`, as FSDP-QLoRA needs).
+
+The knob is here with the diffusion trainers' and accelerate's words; the language-model trainers'
+words are in language_models.py, what both read (the rules, the block classes) in shared.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.knobs.base import Knob, ProbeContext, Refuse, Say, Subject, say
-from autofit.knobs.optimizer import PAGED
+from autofit.knobs.fsdp import language_models
+from autofit.knobs.fsdp.shared import (
+    NOT_FSDP,
+    RESHARD_AFTER_FORWARD,
+    block_classes,
+    checked,
+    checked_all,
+    fsdp_rule,
+    ram_efficient,
+)
 from autofit.knobs.train_mode import FOUR_BIT_MODES
-from autofit.workloads import workload_for
 
 if TYPE_CHECKING:
-    from autofit.models import ModelPreset
     from autofit.run_state import RunState
-
-RESHARD_AFTER_FORWARD = {"full_shard": True, "shard_grad_op": False}
-NOT_FSDP = "fsdp=off"
-# Knobs FSDP is not modelled with, at the value that asks nothing of it.
-NOT_WITH = (
-    ("zero_stage", 0, "DeepSpeed ZeRO shards the same states: use one or the other"),
-    ("swap_blocks", 0, "block swap is not modelled with it"),
-    ("fused_backward", "off", "the step fused into backward is not modelled with it"),
-    ("ema", "off", "an EMA copy of sharded weights is not modelled"),
-    ("validation", "off", "validation with sharded weights is not modelled"),
-    ("base_precision", "same", "an fp8 base is not modelled with it"),
-)
-
-
-def fsdp_rule(config: Mapping[str, Any], backend: str = "simulate") -> str | None:
-    """Why FSDP's knobs cannot go together as set, or None."""
-    value = config.get("fsdp", "off")
-    if value == "off":
-        if config.get("fsdp_offload", "none") != "none":
-            return (
-                "fsdp_offload=cpu is FSDP2's CPU offload: it needs fsdp=full_shard or shard_grad_op"
-            )
-        return None
-    for knob, off, why in NOT_WITH:
-        if config.get(knob, off) != off:
-            return f"fsdp={value} with {knob}={config[knob]}: {why}"
-    optimizer = config.get("optimizer", "")
-    if config.get("fsdp_offload", "none") == "cpu" and optimizer in PAGED:
-        unpaged = optimizer.removeprefix("paged_")
-        return f"fsdp_offload=cpu steps on the host, where {optimizer} has no GPU pages to page: use {unpaged}"
-    # The cpu and cuda backends run fully_shard itself in a one-process group (shard_for_real;
-    # torch 2.13 runs it on the CPU over gloo), whose resized storages and DTensors the tracker
-    # follows (autofit/simulator/tracker.py).
-    if backend not in ("cpu", "cuda"):
-        return None
-    if backend == "cpu" and config.get("fsdp_offload", "none") == "cpu":
-        return (
-            f"fsdp={value} with fsdp_offload=cpu on the cpu backend: FSDP2's CPU offload pins "
-            "host memory, which needs a GPU (use simulate, or cuda)"
-        )
-    if config.get("train_mode") in FOUR_BIT_MODES:
-        return (
-            f"fsdp={value} with train_mode={config['train_mode']} on the {backend} backend: its "
-            "bitsandbytes layers keep 4-bit weights as uint8, which fully_shard cannot shard"
-        )
-    if config.get("optimizer") not in ("adamw", "sgd"):
-        return (
-            f"fsdp={value} on the {backend} backend runs fully_shard itself, whose DTensor "
-            "parameters only torch's optimizers step here (optimizer adamw or sgd; or use simulate)"
-        )
-    return None
-
-
-_BLOCK_CLASSES: dict[str, tuple[str, ...]] = {}  # preset fingerprint -> class names
-
-
-def _block_classes(preset: ModelPreset) -> tuple[str, ...]:
-    known = _BLOCK_CLASSES.get(preset.fingerprint())
-    if known is not None:
-        return known
-    import torch
-
-    with torch.device("meta"):  # no memory: only the classes are wanted
-        model = workload_for(preset).build_model(torch.bfloat16)
-    names: dict[str, None] = {}
-    for path in preset.blocks:
-        names.update(dict.fromkeys(type(block).__name__ for block in model.get_submodule(path)))
-    _BLOCK_CLASSES[preset.fingerprint()] = tuple(names)
-    return tuple(names)
-
-
-def block_classes(preset: ModelPreset) -> str:
-    """The class names of the preset's transformer blocks, comma-separated, as accelerate's
-    `fsdp_transformer_layer_cls_to_wrap` takes them (Flux: its double and single blocks)."""
-    return ",".join(_block_classes(preset))
-
-
-# -- trainers ---------------------------------------------------------------------------------
-
-
-def checked(words: Any) -> Any:
-    """Trainer words that first check FSDP's rules (an export may read a hand-edited study)."""
-
-    def express(value: Any, s: Subject) -> Say | Refuse:
-        broken = fsdp_rule(s.config)
-        if broken:
-            return Refuse(broken, NOT_FSDP)
-        return Say() if value == "off" else words(value, s)
-
-    return express
-
-
-def checked_all(words: Any) -> Any:
-    """As `checked`, for a trainer whose words for fsdp=off say something too."""
-
-    def express(value: Any, s: Subject) -> Say | Refuse:
-        broken = fsdp_rule(s.config)
-        return Refuse(broken, NOT_FSDP) if broken else words(value, s)
-
-    return express
-
-
-def _ram_efficient(s: Subject) -> bool:
-    # accelerate loads a 4-bit base whole on every GPU before sharding it (fsdp2_prepare_model
-    # skips cpu_ram_efficient_loading for Params4bit); any other model is built on the meta
-    # device and its shards loaded from rank 0, as the probe builds it on the host.
-    return s.config["train_mode"] not in FOUR_BIT_MODES
 
 
 def _accelerate_fsdp1(value: Any, s: Subject) -> Say | Refuse:
@@ -167,7 +69,7 @@ def _accelerate_fsdp1(value: Any, s: Subject) -> Say | Refuse:
         "fsdp_use_orig_params": False,
         "fsdp_sync_module_states": True,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": _ram_efficient(s),
+        "fsdp_cpu_ram_efficient_loading": ram_efficient(s),
         "fsdp_activation_checkpointing": False,
     }
     note = ""
@@ -198,7 +100,7 @@ def _accelerate(value: Any, s: Subject) -> Say | Refuse:
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": block_classes(s.preset),
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": _ram_efficient(s),
+        "fsdp_cpu_ram_efficient_loading": ram_efficient(s),
         # The training code checkpoints the blocks itself (the checkpointing knob's note).
         "fsdp_activation_checkpointing": False,
     }
@@ -245,81 +147,7 @@ FSDP1_ONLY = Refuse(
     NOT_FSDP,
 )
 NO_FSDP = "sd-scripts has no FSDP (it shards with DeepSpeed)"
-# axolotl 0.19 loads the model in its 16-bit dtype, keeps norms in fp32 where fp32_norms asks and
-# shards through accelerate with policies of its own (loaders/model.py, monkeypatch/accelerate/
-# fsdp2.py): autofit has not matched that layout to the FSDP2 one it measures.
-AXOLOTL_FSDP = Refuse(
-    "autofit has not matched axolotl's FSDP setup (a 16-bit load sharded by its own accelerate "
-    "patches) to the FSDP2 layout it measures",
-    "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
-)
-# LLaMA-Factory 0.9.5 runs FSDP through an accelerate config of its own, on a model it loads in its
-# checkpoint's dtype and whose trained weights it casts to fp32 (model/adapter.py): autofit has not
-# matched that to the FSDP2 layout it measures.
-LLAMAFACTORY_FSDP = Refuse(
-    "autofit has not matched LLaMA-Factory's FSDP setup (accelerate's FSDP on a model loaded in "
-    "its checkpoint's dtype, its trained weights cast to fp32) to the FSDP2 layout it measures",
-    "fsdp=off (DeepSpeed ZeRO through its deepspeed setting)",
-)
 ZERO_NOT_FSDP = "DeepSpeed shards with ZeRO, not FSDP"
-
-
-def _torchtune(value: Any, s: Subject) -> Say | Refuse:
-    """torchtune 0.6.1's distributed recipes always shard with FSDP2 (training/_distributed.py
-    shard_model): fully_shard on each layer, on the modules custom_sharded_layers names, then on
-    the root, which FSDP2 never reshards after forward, all with fsdp_reshard_after_forward. An
-    untied input embedding sharded on its own leaves the final norm and output head (and a tied
-    embedding) to the root: the groups accelerate makes, which autofit measures. The model is
-    built in its dtype, sharded and gathered as it is (no mixed-precision policy: precision's
-    words keep it fp32 or bf16_pure)."""
-    if value == "off":
-        if s.world_size > 1:
-            return Refuse(
-                "torchtune's distributed recipes shard with FSDP2 always (no plain data parallel)",
-                "fsdp=full_shard, shard_grad_op",
-            )
-        return Say()
-    if s.world_size == 1:
-        return Refuse(
-            "torchtune shards across the processes of its distributed recipes; one GPU runs its "
-            "single-device recipes, unsharded",
-            NOT_FSDP,
-        )
-    hf_config = s.preset.architecture.get("config", {})  # the model's transformers config
-    tied = bool(hf_config.get("tie_word_embeddings", False))
-    return say(
-        fsdp_reshard_after_forward=RESHARD_AFTER_FORWARD[value],
-        custom_sharded_layers=[] if tied else ["tok_embeddings"],
-    )
-
-
-TORCHTUNE_FSDP1 = Refuse(
-    "torchtune shards with FSDP2's fully_shard (training/_distributed.py shard_model)",
-    "fsdp_version=2",
-)
-
-
-def _litgpt(value: Any, s: Subject) -> Say | Refuse:
-    """litgpt 0.5.13 shards exactly when it runs on more than one device, with no setting of its
-    own: finetune_full through Lightning's FSDPStrategy (FSDP1, FULL_SHARD, each Block a unit,
-    cpu_offload=False, use_orig_params=True: finetune/full.py, lightning/fabric/strategies/
-    fsdp.py), finetune_lora with fully_shard on each block and on the root (parallelize_fn)."""
-    if s.world_size == 1:
-        return Refuse(
-            "LitGPT runs Lightning's single-device strategy on one GPU: it shards nothing"
-        )
-    if s.config["train_mode"] != "full":
-        return Refuse(
-            "LitGPT's finetune_lora shards each block and the root alone (parallelize_fn): the "
-            "token embedding and output head stay in the root, where the measured FSDP2 gave "
-            "them groups of their own"
-        )
-    if value == "shard_grad_op":
-        return Refuse("Lightning's FSDPStrategy in LitGPT's finetune_full shards FULL_SHARD")
-    return Say(
-        warning="Lightning's FSDPStrategy runs FSDP1 with use_orig_params=True, whose "
-        "per-parameter alignment padding autofit's FSDP1 layout leaves out"
-    )
 
 
 class Fsdp(Knob):
@@ -414,12 +242,9 @@ class Fsdp(Knob):
         "kohya": {"off": Say(), "full_shard": Refuse(NO_FSDP), "shard_grad_op": Refuse(NO_FSDP)},
         # The accelerate config TRL's train.py is launched with carries it.
         "trl": checked(lambda v, s: Say()),
-        "axolotl": {"off": Say(), "full_shard": AXOLOTL_FSDP, "shard_grad_op": AXOLOTL_FSDP},
-        "torchtune": checked_all(_torchtune),
-        "litgpt": checked(_litgpt),
-        "llamafactory": {
-            "off": Say(),
-            "full_shard": LLAMAFACTORY_FSDP,
-            "shard_grad_op": LLAMAFACTORY_FSDP,
-        },
+        "axolotl": checked(language_models.axolotl),
+        "torchtune": checked_all(language_models.torchtune),
+        "litgpt": checked(language_models.litgpt),
+        # The accelerate config LLaMA-Factory is launched with carries it, where it runs as measured.
+        "llamafactory": checked(language_models.llamafactory),
     }
