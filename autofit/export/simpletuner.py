@@ -43,11 +43,12 @@ def _model(plan: ExportPlan) -> dict[str, Any]:
     return config
 
 
-def _images(name: str, folder: str, resolution: int) -> dict[str, Any]:
+def _images(name: str, folder: str, resolution: int, captions: bool) -> dict[str, Any]:
     return {
         "id": name,
         "type": "local",
         "instance_data_dir": folder,
+        **({"caption_strategy": "textfile"} if captions else {}),
         # One square bucket at the measured size: every batch has the measured shape.
         "crop": True,
         "crop_style": "center",
@@ -60,10 +61,7 @@ def _images(name: str, folder: str, resolution: int) -> dict[str, Any]:
 
 
 def _databackend(resolution: int, references: bool) -> list[dict[str, Any]]:
-    images = {
-        **_images(f"autofit-{resolution}", DATA_DIR, resolution),
-        "caption_strategy": "textfile",
-    }
+    images = _images(f"autofit-{resolution}", DATA_DIR, resolution, captions=True)
     backends = [images]
     if references:
         # The edit quickstarts' layout (documentation/quickstart/FLUX_KONTEXT.md, QWEN_EDIT.md at
@@ -73,7 +71,7 @@ def _databackend(resolution: int, references: bool) -> list[dict[str, Any]]:
         images["conditioning_data"] = [name]
         backends.append(
             {
-                **_images(name, REFERENCE_DIR, resolution),
+                **_images(name, REFERENCE_DIR, resolution, captions=False),
                 "dataset_type": "conditioning",
                 "conditioning_type": "reference_strict",
             }
