@@ -41,8 +41,8 @@ def test_parameter_counts_are_within_one_percent_of_the_published_figures(counts
     # Sana 600M and 1600M, SD3 Medium, SD3.5 Medium and Large, Flux.1-dev, SDXL, Llama 3 8B, 3.2
     # 1B and 3B, 3.1 70B, Llama 2 7B and 70B, Mistral 7B v0.2, Yi 34B, Qwen2.5 7B, 14B and 32B,
     # Qwen3-30B-A3B, SD 1.5 and 2.1, PixArt-Sigma 1024 and 512, Chroma, Flux.1 [schnell], Wan
-    # 2.2 TI2V 5B
-    assert checked == 26
+    # 2.2 TI2V 5B, FLUX.1 Kontext [dev]
+    assert checked == 27
 
 
 def _probe_at_batch_1(model: str, blocks: int | None) -> None:

@@ -24,6 +24,7 @@ SMALLEST = {
     "sdxl": "sdxl", "sdxl_controlnet": "sdxl_controlnet", "flux": "flux_dev", "chroma": "chroma",
     "llm": "llama3_2_1b", "wan": "wan2_1_t2v_1_3b", "hunyuan_video": "hunyuan_video",
     "qwen_image": "qwen_image", "sd": "sd15", "pixart_sigma": "pixart_sigma_512",
+    "flux_kontext": "flux_kontext_dev", "qwen_image_edit": "qwen_image_edit",
 }  # fmt: skip
 
 

@@ -4,7 +4,8 @@ musubi-tuner (github.com/kohya-ss/musubi-tuner, not on PyPI: run from its folder
 and image LoRAs on latents and text-encoder outputs cached before training. The export writes:
 
 - `dataset.toml`: its dataset config ([general] and one [[datasets]] of videos, or of images for
-  an image family), the sample as measured: `resolution` [width, height] of the run's largest
+  an image family, with a `control_directory` of reference images for an editing model), the
+  sample as measured: `resolution` [width, height] of the run's largest
   bucket (with buckets of at most that area), for a video `target_frames` [frames] taken from the
   head of each video, the micro-batch;
 - `cache.sh`: the family's two caching scripts (latents, then text-encoder outputs) over it;
@@ -33,6 +34,7 @@ from autofit.models import ModelPreset
 # placeholders: autofit never sees the user's data
 VIDEO_DIR = "path/to/videos"
 IMAGE_DIR = "path/to/images"
+CONTROL_DIR = "path/to/control_images"
 CACHE_DIR = "path/to/cache"
 
 
@@ -42,7 +44,12 @@ def _samples(plan: ExportPlan) -> dict[str, Any]:
     images (IMAGE_DATASET_DISTINCT_SCHEMA)."""
     point = plan.point
     if not REGISTRY[point.family].video:
-        return {"image_directory": IMAGE_DIR, "cache_directory": CACHE_DIR}
+        images = {"image_directory": IMAGE_DIR, "cache_directory": CACHE_DIR}
+        if point.preset.inputs.get("num_reference_images"):
+            # each target's reference, of the same file name, resized to the target's bucket by
+            # default (dataset/image_video_dataset.py), as measured (docs/dataset_config.md)
+            images["control_directory"] = CONTROL_DIR
+        return images
     frames = point.config["frames"]  # said by its musubi words: the clip length is here
     return {
         "video_directory": VIDEO_DIR,
@@ -112,7 +119,7 @@ class Musubi(Target):
     name = "musubi"
     summary = (
         "kohya-ss musubi-tuner's dataset TOML, caching commands and LoRA launch (Wan, "
-        "HunyuanVideo, Qwen-Image)"
+        "HunyuanVideo, Qwen-Image(-Edit), FLUX.1 Kontext)"
     )
 
     def build(self, plan: ExportPlan) -> None:
@@ -129,9 +136,12 @@ class Musubi(Target):
             + " ".join(
                 [f"{k} path/to/{v}" for k, v in scripts.latent_files.items()]
                 + list(scripts.cache_flags.get(task or "", ()))
+                + list(scripts.flags)
             ),
             f"python {scripts.cache_text} --dataset_config {config} "
-            + " ".join(f"{k} path/to/{v}" for k, v in scripts.text_files.items())
+            + " ".join(
+                [f"{k} path/to/{v}" for k, v in scripts.text_files.items()] + list(scripts.flags)
+            )
             + " --batch_size 16",
         ]
         cache_file = plan.add(
@@ -156,7 +166,7 @@ class Musubi(Target):
             f"--mixed_precision {args['--mixed_precision']} {scripts.script}"
         )
         task_options = [] if task is None else ["--task", task, *scripts.task_flags.get(task, ())]
-        options = task_options + _words(args)
+        options = task_options + list(scripts.flags) + _words(args)
         text = "#!/usr/bin/env bash\n# musubi-tuner LoRA training, as autofit measured it\nset -e\n"
         if defaults:
             text += (
@@ -181,6 +191,11 @@ class Musubi(Target):
             )
         else:
             plan.note(f"put your images (with .txt captions) in '{IMAGE_DIR}' of dataset.toml")
+        if point.preset.inputs.get("num_reference_images"):
+            plan.note(
+                f"put each image's reference (control) image, of the same file name, in "
+                f"'{CONTROL_DIR}' of dataset.toml"
+            )
         if task is not None and task.endswith("A14B"):  # Wan 2.2's two-expert models
             plan.note(
                 "Wan 2.2: --dit is the one expert autofit measured (low- or high-noise); "

@@ -35,12 +35,12 @@ from autofit.families.base import (
     TrlModel,
 )
 from autofit.families.custom import CUSTOM
-from autofit.families.flux import CHROMA, FLUX
+from autofit.families.flux import CHROMA, FLUX, FLUX_KONTEXT
 from autofit.families.hunyuan_video import HUNYUAN_VIDEO
 from autofit.families.llm import LLM
 from autofit.families.mlp import MLP
 from autofit.families.pixart import PIXART_SIGMA
-from autofit.families.qwen_image import QWEN_IMAGE
+from autofit.families.qwen_image import QWEN_IMAGE, QWEN_IMAGE_EDIT
 from autofit.families.sana import SANA
 from autofit.families.sd import SD
 from autofit.families.sd3 import SD3
@@ -58,7 +58,9 @@ REGISTRY: dict[str, Family] = {
         SD3_CONTROLNET,
         FLUX,
         CHROMA,
+        FLUX_KONTEXT,
         QWEN_IMAGE,
+        QWEN_IMAGE_EDIT,
         SDXL,
         SDXL_CONTROLNET,
         SD,

@@ -168,10 +168,11 @@ class SanaScript:
 
 # --- kohya-ss musubi-tuner ----------------------------------------------------------------------
 
-# Why musubi's export refuses the other families (musubi-tuner also trains image models, FLUX.1
-# Kontext among them, that autofit has no presets of).
+# Why musubi's export refuses the other families (musubi-tuner also trains image models, FLUX.2
+# among them, that autofit has no presets of).
 MUSUBI_ONLY = (
-    "autofit exports musubi-tuner's LoRA scripts for Wan, HunyuanVideo and Qwen-Image only"
+    "autofit exports musubi-tuner's LoRA scripts for Wan, HunyuanVideo, Qwen-Image(-Edit) and "
+    "FLUX.1 Kontext only"
 )
 
 
@@ -196,6 +197,10 @@ class MusubiScripts:
     # Flags its latent caching needs for a task (an image-to-video task caches the first frame's
     # latents beside the clip's).
     cache_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Flags all three scripts (both caches and the training) need for the family's model
+    # (Qwen-Image-Edit's --model_version edit: its latent cache then caches the control images'
+    # latents and its text cache reads them).
+    flags: tuple[str, ...] = ()
     # How its LoRA differs from the modules autofit adapts, if it does (lora_targets' words).
     lora_differs: str = ""
     # How its --blocks_to_swap differs from autofit's swap_blocks, if it does (swap_blocks' words).

@@ -1,5 +1,5 @@
 """FLUX.1: double- and single-stream transformer blocks over 16-channel latents, with CLIP-L and
-T5-XXL; and Chroma, the family declared from it.
+T5-XXL; and Chroma and FLUX.1 Kontext, the families declared from it.
 
 Chroma (lodestones/Chroma1) is FLUX.1 [schnell]'s architecture with its per-block modulation
 replaced by one small network (diffusers' `ChromaTransformer2DModel`, its "distilled guidance
@@ -8,6 +8,12 @@ because each trainer runs it apart from FLUX.1 (SimpleTuner's `chroma` model fam
 `--model_type chroma`, no diffusers example), with its own documented settings; what it shares
 with FLUX.1 (its blocks, their LoRA sets and checkpointing, sd-scripts' block swap) it takes from
 FLUX's declaration (`dataclasses.replace`).
+
+FLUX.1 Kontext [dev] is FLUX.1 [dev]'s model (the same config, guidance embedding included)
+trained on pairs, a reference image's tokens beside the target's (autofit/workloads/flux.py).
+It is a family of its own because its trainers run it apart: the diffusers Kontext script,
+musubi-tuner's flux_kontext scripts, SimpleTuner's `kontext` flavour with a conditioning
+dataset, each with its own dataset layout; sd-scripts has none.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from autofit.families.base import (
+    AI_TOOLKIT_UNMATCHED,
     DIFFUSION_ATTENTION,
     JOINT_ATTENTION,
     JOINT_BLOCK_LINEAR,
@@ -26,6 +33,7 @@ from autofit.families.base import (
     DiffusersScripts,
     Family,
     KohyaScripts,
+    MusubiScripts,
     OneTrainerModel,
     SimpleTunerModel,
 )
@@ -148,5 +156,77 @@ CHROMA = replace(
         # OneTrainer 23df3832: CHROMA_1 loads diffusers' ChromaTransformer2DModel
         # (modules/model/ChromaModel.py); its parts are transformer, text_encoder (T5-XXL), vae.
         "onetrainer": OneTrainerModel("CHROMA_1"),
+    },
+)  # fmt: skip
+
+
+def musubi_kontext_blocks_to_swap(architecture: Mapping[str, Any]) -> int:
+    """musubi-tuner swaps N//2 double blocks and (N - N//2) * 2 + 1 single ones, each at most its
+    count less two (flux/flux_models.py Flux.enable_block_swap, kohya-ss/musubi-tuner 30c658c4)."""
+    double = int(architecture["num_layers"])
+    single = int(architecture["num_single_layers"])
+    allowed = [
+        n for n in range(double + single)
+        if n // 2 <= double - 2 and (n - n // 2) * 2 + 1 <= single - 2
+    ]  # fmt: skip
+    return max(allowed)
+
+
+FLUX_KONTEXT = replace(
+    FLUX,
+    name="flux_kontext",
+    # A config.json of FluxTransformer2DModel cannot tell Kontext from FLUX.1 [dev]: it builds a
+    # flux model (FLUX's denoiser_class).
+    denoiser_class=None,
+    config_template=None,
+    trainers={
+        # diffusers 58eb52c0 (examples/dreambooth/train_dreambooth_lora_flux_kontext.py at
+        # 2919c509): its --cond_image_column (with --dataset_name, --image_column and
+        # --caption_column, asserted) gives each target its reference, resized and cropped to the
+        # target's bucket (paired_transform); it precomputes the captions' embeddings and moves
+        # the text encoders off the GPU when no --validation_prompt is given, and with
+        # --cache_latents encodes both images' latents before training and frees the VAE.
+        "diffusers": DiffusersScripts(
+            {
+                "lora": DiffusersScript("examples/dreambooth/train_dreambooth_lora_flux_kontext.py", "dreambooth", True, ("cached",),
+                                        not_cached="precomputes the captions' embeddings and frees the text encoders; only its latents can be encoded every step"),
+            },
+            lora_layers=True,
+        ),
+        "kohya": Refuse("sd-scripts (48d368fa) has no FLUX.1 Kontext trainer; musubi-tuner's flux_kontext_train_network.py trains it"),
+        # SimpleTuner bc8e6ab7: helpers/models/flux/model.py, flavour kontext (the preset's); the
+        # reference is a conditioning dataset of the edit dataset's (conditioning_data), its
+        # latents cached and packed after the target's (build_kontext_inputs).
+        "simpletuner": SimpleTunerModel("flux", block_swap=True, lora_targets=JOINT_ATTENTION),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+        # musubi-tuner 30c658c4: its own Kontext scripts; the dataset's control_directory holds
+        # the references, resized to the target's bucket (dataset/image_video_dataset.py) and
+        # cached with its latents (flux_kontext_cache_latents.py).
+        "musubi": MusubiScripts(
+            script="src/musubi_tuner/flux_kontext_train_network.py",
+            network="networks.lora_flux",
+            cache_latents="src/musubi_tuner/flux_kontext_cache_latents.py",
+            cache_text="src/musubi_tuner/flux_kontext_cache_text_encoder_outputs.py",
+            # docs/flux_kontext.md's files: BFL's DiT and AE, ComfyUI's text encoders
+            latent_files={"--vae": "ae.safetensors"},
+            text_files={"--text_encoder1": "t5xxl_fp16.safetensors", "--text_encoder2": "clip_l.safetensors"},
+            max_blocks_to_swap=musubi_kontext_blocks_to_swap,
+            # networks/lora_flux.py: the double and single blocks' linears less their modulation
+            # and norms, in BFL's layout (q, k and v fused, a single block's MLP input with them)
+            lora_differs=(
+                "musubi-tuner's LoRA adapts the blocks' linears without their modulation, with q, "
+                "k, v (and the single-stream MLP input) fused in one linear each as BFL's model "
+                "has them: fewer adapter weights and saved inputs than the measured all_linear"
+            ),
+            swap_differs=(
+                "musubi-tuner's --blocks_to_swap N swaps N//2 double-stream and (N - N//2) * 2 + 1 "
+                "single-stream blocks, one single-stream block more than measured: a little less "
+                "GPU memory, one block more to move each step"
+            ),
+        ),
+        # ai-toolkit 27a03a91 (extensions_built_in/diffusion_models/flux_kontext): its
+        # condition_noisy_latents VAE-encodes each control image every step, cached latents or not.
+        "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="flux_kontext, which VAE-encodes each control image every step even with cached latents,")),
+        "onetrainer": Refuse("OneTrainer (23df3832) has no FLUX.1 Kontext model type"),
     },
 )  # fmt: skip

@@ -3,11 +3,18 @@
 
 Every block has the image's and the prompt's own projections, feed-forwards and modulation,
 attending jointly (Flux's dual-stream block, with no single-stream blocks after them).
+
+Qwen-Image-Edit is the same model trained on pairs, a reference image's tokens beside the
+target's and its vision tokens in the prompt (autofit/workloads/qwen_image.py), declared from
+Qwen-Image's declaration: its trainers run it apart (musubi-tuner's --model_version edit with
+control images, SimpleTuner's edit-v1 flavour with a conditioning dataset), and the diffusers
+examples have no script for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from autofit.families.base import (
@@ -83,5 +90,32 @@ QWEN_IMAGE = Family(
         "musubi": MUSUBI,
         "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="Qwen-Image (extensions_built_in/diffusion_models/qwen_image: its own quantization and layer offloading)")),
         "onetrainer": Refuse(ONETRAINER_UNMATCHED.format(what="Qwen-Image (model_type QWEN)")),
+    },
+)  # fmt: skip
+
+
+QWEN_IMAGE_EDIT = replace(
+    QWEN_IMAGE,
+    name="qwen_image_edit",
+    # A config.json of QwenImageTransformer2DModel cannot tell the edit model from Qwen-Image: it
+    # builds a qwen_image model (QWEN_IMAGE's denoiser_class).
+    denoiser_class=None,
+    config_template=None,
+    trainers={
+        "diffusers": Refuse("the diffusers examples have no Qwen-Image-Edit training script (examples/ at 58eb52c0 train Qwen-Image from text alone)"),
+        "kohya": Refuse("sd-scripts has no Qwen-Image trainer (musubi-tuner trains it)"),
+        # SimpleTuner bc8e6ab7: helpers/models/qwen_image/model.py, flavour edit-v1 (the
+        # preset's): the reference a conditioning dataset whose latents are cached and packed
+        # after the target's (_model_predict_edit_v1), the prompt embedded with it by Qwen2.5-VL
+        # and cached (conditioning_image_embeds).
+        "simpletuner": SimpleTunerModel("qwen_image", block_swap=True, lora_targets=DIFFUSION_ATTENTION),
+        "sana": Refuse("Sana's train.py trains Sana models only"),
+        # musubi-tuner 30c658c4: --model_version edit for both caches and the training
+        # (qwen_image_utils.add_model_version_args); the dataset's control_directory holds the
+        # references, resized to the target's bucket and cached as latents, and its text cache
+        # embeds each prompt with its reference (at 384x384, CONDITION_IMAGE_RESOLUTION).
+        "musubi": replace(MUSUBI, flags=("--model_version", "edit")),
+        "ai_toolkit": Refuse(AI_TOOLKIT_UNMATCHED.format(what="Qwen-Image-Edit (extensions_built_in/diffusion_models/qwen_image: its own quantization and layer offloading)")),
+        "onetrainer": Refuse("OneTrainer (23df3832) has no Qwen-Image-Edit model type"),
     },
 )  # fmt: skip

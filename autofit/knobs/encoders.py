@@ -36,6 +36,8 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
     script = diffusers_script(s.family, s.config["train_mode"])
     if script is None:
         return None  # no script trains this: train_mode says so
+    if s.preset.inputs.get("num_reference_images") and value in ("cached", "online"):
+        return _diffusers_pairs(value, script.encoders)
     if value in script.encoders:
         if script.kind == "dreambooth" and value == "cached":
             return say(
@@ -58,6 +60,29 @@ def _diffusers(value: Any, s: Subject) -> Say | Refuse | None:
         # The script frees (some) encoders the measured run kept: less memory, same training.
         return Say(warning=f"{script.file} precomputes text embeddings and frees the text encoders")
     return Refuse(f"{script.file} {script.not_cached}")
+
+
+def _diffusers_pairs(value: str, encoders: tuple[str, ...]) -> Say:
+    """An editing model's script (train_dreambooth_lora_flux_kontext.py) reads its pairs from a
+    dataset's columns only (--cond_image_column asserts --dataset_name, --image_column and
+    --caption_column), precomputes the captions' embeddings and frees the text encoders; its
+    --cache_latents encodes both images' latents before training (cached), or its VAE encodes
+    them every step (online, the text encoders freed all the same)."""
+    columns = {
+        "--dataset_name": DATA_DIR, "--image_column": "image", "--caption_column": "text",
+        "--cond_image_column": "cond_image",
+    }  # fmt: skip
+    note = (
+        f"'{DATA_DIR}' is an imagefolder dataset with 'image', 'cond_image' (the reference) and "
+        "'text' columns"
+    )
+    if value in encoders:
+        return say(note=note, **columns, **{"--cache_latents": True})
+    return say(
+        note=note,
+        warning="the script precomputes the captions' embeddings and frees the text encoders",
+        **columns,
+    )
 
 
 def _kohya(value: Any, s: Subject) -> Say | Refuse:

@@ -1,7 +1,13 @@
 """FLUX.1: `FluxTransformer2DModel` trained with flow matching on 16-channel VAE latents packed
 into 2x2 patches, conditioned on T5-XXL (the preset's `t5_tokens`) and CLIP-L's pooled embedding,
 with the guidance value FLUX.1 [dev] is distilled on where the model embeds one
-(`guidance_embeds`; FLUX.1 [schnell] has none)."""
+(`guidance_embeds`; FLUX.1 [schnell] has none).
+
+FLUX.1 Kontext [dev] is FLUX.1 [dev]'s model trained on pairs: its reference image's latents,
+packed as the target's, follow the target's tokens in the image stream with their own position
+ids, and the prediction over them is cut off before the loss (FluxKontextPipeline, diffusers
+0.42; train_dreambooth_lora_flux_kontext.py; musubi-tuner's flux_kontext_train_network.py
+call_dit), so the blocks' image sequence is twice the target's at equal size."""
 
 from __future__ import annotations
 
@@ -51,21 +57,25 @@ class FluxWorkload(LatentDiffusion):
     def predict(
         self, model: torch.nn.Module, noisy: torch.Tensor, t: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
-        b, _, h, w = noisy.shape
+        b = noisy.shape[0]
         guidance = None  # FLUX.1 [schnell] embeds no guidance (and its model takes none)
         if self.preset.architecture.get("guidance_embeds", False):
             guidance = torch.full((b,), GUIDANCE, device=noisy.device, dtype=noisy.dtype)
+        image = pack(noisy)
+        target_tokens = image.shape[1]
+        if "references" in conditions:  # Kontext: the reference's tokens after the target's
+            image = torch.cat([image, self.reference_tokens(conditions["references"])], dim=1)
         prediction = model(
-            hidden_states=pack(noisy),
+            hidden_states=image,
             timestep=t,
             guidance=guidance,
             pooled_projections=conditions["pooled"],
             encoder_hidden_states=conditions["text"],
             txt_ids=position_ids(conditions["text"].shape[1], noisy),
-            img_ids=position_ids((h // 2) * (w // 2), noisy),
+            img_ids=position_ids(image.shape[1], noisy),
             return_dict=False,
         )[0]
-        return unpack(prediction, noisy.shape)
+        return unpack(prediction[:, :target_tokens], noisy.shape)
 
 
 WORKLOAD = FluxWorkload

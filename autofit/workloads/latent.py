@@ -6,6 +6,13 @@ objective, and the validation pass (the pipeline's denoiser step with guidance, 
 A family says how it builds its model, what its text conditioning is and how its encoders make
 it, and how its denoiser is called; `CaptionDiffusion` says the conditioning of those with one
 text encoder whose caption embedding and mask the denoiser takes (Sana, PixArt).
+
+An image-editing preset (`inputs.num_reference_images`: FLUX.1 Kontext, Qwen-Image-Edit) trains
+on pairs: beside the target's latents, the latents of its reference images, each the target's
+size (the trainers resize a reference to its target's bucket by default), which the denoiser
+reads as tokens appended to the target's (`reference_tokens`); the loss is on the target's alone.
+Cached, they are loaded beside the target's latents; online, the VAE encodes them as well; a
+validation image encodes one reference with the pipeline's VAE.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch.nn.functional as F
 
 from autofit.knobs.validation_resolution import validation_pixels
 from autofit.workloads.base import Batch, CheckpointFn, Workload
-from autofit.workloads.diffusion import flow_matching, token_ids, vocab
+from autofit.workloads.diffusion import flow_matching, pack, token_ids, vocab
 
 if TYPE_CHECKING:
     from autofit.run_state import RunState
@@ -71,6 +78,23 @@ class LatentDiffusion(Workload):
 
     # -- shared ----------------------------------------------------------------------------------
 
+    @property
+    def references(self) -> int:
+        """The reference images an editing model reads beside each target (0: none)."""
+        return int(self.preset.inputs.get("num_reference_images", 0))
+
+    def reference_tokens(self, references: torch.Tensor) -> torch.Tensor:
+        """(B, n, C, H, W) reference latents as the tokens appended to the target's: each packed
+        into 2x2 patches as the target is, the n images one after another."""
+        b, n = references.shape[:2]
+        tokens = pack(references.flatten(0, 1))
+        return tokens.view(b, n * tokens.shape[1], tokens.shape[2])
+
+    def _encode_references(self, vae: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+        b, n = images.shape[:2]
+        latents = self.encode_latents(vae, images.flatten(0, 1))
+        return latents.view(b, n, *latents.shape[1:])
+
     def latent_shape(self, batch_size: int, resolution: int) -> tuple[int, int, int, int]:
         inputs = self.preset.inputs
         height, width = self.preset.shape(resolution)
@@ -80,15 +104,24 @@ class LatentDiffusion(Workload):
     def make_batch(
         self, batch_size: int, resolution: int, device: torch.device, dtype: torch.dtype
     ) -> Batch:
-        latents = torch.randn(self.latent_shape(batch_size, resolution), device=device, dtype=dtype)
-        return {"latents": latents, **self.conditions(batch_size, resolution, device, dtype)}
+        shape = self.latent_shape(batch_size, resolution)
+        latents = torch.randn(shape, device=device, dtype=dtype)
+        batch = {"latents": latents, **self.conditions(batch_size, resolution, device, dtype)}
+        if self.references:  # cached beside the target's, as the trainers cache them
+            references = (shape[0], self.references, *shape[1:])
+            batch["references"] = torch.randn(references, device=device, dtype=dtype)
+        return batch
 
     def make_raw_batch(self, batch_size: int, resolution: int, device: torch.device) -> Batch:
         height, width = self.preset.shape(resolution)
-        return {
+        raw = {
             "images": torch.randn(batch_size, 3, height, width, device=device),
             "tokens": self.tokens(batch_size, device),
         }
+        if self.references:
+            shape = (batch_size, self.references, 3, height, width)
+            raw["references"] = torch.randn(shape, device=device)
+        return raw
 
     @torch.no_grad()
     def encode(
@@ -96,6 +129,8 @@ class LatentDiffusion(Workload):
     ) -> Batch:
         latents = self.encode_latents(companions["vae"], raw["images"])
         conditions = self.encode_text(raw["tokens"], companions)
+        if self.references:
+            conditions["references"] = self._encode_references(companions["vae"], raw["references"])
         return {
             "latents": latents.to(dtype),
             **{k: v.to(dtype) if v.is_floating_point() else v for k, v in conditions.items()},
@@ -132,6 +167,11 @@ class LatentDiffusion(Workload):
         conditions.update(
             {k: v.to(dtype) if v.is_floating_point() else v for k, v in encoded.items()}
         )
+        if self.references:  # the pipeline encodes the reference images with its VAE
+            height, width = self.preset.shape(resolution)
+            images = torch.randn(g, self.references, 3, height, width, device=device)
+            references = self._encode_references(pipeline.components["vae"], images)
+            conditions["references"] = references.to(dtype)
         t = torch.full((g,), 1.0, device=device, dtype=dtype)
         prediction = self.predict(run.model, torch.cat([latents] * g), t, conditions).float()
         if g == 2:
