@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from cached_folders import built_once, clone_with, git_sources, pip_install
 
 COMMIT = "27a03a91f23eb1b757d5ec2e80ee3e129cfcc350"
 PINS = ("av==16.0.1", "oyaml==1.0")  # ai-toolkit's requirements_base.txt pins av; oyaml unpinned
@@ -50,51 +50,25 @@ def __getattr__(name):
 def repository() -> Path | None:
     """The local clone of ai-toolkit holding the pinned commit, if there is one."""
     given = os.environ.get("AI_TOOLKIT_REPO")
-    for path in ([Path(given)] if given else []) + [MIRROR]:
-        found = subprocess.run(
-            ["git", "-C", str(path), "cat-file", "-e", f"{COMMIT}^{{commit}}"],
-            capture_output=True,
-        )
-        if found.returncode == 0:
-            return path
-    return None
+    return clone_with(COMMIT, ([Path(given)] if given else []) + [MIRROR])
+
+
+def _build(into: Path) -> None:
+    repo = repository()
+    assert repo is not None, f"no clone of ostris/ai-toolkit with {COMMIT}"
+    # Python files only: the repository's large weights may be absent from a clone
+    git_sources(repo, COMMIT, SOURCES, into, lambda n: n.endswith(".py"))
+    git_sources(repo, COMMIT, ["requirements_base.txt"], into, lambda n: True)
+    pip_install(into / "site", PINS)
+    pip_install(into / "quanto_pin", [QUANTO_PIN])
+    (into / "stand_in" / "torchaudio").mkdir(parents=True)
+    (into / "stand_in" / "torchaudio" / "__init__.py").write_text(STAND_IN)
 
 
 def home() -> Path:
-    """The folder holding ai-toolkit's sources at COMMIT, its pins and the stand-in."""
-    if HOME.is_dir():
-        return HOME
-    repo = repository()
-    assert repo is not None, f"no clone of ostris/ai-toolkit with {COMMIT}"
-    HOME.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=HOME.parent, prefix="building-"))
-    try:
-        listed = subprocess.run(
-            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", COMMIT, *SOURCES],
-            check=True, capture_output=True, text=True,
-        ).stdout.split()  # fmt: skip
-        # Python files only: the repository's large weights may be absent from a clone
-        sources = [name for name in listed if name.endswith(".py")] + ["requirements_base.txt"]
-        archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", COMMIT, *sources], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(building)], input=archive, check=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(building / "site"), *PINS],
-            check=True,
-        )  # fmt: skip
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(building / "quanto_pin"), QUANTO_PIN],
-            check=True,
-        )  # fmt: skip
-        (building / "stand_in" / "torchaudio").mkdir(parents=True)
-        (building / "stand_in" / "torchaudio" / "__init__.py").write_text(STAND_IN)
-        building.rename(HOME)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return HOME
+    """The folder holding ai-toolkit's sources at COMMIT, its pins and the stand-in, built once
+    (tests/cached_folders.py)."""
+    return built_once(HOME, _build)
 
 
 def _run(script: Path, *args: str) -> str:

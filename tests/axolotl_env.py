@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from cached_folders import pip_site
 
 AXOLOTL = "0.19.0"
 PINS = (
@@ -41,22 +41,8 @@ CHECK = Path(__file__).with_name("axolotl_check.py")
 
 
 def site() -> Path:
-    """The folder holding axolotl and its pins, built on first use (atomically: a half-built
-    folder from an interrupted run is never taken for a built one)."""
-    if SITE.is_dir():
-        return SITE
-    SITE.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=SITE.parent, prefix="building-"))
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(building), *PINS],
-            check=True,
-        )  # fmt: skip
-        building.rename(SITE)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return SITE
+    """The folder holding axolotl and its pins (tests/cached_folders.py)."""
+    return pip_site(SITE, PINS)
 
 
 def validate(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,11 +14,11 @@ never touches that environment.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from cached_folders import pip_site
 
 LITGPT = "0.5.13"
 PINS = (
@@ -39,22 +39,8 @@ CHECK = Path(__file__).with_name("litgpt_check.py")
 
 
 def site() -> Path:
-    """The folder holding LitGPT and its pins, built on first use (atomically: a half-built
-    folder from an interrupted run is never taken for a built one)."""
-    if SITE.is_dir():
-        return SITE
-    SITE.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=SITE.parent, prefix="building-"))
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(building), *PINS],
-            check=True,
-        )  # fmt: skip
-        building.rename(SITE)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return SITE
+    """The folder holding LitGPT and its pins (tests/cached_folders.py)."""
+    return pip_site(SITE, PINS)
 
 
 def run(args: list[str], cwd: Path, timeout: int = 600) -> str:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from cached_folders import pip_site
 
 LLAMAFACTORY = "0.9.5"
 PINS = (
@@ -44,22 +44,8 @@ CHECK = Path(__file__).with_name("llamafactory_check.py")
 
 
 def site() -> Path:
-    """The folder holding LLaMA-Factory and its pins, built on first use (atomically: a half-built
-    folder from an interrupted run is never taken for a built one)."""
-    if SITE.is_dir():
-        return SITE
-    SITE.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=SITE.parent, prefix="building-"))
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(building), *PINS],
-            check=True,
-        )  # fmt: skip
-        building.rename(SITE)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return SITE
+    """The folder holding LLaMA-Factory and its pins (tests/cached_folders.py)."""
+    return pip_site(SITE, PINS)
 
 
 def _free_port() -> int:

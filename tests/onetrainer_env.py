@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from cached_folders import built_once, clone_with, git_sources
 
 COMMIT = "23df3832e8f213d64c337e39f9365ba46e99fed0"
 # What modules/util/config/TrainConfig.py and ConceptConfig.py import, at COMMIT.
@@ -45,38 +45,19 @@ FACTS = Path(__file__).with_name("onetrainer_facts.py")
 def repository() -> Path | None:
     """The local clone of OneTrainer holding the pinned commit, if there is one."""
     given = os.environ.get("ONETRAINER_REPO")
-    for path in ([Path(given)] if given else []) + [MIRROR]:
-        found = subprocess.run(
-            ["git", "-C", str(path), "cat-file", "-e", f"{COMMIT}^{{commit}}"],
-            capture_output=True,
-        )
-        if found.returncode == 0:
-            return path
-    return None
+    return clone_with(COMMIT, ([Path(given)] if given else []) + [MIRROR])
 
 
 def home() -> Path:
-    """The folder holding OneTrainer's config sources at COMMIT."""
-    if HOME.is_dir():
-        return HOME
-    repo = repository()
-    assert repo is not None, f"no clone of Nerogar/OneTrainer with {COMMIT}"
-    HOME.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=HOME.parent, prefix="building-"))
-    try:
-        listed = subprocess.run(
-            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", COMMIT, *SOURCES],
-            check=True, capture_output=True, text=True,
-        ).stdout.split("\n")  # fmt: skip
-        sources = [name for name in listed if name.endswith(".py")]
-        archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", COMMIT, *sources], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(building)], input=archive, check=True)
-        building.rename(HOME)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return HOME
+    """The folder holding OneTrainer's config sources at COMMIT, built once
+    (tests/cached_folders.py)."""
+
+    def build(into: Path) -> None:
+        repo = repository()
+        assert repo is not None, f"no clone of Nerogar/OneTrainer with {COMMIT}"
+        git_sources(repo, COMMIT, SOURCES, into, lambda n: n.endswith(".py"))
+
+    return built_once(HOME, build)
 
 
 def _run(script: Path, *args: str) -> str:
