@@ -53,7 +53,7 @@ def test_only_where_simpletuner_offloads_attention() -> None:
     assert _reason("flux_dev") is None
     assert _reason("sana_1600m") == (
         "offload_activations=attention: SimpleTuner offloads attention activations of sd3, flux, "
-        "chroma, not of the sana family"
+        "chroma, flux_kontext, not of the sana family"
     )
     assert _reason("sd35_medium", fsdp="full_shard") == (
         "offload_activations=attention with fsdp=full_shard is not modelled"

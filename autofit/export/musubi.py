@@ -115,6 +115,40 @@ def _lines(words: list[str]) -> str:
     return " \\\n  ".join(" ".join(line) for line in lines)
 
 
+def _cache_commands(scripts: MusubiScripts, config: str, task: str | None) -> list[str]:
+    """musubi-tuner's two caching commands for the dataset config `config`: the latents (with
+    the task's own flags, an I2V task's first frame and CLIP features) and the text encoders'
+    outputs."""
+    latents = (
+        [f"{k} path/to/{v}" for k, v in scripts.latent_files.items()]
+        + list(scripts.cache_flags.get(task or "", ()))
+        + list(scripts.flags)
+    )
+    text = [f"{k} path/to/{v}" for k, v in scripts.text_files.items()] + list(scripts.flags)
+    return [
+        f"python {scripts.cache_latents} --dataset_config {config} " + " ".join(latents),
+        f"python {scripts.cache_text} --dataset_config {config} "
+        + " ".join(text)
+        + " --batch_size 16",
+    ]
+
+
+def _data_notes(plan: ExportPlan, video: bool) -> None:
+    """Where the user's clips or images (and an edit model's references) go."""
+    if video:
+        plan.note(
+            f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each "
+            'trains on its first frames (frame_extraction = "head")'
+        )
+    else:
+        plan.note(f"put your images (with .txt captions) in '{IMAGE_DIR}' of dataset.toml")
+    if plan.point.preset.inputs.get("num_reference_images"):
+        plan.note(
+            f"put each image's reference (control) image, of the same file name, in "
+            f"'{CONTROL_DIR}' of dataset.toml"
+        )
+
+
 class Musubi(Target):
     name = "musubi"
     summary = (
@@ -131,19 +165,7 @@ class Musubi(Target):
         )
         config = shlex.quote(str(dataset))
         task = _task(plan, scripts)
-        cache = [
-            f"python {scripts.cache_latents} --dataset_config {config} "
-            + " ".join(
-                [f"{k} path/to/{v}" for k, v in scripts.latent_files.items()]
-                + list(scripts.cache_flags.get(task or "", ()))
-                + list(scripts.flags)
-            ),
-            f"python {scripts.cache_text} --dataset_config {config} "
-            + " ".join(
-                [f"{k} path/to/{v}" for k, v in scripts.text_files.items()] + list(scripts.flags)
-            )
-            + " --batch_size 16",
-        ]
+        cache = _cache_commands(scripts, config, task)
         cache_file = plan.add(
             "cache.sh",
             "#!/usr/bin/env bash\n# musubi-tuner caches latents and text-encoder outputs before "
@@ -184,18 +206,7 @@ class Musubi(Target):
             "cache.sh names the VAE and text encoders"
         )
         video = REGISTRY[point.family].video
-        if video:
-            plan.note(
-                f"put your videos (with .txt captions) in '{VIDEO_DIR}' of dataset.toml; each "
-                'trains on its first frames (frame_extraction = "head")'
-            )
-        else:
-            plan.note(f"put your images (with .txt captions) in '{IMAGE_DIR}' of dataset.toml")
-        if point.preset.inputs.get("num_reference_images"):
-            plan.note(
-                f"put each image's reference (control) image, of the same file name, in "
-                f"'{CONTROL_DIR}' of dataset.toml"
-            )
+        _data_notes(plan, video)
         if task is not None and task.endswith("A14B"):  # Wan 2.2's two-expert models
             plan.note(
                 "Wan 2.2: --dit is the one expert autofit measured (low- or high-noise); "
