@@ -297,3 +297,21 @@ def assert_fake_equals_real(probe: ProbeSpec) -> None:
     _, fake = simulate.trace(probe)
     _, real = cpu.trace(dataclasses.replace(probe, backend="cpu"))
     assert_same_allocations(fake, real)
+
+
+def trainer_search(trainer: str, model: str, gpu: str) -> tuple[Any, Any, Any, list[Any]]:
+    """What `autofit search model=MODEL gpu=GPU space=quick trainer=TRAINER` searches, without a
+    probe: the target, the values it decides itself and those put in place for it, and each
+    combination the card can run with why the trainer cannot launch it (None where it can)."""
+    from autofit.commands.search import _for_trainer
+    from autofit.export import unlaunchable
+    from autofit.search.space import load_space
+
+    preset, card = load_preset(model), load_gpu(gpu)
+    chosen, stack, values, space = _for_trainer(trainer, preset, load_space("quick", preset), card)
+    runs = []
+    for combination in space.combinations():
+        knobs = {**defaults(), **combination, "resolution": space.resolutions[0]}
+        if invalid_reason(knobs, card, preset, "simulate") is None:
+            runs.append((knobs, unlaunchable(chosen, preset, knobs)))
+    return chosen, stack, values, runs

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from axolotl_env import AXOLOTL
 from axolotl_env import validate as axolotl_validate
+from helpers import trainer_search
 from test_export import (  # noqa: F401 (workdir: a fixture)
     FSDP_SEARCH,
     LLAMA,
@@ -22,14 +23,10 @@ from test_export import (  # noqa: F401 (workdir: a fixture)
     workdir,
 )
 
-from autofit.commands.search import _for_trainer
-from autofit.export import TARGETS, unlaunchable
+from autofit.export import TARGETS
 from autofit.export.base import Refused
 from autofit.export.defaults import table
-from autofit.gpus import load_gpu
-from autofit.knobs import defaults, invalid_reason
 from autofit.models import load_preset
-from autofit.search.space import load_space
 
 CASES = (
     (TRL_SEARCH, None, None, "llama_lora"),
@@ -169,16 +166,11 @@ def test_axolotl_says_what_it_runs_as_measured(workdir: Path) -> None:  # noqa: 
 
 
 def test_a_search_for_axolotl_searches_only_what_it_launches() -> None:
-    preset, gpu = load_preset("llama3_2_1b"), load_gpu("rtx4090")
-    chosen, stack, values, space = _for_trainer("axolotl", preset, load_space("quick", preset))
+    chosen, _, _, runs = trainer_search("axolotl", "llama3_2_1b", "rtx4090")
     assert chosen is TARGETS["axolotl"]
-    searched = 0
-    for combination in space.combinations():
-        knobs = {**defaults(), **combination, "resolution": space.resolutions[0]}
-        if invalid_reason(knobs, gpu, preset, "simulate") is None:
-            searched += 1
-            assert unlaunchable(chosen, preset, knobs) is None, knobs
-    assert searched
+    assert runs
+    for knobs, why in runs:
+        assert why is None, knobs
 
 
 def test_axolotl_refuses_the_image_and_video_families() -> None:

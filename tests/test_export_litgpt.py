@@ -12,20 +12,17 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import trainer_search
 from litgpt_env import LITGPT, check, litgpt
 from test_export import LITGPT_SEARCH, export, point_for, workdir  # noqa: F401 (a fixture)
 
-from autofit.commands.search import _for_trainer
 from autofit.errors import ConfigError
-from autofit.export import TARGETS, unlaunchable
+from autofit.export import TARGETS
 from autofit.export.base import Refused
 from autofit.export.defaults import table
 from autofit.export.litgpt import litgpt_config
-from autofit.gpus import load_gpu
-from autofit.knobs import defaults, invalid_reason
 from autofit.models import ModelPreset, load_preset
 from autofit.paths import group_options
-from autofit.search.space import load_space
 
 # A full fine-tune on four GPUs, as LitGPT's finetune_full shards it (FSDP1, every block
 # checkpointed), from the LoRA search's best.
@@ -109,20 +106,14 @@ def test_litgpt_says_what_it_runs_as_measured(workdir: Path) -> None:  # noqa: F
 
 
 def test_a_search_for_litgpt_searches_only_what_it_launches() -> None:
-    preset, gpu = load_preset("llama3_8b"), load_gpu("a100_80")
-    chosen, stack, values, space = _for_trainer("litgpt", preset, load_space("quick", preset))
+    chosen, stack, values, runs = trainer_search("litgpt", "llama3_8b", "a100_80")
     assert chosen is TARGETS["litgpt"]
     assert stack == {"loss": "chunked_native"}  # finetune_lora's own loss
     assert values["precision"] == ("fp32", "bf16_pure")  # 32-true and bf16-true
-    launched, refused = 0, set()
-    for combination in space.combinations():
-        knobs = {**defaults(), **combination, "resolution": space.resolutions[0]}
-        if invalid_reason(knobs, gpu, preset, "simulate") is None:
-            why = unlaunchable(chosen, preset, knobs)
-            launched += why is None
-            refused.add(why and why.split(":")[0])
+    refused = {why and why.split(":")[0] for _, why in runs}
     # the space's checkpointing=true the search records as invalid: none on one device
-    assert launched and refused == {None, "litgpt cannot run checkpointing=true"}
+    assert any(why is None for _, why in runs)
+    assert refused == {None, "litgpt cannot run checkpointing=true"}
 
 
 def test_litgpt_trains_only_models_it_builds_as_measured() -> None:

@@ -10,21 +10,18 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import trainer_search
 from test_export import TORCHTUNE_SEARCH, export, point_for, workdir  # noqa: F401 (a fixture)
 from torchtune_env import TORCHTUNE
 from torchtune_env import check as torchtune_check
 
-from autofit.commands.search import _for_trainer
 from autofit.errors import ConfigError
-from autofit.export import TARGETS, unlaunchable, write_export
+from autofit.export import TARGETS, write_export
 from autofit.export.base import Refused
 from autofit.export.defaults import table
 from autofit.export.point import StudyPoint
 from autofit.export.torchtune import nested, yaml_lines
-from autofit.gpus import load_gpu
-from autofit.knobs import defaults, invalid_reason
 from autofit.models import ModelPreset, load_preset
-from autofit.search.space import load_space
 
 # Runs beside the searched ones: a Qwen2.5 (untied embedding, its own builder) fine-tuned in full
 # over two GPUs under FSDP2 with CPU offload and every other layer checkpointed; a DoRA in fp32
@@ -201,14 +198,9 @@ def test_torchtune_refuses_a_model_it_has_no_builder_for_in_one_line() -> None:
 
 
 def test_a_search_for_torchtune_searches_only_what_it_launches() -> None:
-    preset, gpu = load_preset("llama3_2_1b"), load_gpu("rtx4090")
-    chosen, stack, values, space = _for_trainer("torchtune", preset, load_space("quick", preset))
+    chosen, _, values, runs = trainer_search("torchtune", "llama3_2_1b", "rtx4090")
     assert chosen is TARGETS["torchtune"]
     assert values["precision"] == ("fp32", "bf16_pure") and values["loss"] == ("chunked",)
-    searched = 0
-    for combination in space.combinations():
-        knobs = {**defaults(), **combination, "resolution": space.resolutions[0]}
-        if invalid_reason(knobs, gpu, preset, "simulate") is None:
-            searched += 1
-            assert unlaunchable(chosen, preset, knobs) is None, knobs
-    assert searched
+    assert runs
+    for knobs, why in runs:
+        assert why is None, knobs
