@@ -21,14 +21,13 @@ gets.
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import yaml
 
 from autofit.export.accelerate import allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
-from autofit.export.deepspeed import trainer_ds_config
+from autofit.export.deepspeed import add_ds_config, trainer_ds_config
 
 DATASET = "path/to/dataset"  # placeholder: autofit never sees the user's data
 OUTPUT_DIR = "output/autofit"
@@ -49,12 +48,7 @@ class Axolotl(Target):
             **plan.say_rest(),
         }
         if point.config["zero_stage"]:
-            ds = plan.add(
-                "ds_config.json",
-                json.dumps(trainer_ds_config(plan), indent=2),
-                "DeepSpeed config axolotl's `deepspeed` key names (ZeRO stage, offload, batch)",
-            )
-            settings["deepspeed"] = str(ds)
+            settings["deepspeed"] = add_ds_config(plan, trainer_ds_config(plan), "axolotl")
         defaults = plan.training_defaults(settings)
         config = plan.out / "config.yaml"
         launch = f" --launcher accelerate -- --num_processes {world}" if world > 1 else ""

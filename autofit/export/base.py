@@ -213,7 +213,9 @@ class Target:
         if self.trains(preset.family):
             declared = FAMILIES.get(preset.family)
             trainer = declared.trainer(self.name) if declared is not None else None
-            why = getattr(trainer, "refused_presets", {}).get(preset.name)
+            why = getattr(trainer, "refused_presets", {}).get(preset.name) or self.preset_refusal(
+                preset
+            )
             if why:
                 raise ConfigError(
                     f"{setting}={self.name} cannot train {preset.name} ({preset.display}): {why}"
@@ -224,6 +226,11 @@ class Target:
             f"{setting}={self.name} cannot train {preset.name} ({preset.display}, family "
             f"{preset.family}): {self.name} supports the families {supported}"
         )
+
+    def preset_refusal(self, preset: ModelPreset) -> str | None:
+        """Why this trainer cannot train `preset` of a family it trains, where its own models
+        decide it (torchtune's builders, LitGPT's configs); None where it can."""
+        return None
 
     def build(self, plan: ExportPlan) -> None:
         raise NotImplementedError

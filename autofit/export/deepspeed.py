@@ -48,6 +48,17 @@ def trainer_ds_config(plan: ExportPlan) -> dict[str, Any]:
     )
 
 
+def add_ds_config(plan: ExportPlan, config: dict[str, Any], trainer: str) -> str:
+    """`config` written as ds_config.json beside the trainer's own file, whose `deepspeed` key
+    names it (axolotl, LLaMA-Factory): its path."""
+    path = plan.add(
+        "ds_config.json",
+        json.dumps(config, indent=2),
+        f"DeepSpeed config {trainer}'s `deepspeed` key names (ZeRO stage, offload, batch)",
+    )
+    return str(path)
+
+
 class DeepSpeed(Target):
     name = "deepspeed"
     summary = "a DeepSpeed JSON (batch, accumulation, ZeRO stage and offload, precision) for your own code"

@@ -33,7 +33,6 @@ from typing import Any
 
 import yaml
 
-from autofit.errors import ConfigError
 from autofit.export.accelerate import allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.models import ModelPreset
@@ -117,14 +116,9 @@ class LitGpt(Target):
         "optimizer)"
     )
 
-    def check_family(self, preset: ModelPreset, setting: str = "target") -> None:
-        super().check_family(preset, setting)
+    def preset_refusal(self, preset: ModelPreset) -> str | None:
         why = unbuilt_reason(preset)
-        if why:
-            raise ConfigError(
-                f"{setting}={self.name} cannot train {preset.name} ({preset.display}): {why}; "
-                f"{self.name} trains the presets whose file names a LitGPT config"
-            )
+        return why and f"{why}; {self.name} trains the presets whose file names a LitGPT config"
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point

@@ -25,14 +25,13 @@ reading the accelerate config into the FSDP plugin the Trainer gets.
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import yaml
 
 from autofit.export.accelerate import accelerate_config, allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
-from autofit.export.deepspeed import trainer_ds_config
+from autofit.export.deepspeed import add_ds_config, trainer_ds_config
 
 # Placeholders: autofit never sees the user's data. LLaMA-Factory reads a dataset by its name in
 # dataset_dir/dataset_info.json (data/parser.py).
@@ -76,12 +75,7 @@ class LlamaFactory(Target):
             **plan.say_rest(),
         }
         if point.config["zero_stage"]:
-            ds = plan.add(
-                "ds_config.json",
-                json.dumps(_ds_config(plan), indent=2),
-                "DeepSpeed config LLaMA-Factory's `deepspeed` key names (ZeRO stage, offload, batch)",
-            )
-            settings["deepspeed"] = str(ds)
+            settings["deepspeed"] = add_ds_config(plan, _ds_config(plan), "LLaMA-Factory")
         defaults = plan.training_defaults(settings)
         config = shlex.quote(str(plan.out / "config.yaml"))
         if point.config["fsdp"] != "off":

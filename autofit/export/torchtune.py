@@ -27,7 +27,6 @@ from typing import Any
 
 import yaml
 
-from autofit.errors import ConfigError
 from autofit.export.accelerate import allocator_env
 from autofit.export.base import ExportPlan, Target, steps_note, weights
 from autofit.export.defaults import MARK
@@ -119,15 +118,14 @@ class Torchtune(Target):
         "checkpointing, offload, chunked loss, FSDP2) and the tune run line"
     )
 
-    def check_family(self, preset: ModelPreset, setting: str = "target") -> None:
+    def preset_refusal(self, preset: ModelPreset) -> str | None:
         """Beyond the family: torchtune trains a model its builders build."""
-        super().check_family(preset, setting)
         if builder_for(preset) is None:
-            raise ConfigError(
-                f"{setting}={self.name} cannot train {preset.name} ({preset.display}): "
+            return (
                 f"torchtune 0.6.1 has no model builder of its architecture; it builds "
                 f"{builder_names()}"
             )
+        return None
 
     def build(self, plan: ExportPlan) -> None:
         point = plan.point
